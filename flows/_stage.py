@@ -1,0 +1,63 @@
+"""What every stage flow shares: tracked MLflow runs, and a `main` that turns user errors into one line."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from typing import Callable, Iterator
+
+from prefect import runtime
+
+from lmpipe import tracking
+from lmpipe.config import Params, load_params, params_hash
+from lmpipe.errors import LmpipeError
+
+PARAMS_FILE = "params.yaml"
+CACHE_DIR = ".cache/lmpipe"
+
+
+def is_transient(task, task_run, state) -> bool:
+    """Prefect retry condition: retry I/O hiccups, never a user mistake (404, bad checksum, bad file)."""
+    try:
+        state.result()
+    except LmpipeError:
+        return False
+    except Exception:
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def stage_run(stage: str, params: Params, sections: list[str], model: str | None = None) -> Iterator:
+    """An MLflow run for this stage with its params sections logged and the Prefect flow run linked."""
+    chosen = {name: params.section(name) for name in sections}
+    tags = {"prefect.flow_run_id": str(runtime.flow_run.id or ""), "prefect.flow_run_name": str(runtime.flow_run.name or "")}
+    with tracking.stage_run(stage, params.tracking.experiment, chosen, params_hash(chosen),
+                            model=model, tags=tags, params_file=PARAMS_FILE) as run:
+        yield run
+
+
+class _OneLineUserErrors(logging.Filter):
+    """Prefect logs a failed task with its traceback; for a user mistake the message alone is the point."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], LmpipeError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def main(flow: Callable) -> None:
+    """Run a stage flow as a script: check params first, then run; exit 1 with one line on a user error."""
+    try:
+        load_params(PARAMS_FILE)
+    except LmpipeError as exc:
+        sys.exit(f"error: {exc}")
+    for handler in logging.getLogger("prefect").handlers + logging.getLogger().handlers:
+        handler.addFilter(_OneLineUserErrors())
+    state = flow(return_state=True)
+    if state.is_failed():
+        exc = state.result(raise_on_failure=False)
+        if isinstance(exc, LmpipeError):
+            sys.exit(f"error: {exc}")
+        sys.exit(f"error: stage failed: {exc!r}")

@@ -1,0 +1,72 @@
+"""`lmpipe` command line: helpers around the pipeline (the pipeline itself is `dvc repro`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+from lmpipe.errors import LmpipeError
+
+
+def _server(args) -> int:
+    from flows import server
+
+    if args.stop:
+        print("stopped" if server.stop(args.port) else f"no server started by lmpipe on port {args.port}")
+        return 0
+    url, process = server.start(args.port)
+    print(("started " if process else "already running: ") + url)
+    print(f"stages find it on 127.0.0.1:{server.PORT} by themselves; elsewhere: export PREFECT_API_URL={url}")
+    print(f"Prefect UI: {url.removesuffix('/api')}   stop with: lmpipe server --stop")
+    return 0
+
+
+def _ui(args) -> int:
+    from lmpipe.tracking import tracking_uri
+
+    uri = tracking_uri()
+    print(f"MLflow UI on http://127.0.0.1:{args.port} over {uri}")
+    command = ["mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(args.port)]
+    return subprocess.call(command, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
+
+
+def _check_params(args) -> int:
+    from lmpipe.config import load_params
+
+    load_params(args.file)
+    print(f"{args.file}: ok")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lmpipe", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    server = commands.add_parser("server", help="start (or --stop) the local Prefect server the stages report to")
+    server.add_argument("--port", type=int, default=4200)
+    server.add_argument("--stop", action="store_true")
+    server.set_defaults(run=_server)
+    ui = commands.add_parser("ui", help="open the MLflow UI on this study's tracking store (127.0.0.1)")
+    ui.add_argument("--port", type=int, default=5000)
+    ui.set_defaults(run=_ui)
+    check = commands.add_parser("check-params", help="validate params.yaml and say what is wrong in one line")
+    check.add_argument("file", nargs="?", default="params.yaml")
+    check.set_defaults(run=_check_params)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except LmpipeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""Typed view of params.yaml: the single source of every setting.
+
+Unknown keys, wrong types and impossible values fail here with one line naming the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from lmpipe.errors import ConfigError
+
+SOURCES = ("enwiki-sample", "wikipedia-dump", "wikitext-2", "wikitext-103", "local")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LocalFiles(_Section):
+    train: str
+    valid: str
+    test: str
+
+
+class CorpusParams(_Section):
+    source: Literal[SOURCES] = "enwiki-sample"
+    url: Optional[str] = Field(None, description="wikipedia-dump: URL or path of the dump; wikitext-*: mirror URL")
+    sha256: Optional[str] = Field(None, pattern=r"^[0-9a-f]{64}$")
+    files: Optional[LocalFiles] = None
+    max_articles: Optional[int] = Field(None, ge=3)
+    min_article_words: int = Field(50, ge=0)
+
+    @model_validator(mode="after")
+    def _source_needs(self):
+        if self.source == "wikipedia-dump" and not self.url:
+            raise ValueError("corpus.source 'wikipedia-dump' needs corpus.url (a dump URL or local path)")
+        if self.source == "local" and self.files is None:
+            raise ValueError("corpus.source 'local' needs corpus.files with train, valid and test paths")
+        return self
+
+
+class SplitParams(_Section):
+    seed: int = 1234
+    valid: float = Field(0.1, gt=0, lt=0.5)
+    test: float = Field(0.1, gt=0, lt=0.5)
+
+
+class ValidateParams(_Section):
+    min_words: int = Field(1000, ge=1, description="minimum words in every split")
+    min_line_chars: int = Field(1, ge=1)
+    max_line_chars: int = Field(20000, ge=10)
+    max_oov_rate: float = Field(0.2, ge=0, le=1, description="share of valid/test words unseen in train")
+
+
+class TokenizerParams(_Section):
+    vocab_size: int = Field(8192, ge=260, le=2**32 - 1)
+    min_frequency: int = Field(2, ge=1)
+    boundary_token: str = Field("<|endoftext|>", min_length=1)
+
+
+class TrackingParams(_Section):
+    experiment: str = Field("lmpipe", min_length=1)
+
+
+class Params(_Section):
+    corpus: CorpusParams = CorpusParams()
+    split: SplitParams = SplitParams()
+    validate_: ValidateParams = Field(ValidateParams(), alias="validate")
+    tokenizer: TokenizerParams = TokenizerParams()
+    tracking: TrackingParams = TrackingParams()
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def section(self, name: str) -> dict:
+        """One params section as plain data, as DVC sees it (for logging and hashing)."""
+        return self.model_dump(mode="json", by_alias=True)[name]
+
+
+def params_hash(*sections: dict) -> str:
+    """Short stable hash of some params: keys runs and checkpoints to a configuration."""
+    blob = json.dumps(sections, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def _describe(error: dict) -> str:
+    key = ".".join(str(p) for p in error["loc"] if not str(p).startswith("function-after")) or "(top level)"
+    key = key.replace("validate_", "validate")
+    if error["type"] == "extra_forbidden":
+        return f"unknown key '{key}' (remove it or fix its spelling)"
+    message = error["msg"].removeprefix("Value error, ")
+    got = error.get("input")
+    shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+    return f"{key}: {message}{shown}"
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    """Read and check params.yaml; raise ConfigError with a one-line message on any problem."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: not found (run from the project root, or pass the params file)") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text (save it as UTF-8)") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "syntax error"
+        raise ConfigError(f"{path}: malformed YAML{where}: {problem} (fix the syntax)") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: must be a mapping of sections (corpus, split, ...), got {type(raw).__name__}")
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ConfigError(f"{path}: {_describe(errors[0])}{more}") from None

@@ -1,0 +1,1 @@
+"""Corpus sources, cleaning and splitting."""

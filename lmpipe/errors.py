@@ -1,0 +1,21 @@
+"""User-facing errors: each carries one line that names the file, the field and the fix."""
+
+
+class LmpipeError(Exception):
+    """A mistake in the user's input or environment; printed as one line, never as a traceback."""
+
+
+class ConfigError(LmpipeError):
+    """params.yaml is malformed or holds an impossible value."""
+
+
+class CorpusError(LmpipeError):
+    """A corpus file is missing, empty, not UTF-8, or not what its source promises."""
+
+
+class DownloadError(LmpipeError):
+    """A download failed for good (HTTP error, checksum mismatch, retries exhausted)."""
+
+
+class ValidationFailed(LmpipeError):
+    """The corpus failed a Great Expectations expectation."""

@@ -1,0 +1,144 @@
+"""The only module that talks to MLflow.
+
+Every stage is one MLflow run under a parent "study" run. DVC runs each stage as its own process,
+so the parent is found, not passed: the newest run tagged `lmpipe.role=study` with the same study
+key (git commit + hash of params.yaml), created (and at once finished) when there is none.
+`LMPIPE_PARENT_RUN_ID`, set by a flow that drives the whole pipeline, wins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import mlflow
+from mlflow.tracking import MlflowClient
+
+ROLE, STUDY_KEY = "lmpipe.role", "lmpipe.study_key"
+
+
+def project_root() -> Path:
+    """DVC sets DVC_ROOT in every stage (also in `dvc exp run --temp` copies); else the working directory."""
+    return Path(os.environ.get("DVC_ROOT") or os.getcwd()).resolve()
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
+
+
+def _artifact_location(uri: str) -> str | None:
+    """Artifacts beside a SQLite store (mlartifacts/), so the store and its files travel together."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
+    return None
+
+
+def git_commit(root: Path | None = None) -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root or project_root(),
+                             capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def study_key(params_file: str | Path = "params.yaml") -> str:
+    digest = hashlib.sha256(Path(params_file).read_bytes()).hexdigest()[:12]
+    return f"{git_commit()}:{digest}"
+
+
+def experiment_id(name: str) -> str:
+    uri = tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    experiment = mlflow.get_experiment_by_name(name)
+    if experiment is not None:
+        return experiment.experiment_id
+    return mlflow.create_experiment(name, artifact_location=_artifact_location(uri))
+
+
+def study_run_id(experiment: str, key: str) -> str:
+    """The parent run of this study: from LMPIPE_PARENT_RUN_ID, else found by key, else created finished."""
+    if os.environ.get("LMPIPE_PARENT_RUN_ID"):
+        return os.environ["LMPIPE_PARENT_RUN_ID"]
+    exp_id = experiment_id(experiment)
+    client = MlflowClient()
+    found = client.search_runs(
+        [exp_id],
+        filter_string=f"tags.`{ROLE}` = 'study' and tags.`{STUDY_KEY}` = '{key}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    if found:
+        return found[0].info.run_id
+    commit = key.split(":")[0]
+    run = client.create_run(exp_id, run_name=f"study {commit[:8]}", tags={
+        ROLE: "study", STUDY_KEY: key, "mlflow.source.git.commit": commit,
+    })
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
+def flatten(tree: Mapping, prefix: str = "") -> dict:
+    """{'a': {'b': 1}} -> {'a.b': 1}: MLflow keys for nested params and metrics."""
+    flat = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+@contextlib.contextmanager
+def stage_run(
+    stage: str,
+    experiment: str,
+    params: Mapping,
+    params_hash: str,
+    *,
+    model: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    params_file: str | Path = "params.yaml",
+) -> Iterator[mlflow.ActiveRun]:
+    """One MLflow run for one stage execution, nested under the study run, with its params logged."""
+    key = study_key(params_file)
+    parent = study_run_id(experiment, key)
+    run_tags = {
+        ROLE: "stage",
+        "lmpipe.stage": stage,
+        "lmpipe.params_hash": params_hash,
+        "lmpipe.git_commit": key.split(":")[0],
+        "mlflow.source.git.commit": key.split(":")[0],
+        STUDY_KEY: key,
+        **({"lmpipe.model": model} if model else {}),
+        **(tags or {}),
+    }
+    with mlflow.start_run(experiment_id=experiment_id(experiment), run_name=stage,
+                          parent_run_id=parent, tags=run_tags) as run:
+        flat = {k: ("null" if v is None else v) for k, v in flatten(params).items()}
+        mlflow.log_params(flat)
+        yield run
+
+
+def log_metrics(metrics: Mapping, step: int | None = None) -> None:
+    """Log every numeric leaf of a (nested) metrics dict; strings and lists are left to artifacts."""
+    numeric = {k: float(v) for k, v in flatten(metrics).items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    mlflow.log_metrics(numeric, step=step)
+
+
+def log_dict(obj, artifact_file: str) -> None:
+    mlflow.log_dict(obj, artifact_file)
+
+
+def log_artifacts(path: str | Path, artifact_path: str | None = None) -> None:
+    path = Path(path)
+    if path.is_dir():
+        mlflow.log_artifacts(str(path), artifact_path)
+    else:
+        mlflow.log_artifact(str(path), artifact_path)

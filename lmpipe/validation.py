@@ -1,0 +1,158 @@
+"""The corpus gate: a Great Expectations suite over per-line, per-article and per-split tables.
+
+Each split's clean text becomes rows; GX checks them and renders data docs. A failure is
+summarised in a few human lines: which expectation, on which split, how many rows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+
+from lmpipe.config import ValidateParams
+from lmpipe.corpus.articles import TITLE
+
+SPLITS = ("train", "valid", "test")
+MARKUP_RESIDUE = ("''", "==", "{{", "[[", "<ref", "|}")
+
+
+def corpus_tables(clean_dir: str | Path) -> dict[str, pd.DataFrame]:
+    """Per-line, per-article and per-split tables of the clean splits, read as bytes so bad UTF-8 shows."""
+    lines, articles, vocab, word_counts = [], [], {}, {}
+    for split in SPLITS:
+        data = (Path(clean_dir) / f"{split}.txt").read_bytes()
+        title = None
+        counts: Counter = Counter()
+        for raw in data.split(b"\n"):
+            text = raw.decode("utf-8", errors="replace")
+            if not text.strip():
+                continue
+            match = TITLE.match(text)
+            if match:
+                title = match.group(1)
+                articles.append({"split": split, "title": title})
+            words = text.split()
+            counts.update(words)
+            lines.append({
+                "split": split,
+                "article": title,
+                "text": text,
+                "chars": len(text),
+                "words": len(words),
+                "utf8_ok": "\ufffd" not in text or _strict_utf8(raw),
+            })
+        vocab[split], word_counts[split] = counts, sum(counts.values())
+    train_vocab = vocab["train"]
+    splits = pd.DataFrame([
+        {
+            "split": split,
+            "words": word_counts[split],
+            "articles": sum(1 for a in articles if a["split"] == split),
+            "oov_rate": sum(c for w, c in vocab[split].items() if w not in train_vocab) / max(word_counts[split], 1),
+        }
+        for split in SPLITS
+    ])
+    article_table = pd.DataFrame(articles, columns=["split", "title"]).drop_duplicates()
+    return {"lines": pd.DataFrame(lines), "articles": article_table, "splits": splits}
+
+
+def _strict_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def expectations(params: ValidateParams) -> dict[str, list]:
+    """The suite, one list of expectations per table."""
+    import great_expectations as gx
+
+    E = gx.expectations
+    lines = [E.ExpectColumnValuesToNotMatchRegex(column="text", regex=re.escape(r), meta={"why": f"markup residue {r}"})
+             for r in MARKUP_RESIDUE]
+    lines += [
+        E.ExpectColumnValuesToBeBetween(column="chars", min_value=params.min_line_chars, max_value=params.max_line_chars),
+        E.ExpectColumnValuesToBeInSet(column="utf8_ok", value_set=[True]),
+    ]
+    return {
+        "lines": lines,
+        "articles": [E.ExpectColumnValuesToBeUnique(column="title", meta={"why": "splits disjoint by article"})],
+        "splits": [
+            E.ExpectColumnDistinctValuesToEqualSet(column="split", value_set=list(SPLITS)),
+            E.ExpectColumnValuesToBeBetween(column="words", min_value=params.min_words),
+            E.ExpectColumnValuesToBeBetween(column="oov_rate", min_value=0, max_value=params.max_oov_rate),
+        ],
+    }
+
+
+def _describe(table: str, result) -> str:
+    config = result.expectation_config
+    detail = result.result or {}
+    column = config.kwargs.get("column")
+    where = Counter(row.get("split") for row in detail.get("unexpected_index_list") or [])
+    per_split = ", ".join(f"{s}: {n}" for s, n in sorted(where.items(), key=lambda kv: str(kv[0])))
+    count, total = detail.get("unexpected_count"), detail.get("element_count")
+    badly = f"{count} of {total} rows" if count is not None else f"observed {detail.get('observed_value')}"
+    examples = [str(v)[:60] for v in (detail.get("partial_unexpected_list") or [])[:3]]
+    bounds = {k: v for k, v in config.kwargs.items() if k in ("min_value", "max_value", "regex", "value_set")}
+    return (f"{config.type} on {table}.{column} {bounds}: {badly}"
+            + (f" [{per_split}]" if per_split else "") + (f" e.g. {examples}" if examples else ""))
+
+
+def validate_corpus(clean_dir: str | Path, params: ValidateParams, docs_dir: str | Path) -> dict:
+    """Run the suite, build data docs into `docs_dir`; return metrics/validation.json's content."""
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    tables = corpus_tables(clean_dir)
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)
+    context.add_data_docs_site(
+        site_name="lmpipe",
+        site_config={
+            "class_name": "SiteBuilder",
+            "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(Path(docs_dir).resolve())},
+            "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+        },
+    )
+    source = context.data_sources.add_pandas("corpus")
+    definitions = []
+    for table, expectation_list in expectations(params).items():
+        batch = source.add_dataframe_asset(table).add_batch_definition_whole_dataframe(table)
+        suite = context.suites.add(gx.ExpectationSuite(name=f"corpus_{table}", expectations=expectation_list))
+        definitions.append(context.validation_definitions.add(gx.ValidationDefinition(name=table, data=batch, suite=suite)))
+    failures, results, total = [], [], 0
+    for table, definition in zip(tables, definitions):
+        checkpoint = context.checkpoints.add(gx.Checkpoint(
+            name=f"corpus_{table}",
+            validation_definitions=[definition],
+            actions=[gx.checkpoint.UpdateDataDocsAction(name="docs", site_names=["lmpipe"])],
+            result_format={"result_format": "COMPLETE", "unexpected_index_column_names": ["split"]},
+        ))
+        outcome = checkpoint.run(batch_parameters={"dataframe": tables[table]})
+        for run in outcome.run_results.values():
+            for result in run.results:
+                total += 1
+                detail = result.result or {}
+                results.append({
+                    "table": table,
+                    "expectation": result.expectation_config.type,
+                    "column": result.expectation_config.kwargs.get("column"),
+                    "success": bool(result.success),
+                    "unexpected_count": detail.get("unexpected_count"),
+                    "unexpected_percent": detail.get("unexpected_percent"),
+                })
+                if not result.success:
+                    failures.append(_describe(table, result))
+    return {
+        "success": not failures,
+        "evaluated": total,
+        "failed": len(failures),
+        "failures": failures,
+        "results": results,
+        "rows": {table: len(frame) for table, frame in tables.items()},
+    }
