@@ -72,7 +72,7 @@ def expectations(params: ValidateParams) -> dict[str, list]:
     import great_expectations as gx
 
     E = gx.expectations
-    lines = [E.ExpectColumnValuesToNotMatchRegex(column="text", regex=re.escape(r), meta={"why": f"markup residue {r}"})
+    lines = [E.ExpectColumnValuesToNotMatchRegex(column="text", regex=re.escape(r), meta={"why": f"no markup residue {r!r}"})
              for r in MARKUP_RESIDUE]
     lines += [
         E.ExpectColumnValuesToBeBetween(column="chars", min_value=params.min_line_chars, max_value=params.max_line_chars),
@@ -90,16 +90,17 @@ def expectations(params: ValidateParams) -> dict[str, list]:
 
 
 def _describe(table: str, result) -> str:
+    """One human line: what was expected, on which table and column, how many rows broke it, where."""
     config = result.expectation_config
     detail = result.result or {}
-    column = config.kwargs.get("column")
-    where = Counter(row.get("split") for row in detail.get("unexpected_index_list") or [])
-    per_split = ", ".join(f"{s}: {n}" for s, n in sorted(where.items(), key=lambda kv: str(kv[0])))
+    bounds = {k: v for k, v in config.kwargs.items() if k in ("min_value", "max_value", "value_set")}
+    what = (config.meta or {}).get("why") or f"{config.type.removeprefix('expect_column_')} {bounds}".rstrip(" {}")
     count, total = detail.get("unexpected_count"), detail.get("element_count")
     badly = f"{count} of {total} rows" if count is not None else f"observed {detail.get('observed_value')}"
+    where = Counter(row.get("split") for row in detail.get("unexpected_index_list") or [])
+    per_split = ", ".join(f"{split}: {n}" for split, n in sorted(where.items(), key=lambda kv: str(kv[0])))
     examples = [str(v)[:60] for v in (detail.get("partial_unexpected_list") or [])[:3]]
-    bounds = {k: v for k, v in config.kwargs.items() if k in ("min_value", "max_value", "regex", "value_set")}
-    return (f"{config.type} on {table}.{column} {bounds}: {badly}"
+    return (f"{table}.{config.kwargs.get('column')}: {what}: {badly}"
             + (f" [{per_split}]" if per_split else "") + (f" e.g. {examples}" if examples else ""))
 
 

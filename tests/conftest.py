@@ -1,0 +1,63 @@
+"""Shared fixtures: a small real corpus, a local HTTP server, and one Prefect server for the session."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import lmpipe  # noqa: F401  (telemetry off for everything the tests import)
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory):
+    """One `prefect server` for the whole suite (an ephemeral server per stage process costs ~12 s)."""
+    from flows.server import healthy
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_UI_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    log = open(home / "server.log", "wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    deadline = time.monotonic() + 180
+    while not healthy(url):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"prefect server did not start: {(home / 'server.log').read_text()[-2000:]}")
+        time.sleep(0.5)
+    yield url
+    process.terminate()
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def sample_articles():
+    """The first 12 articles of the real enwiki sample gensim ships (offline)."""
+    from lmpipe.corpus.sources import ENWIKI_SAMPLE
+    from lmpipe.corpus.wiki import iter_wiki_articles
+
+    return list(iter_wiki_articles(ENWIKI_SAMPLE, max_articles=12))

@@ -1,0 +1,61 @@
+import subprocess
+import sys
+
+import pytest
+
+from lmpipe.config import load_params, params_hash
+from lmpipe.errors import ConfigError
+from tests.conftest import ROOT
+
+
+def write(tmp_path, text):
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_project_params_load_with_defaults():
+    params = load_params(ROOT / "params.yaml")
+    assert params.corpus.source == "enwiki-sample"
+    assert params.tokenizer.vocab_size == 8192
+    assert params.section("validate")["min_words"] == 1000
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("corpus: {source: wikitext-5}", "corpus.source: Input should be 'enwiki-sample'"),
+    ("corpus: {sorce: local}", "unknown key 'corpus.sorce'"),
+    ("tokenizer: {vocab_size: lots}", "tokenizer.vocab_size: Input should be a valid integer"),
+    ("split: {valid: 0.9}", "split.valid: Input should be less than 0.5"),
+    ("corpus: {source: local}", "corpus.source 'local' needs corpus.files"),
+    ("corpus: {source: wikipedia-dump}", "needs corpus.url"),
+    ("corpus: {sha256: abc}", "corpus.sha256: String should match pattern"),
+    ("validate: {min_words: 0}", "validate.min_words: Input should be greater than or equal to 1"),
+    ("corpus: [source", "malformed YAML at line 1"),
+    ("- a\n- b\n", "must be a mapping of sections"),
+])
+def test_bad_params_give_one_line_naming_the_key(tmp_path, text, expected):
+    with pytest.raises(ConfigError) as info:
+        load_params(write(tmp_path, text))
+    message = str(info.value)
+    assert expected in message
+    assert "\n" not in message
+    assert str(tmp_path / "params.yaml") in message
+
+
+def test_missing_params_file(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_params(tmp_path / "nope.yaml")
+
+
+def test_params_hash_is_stable_and_sensitive():
+    assert params_hash({"a": 1, "b": 2}) == params_hash({"b": 2, "a": 1})
+    assert params_hash({"a": 1}) != params_hash({"a": 2})
+
+
+def test_cli_reports_bad_params_without_traceback(tmp_path):
+    path = write(tmp_path, "corpus: {source: nonsense}")
+    done = subprocess.run([sys.executable, "-m", "lmpipe.cli", "check-params", str(path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 1
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert "corpus.source" in done.stderr

@@ -1,0 +1,174 @@
+"""The real `dvc repro` in a temporary git copy of the project, on a few real articles."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import yaml
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+STAGES = ("download", "prepare", "validate", "tokenize")
+TINY = {
+    "corpus": {"max_articles": 12},
+    "validate": {"min_words": 200, "max_oov_rate": 0.6},
+    "tokenizer": {"vocab_size": 600},
+}
+
+
+def run(args, cwd, env, check=True):
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{args} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done
+
+
+def override(path: Path, changes: dict) -> None:
+    params = yaml.safe_load(path.read_text())
+    for section, values in changes.items():
+        params[section].update(values)
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, prefect_api):
+    """A git copy of the tracked project with tiny params, after one `dvc repro`."""
+    copy = tmp_path_factory.mktemp("project")
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
+    for name in filter(None, tracked.stdout.split("\0")):
+        if (ROOT / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, copy / name)
+    for name in ("dvc.lock",):  # a fresh study: nothing recorded yet
+        (copy / name).unlink(missing_ok=True)
+    override(copy / "params.yaml", TINY)
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("LMPIPE_PARENT_RUN_ID", None)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    run(["git", "init", "-q"], copy, env)
+    run(git + ["add", "-A"], copy, env)
+    run(git + ["commit", "-qm", "copy"], copy, env)
+    first = run(["dvc", "repro"], copy, env)
+    return copy, env, first
+
+
+def test_repro_runs_every_stage_and_writes_contract_outputs(project):
+    copy, _, first = project
+    for stage in STAGES:
+        assert f"Running stage '{stage}'" in first.stdout
+    corpus = json.loads((copy / "metrics/corpus.json").read_text())
+    assert sum(s["articles"] for s in corpus["splits"].values()) == 12
+    for split in ("train", "valid", "test"):
+        text = (copy / f"data/clean/{split}.txt").read_text()
+        assert corpus["splits"][split]["words"] == len(text.split()) > 200
+    assert json.loads((copy / "metrics/validation.json").read_text())["success"] is True
+    assert (copy / "reports/validation/index.html").exists()
+    tokens = json.loads((copy / "metrics/tokenize.json").read_text())
+    assert tokens["vocab_size"] == 600
+    for split in ("train", "valid", "test"):
+        ids = np.load(copy / f"data/tokens/{split}.npy")
+        assert len(ids) == tokens["tokens"][split] and ids.dtype == np.uint16
+    manifest = json.loads((copy / "data/raw/manifest.json").read_text())
+    assert manifest["files"]["enwiki-sample.xml.bz2"]["sha256"] == (
+        "a53f4648dec40467ebdcbc7a1307eddb51fe6e28e9309f6ebde81ba0d04bea2d")
+    lock = yaml.safe_load((copy / "dvc.lock").read_text())
+    assert set(lock["stages"]) == set(STAGES)
+
+
+def test_second_repro_does_nothing(project):
+    copy, env, _ = project
+    again = run(["dvc", "repro"], copy, env)
+    assert "Running stage" not in again.stdout
+    assert "Data and pipelines are up to date." in again.stdout
+
+
+def test_changed_tokenizer_param_reruns_only_tokenize(project):
+    copy, env, _ = project
+    params = copy / "params.yaml"
+    saved = params.read_text()
+    try:
+        override(params, {"tokenizer": {"vocab_size": 700}})
+        status = run(["dvc", "status", "--json"], copy, env)
+        assert set(json.loads(status.stdout)) == {"tokenize"}
+    finally:
+        params.write_text(saved)
+
+
+def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_api):
+    copy, _, _ = project
+    client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("lmpipe")
+    runs = client.search_runs([experiment.experiment_id])
+    stages = {r.data.tags["lmpipe.stage"]: r for r in runs if r.data.tags.get("lmpipe.role") == "stage"}
+    studies = [r for r in runs if r.data.tags.get("lmpipe.role") == "study"]
+    assert set(stages) == set(STAGES) and len(studies) == 1
+    assert {r.data.tags["mlflow.parentRunId"] for r in stages.values()} == {studies[0].info.run_id}
+    assert stages["prepare"].data.params["corpus.max_articles"] == "12"
+    assert stages["tokenize"].data.metrics["vocab_size"] == 600
+    assert stages["validate"].data.metrics["passed"] == 1
+    for stage, mlflow_run in stages.items():
+        flow_run = requests.get(f"{prefect_api}/flow_runs/{mlflow_run.data.tags['prefect.flow_run_id']}", timeout=10)
+        assert flow_run.status_code == 200
+        assert flow_run.json()["state_type"] == "COMPLETED"
+        flow = requests.get(f"{prefect_api}/flows/{flow_run.json()['flow_id']}", timeout=10).json()
+        assert flow["name"] == stage
+
+
+def test_malformed_params_fail_in_one_line(project):
+    copy, env, _ = project
+    params = copy / "params.yaml"
+    saved = params.read_text()
+    try:
+        params.write_text(saved + "\ncorpus: [broken\n")
+        done = run([sys.executable, "-m", "flows.download"], copy, env, check=False)
+        assert done.returncode == 1
+        assert "Traceback" not in done.stderr
+        assert done.stderr.strip().splitlines()[-1].startswith("error: params.yaml: malformed YAML at line")
+        params.write_text(saved.replace("source: enwiki-sample", "source: gutenberg"))
+        done = run([sys.executable, "-m", "flows.download"], copy, env, check=False)
+        assert done.returncode == 1 and "corpus.source: Input should be" in done.stderr
+    finally:
+        params.write_text(saved)
+
+
+class NotFound(http.server.BaseHTTPRequestHandler):
+    hits = 0
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        NotFound.hits += 1
+        self.send_error(404, "Not Found")
+
+
+def test_404_in_the_flow_is_one_clear_line_and_not_retried(project):
+    copy, env, _ = project
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    params = copy / "params.yaml"
+    saved = params.read_text()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/enwiki-latest.xml.bz2"
+        override(params, {"corpus": {"source": "wikipedia-dump", "url": url}})
+        done = run([sys.executable, "-m", "flows.download"], copy, env, check=False)
+        assert done.returncode == 1
+        assert "Traceback" not in done.stderr + done.stdout
+        assert done.stderr.strip().splitlines()[-1] == f"error: {url}: HTTP 404 Not Found (check corpus.url / the source's URL)"
+        assert NotFound.hits == 1
+    finally:
+        params.write_text(saved)
+        httpd.shutdown()

@@ -1,0 +1,70 @@
+"""MLflow runs: one per stage, nested under one study run found across processes."""
+
+from __future__ import annotations
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from lmpipe import tracking
+
+
+@pytest.fixture()
+def store(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("LMPIPE_PARENT_RUN_ID", raising=False)
+    params = tmp_path / "params.yaml"
+    params.write_text("corpus: {source: enwiki-sample}\n")
+    return uri, params
+
+
+def test_stages_nest_under_one_study_run(store):
+    uri, params = store
+    with tracking.stage_run("download", "exp", {"corpus": {"source": "x", "url": None}}, "h1", params_file=params):
+        tracking.log_metrics({"splits": {"train": {"words": 10}}, "source": "text", "ok": True})
+    with tracking.stage_run("prepare", "exp", {"split": {"seed": 1}}, "h2", params_file=params):
+        pass
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("exp")
+    runs = client.search_runs([exp.experiment_id])
+    studies = [r for r in runs if r.data.tags.get("lmpipe.role") == "study"]
+    stages = {r.data.tags["lmpipe.stage"]: r for r in runs if r.data.tags.get("lmpipe.role") == "stage"}
+    assert len(studies) == 1 and studies[0].info.status == "FINISHED"
+    assert set(stages) == {"download", "prepare"}
+    for run in stages.values():
+        assert run.data.tags["mlflow.parentRunId"] == studies[0].info.run_id
+    download = stages["download"]
+    assert download.data.params == {"corpus.source": "x", "corpus.url": "null"}
+    assert download.data.metrics == {"splits.train.words": 10.0}
+    assert download.data.tags["lmpipe.params_hash"] == "h1"
+    assert exp.artifact_location.endswith("/mlartifacts")
+
+
+def test_changed_params_start_a_new_study(store):
+    uri, params = store
+    with tracking.stage_run("download", "exp", {}, "h", params_file=params):
+        pass
+    params.write_text("corpus: {source: wikitext-2}\n")
+    with tracking.stage_run("download", "exp", {}, "h", params_file=params):
+        pass
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("exp")
+    studies = client.search_runs([exp.experiment_id], "tags.`lmpipe.role` = 'study'")
+    assert len(studies) == 2
+
+
+def test_parent_from_environment_wins(store, monkeypatch):
+    uri, params = store
+    client = MlflowClient(uri)
+    exp_id = tracking.experiment_id("exp")
+    parent = client.create_run(exp_id).info.run_id
+    monkeypatch.setenv("LMPIPE_PARENT_RUN_ID", parent)
+    with tracking.stage_run("tokenize", "exp", {}, "h", params_file=params) as run:
+        run_id = run.info.run_id
+    assert client.get_run(run_id).data.tags["mlflow.parentRunId"] == parent
+
+
+def test_default_uri_follows_dvc_root(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("DVC_ROOT", str(tmp_path))
+    assert tracking.tracking_uri() == f"sqlite:///{tmp_path}/mlflow.db"
