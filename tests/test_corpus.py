@@ -122,3 +122,42 @@ def test_missing_local_file(tmp_path):
     corpus = CorpusParams(source="local", files=LocalFiles(train="nope.txt", valid="nope.txt", test="nope.txt"))
     with pytest.raises(CorpusError, match="corpus.files.train: nope.txt does not exist"):
         fetch_corpus(corpus, tmp_path / "raw", tmp_path / "cache")
+
+
+def test_wikitext_source_downloads_and_keeps_given_splits(tmp_path):
+    """wikitext-2 through the real code path, served from 127.0.0.1 as the public zip is laid out."""
+    import http.server
+    import threading
+    import zipfile
+
+    archive = tmp_path / "wikitext-2-raw-v1.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for split in ("train", "valid", "test"):
+            z.writestr(f"wikitext-2-raw/wiki.{split}.raw",
+                       f" \n = {split.title()} one = \n \n Text of {split} . \n \n = = Part = = \n \n More . \n"
+                       f" \n = {split.title()} two = \n \n Second . \n")
+    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path), **k)  # noqa: E731
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        corpus = CorpusParams(source="wikitext-2", url=f"http://127.0.0.1:{httpd.server_address[1]}/{archive.name}")
+        manifest = fetch_corpus(corpus, tmp_path / "raw", tmp_path / "cache")
+    finally:
+        httpd.shutdown()
+    assert manifest["files"][archive.name]["bytes"] == archive.stat().st_size
+    stats = prepare_corpus(tmp_path / "raw", tmp_path / "clean", corpus, SplitParams())
+    assert (tmp_path / "clean" / "valid.txt").read_text() == (
+        " = Valid one = \nText of valid .\nPart\nMore .\n\n = Valid two = \nSecond .\n\n")
+    assert {s: v["articles"] for s, v in stats["splits"].items()} == {"train": 2, "valid": 2, "test": 2}
+
+
+def test_local_source_keeps_the_users_splits(tmp_path):
+    files = {}
+    for split in ("train", "valid", "test"):
+        files[split] = tmp_path / f"my-{split}.txt"
+        files[split].write_text(f"First {split} paragraph.\nSecond line.\n\nAnother {split} block.\n")
+    corpus = CorpusParams(source="local", files=LocalFiles(**{k: str(v) for k, v in files.items()}))
+    fetch_corpus(corpus, tmp_path / "raw", tmp_path / "cache")
+    stats = prepare_corpus(tmp_path / "raw", tmp_path / "clean", corpus, SplitParams())
+    assert (tmp_path / "clean" / "test.txt").read_text() == "First test paragraph.\nSecond line.\n\nAnother test block.\n\n"
+    assert stats["splits"]["train"]["articles"] == 2

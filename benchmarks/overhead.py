@@ -1,0 +1,84 @@
+"""Orchestration overhead of `dvc repro`: wall time split into compute versus Prefect + MLflow + DVC.
+
+Runs `dvc repro --force` in a temporary git copy of the project (default params unless overridden
+with --set section.key=value), against a running Prefect server (`lmpipe server`, or PREFECT_API_URL).
+Compute is the time Prefect measured inside the stages' tasks (the lmpipe calls); everything else
+(interpreter start, imports of prefect/mlflow, flow and run bookkeeping, DVC hashing) is overhead.
+Prints, as its last line: `orchestration overhead: X% of N s`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from flows.server import use_running_server  # noqa: E402
+
+
+def copy_project(dest: Path, overrides: list[str]) -> None:
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for name in filter(None, files.split("\0")):
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    params = yaml.safe_load((dest / "params.yaml").read_text())
+    for item in overrides:
+        key, value = item.split("=", 1)
+        *path, last = key.split(".")
+        node = params
+        for part in path:
+            node = node[part]
+        node[last] = yaml.safe_load(value)
+    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    git = ["git", "-c", "user.email=b@b", "-c", "user.name=b"]
+    for args in (["git", "init", "-q"], git + ["add", "-A"], git + ["commit", "-qm", "bench"]):
+        subprocess.run(args, cwd=dest, check=True)
+
+
+def task_seconds(api: str, since: str) -> float:
+    """Total run time of all task runs that started after `since` (ISO time), from the Prefect API."""
+    body = {"task_runs": {"start_time": {"after_": since}}, "limit": 200}
+    runs = requests.post(f"{api}/task_runs/filter", json=body, timeout=30).json()
+    return sum(r["total_run_time"] for r in runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--set", action="append", default=[], help="params override, e.g. corpus.max_articles=20")
+    args = parser.parse_args()
+    api = use_running_server()
+    if not api:
+        sys.exit("start a Prefect server first (lmpipe server) or set PREFECT_API_URL")
+    with tempfile.TemporaryDirectory() as tmp:
+        project = Path(tmp)
+        copy_project(project, args.set)
+        env = {**os.environ, "PREFECT_API_URL": api}
+        env.pop("MLFLOW_TRACKING_URI", None)
+        since = requests.get(f"{api}/admin/version", timeout=10) and time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        started = time.perf_counter()
+        subprocess.run(["dvc", "repro", "--force"], cwd=project, env=env, check=True, stdout=subprocess.DEVNULL)
+        wall = time.perf_counter() - started
+        compute = task_seconds(api, since)
+        started = time.perf_counter()
+        noop = subprocess.run(["dvc", "repro"], cwd=project, env=env, check=True, capture_output=True, text=True)
+        noop_wall = time.perf_counter() - started
+    assert "Running stage" not in noop.stdout
+    print(f"dvc repro --force: {wall:.1f} s wall, {compute:.1f} s compute inside tasks")
+    print(f"no-op dvc repro: {noop_wall:.1f} s")
+    print(f"orchestration overhead: {100 * (wall - compute) / wall:.0f}% of {wall:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
