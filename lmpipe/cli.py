@@ -6,6 +6,7 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from lmpipe.errors import LmpipeError
 
@@ -40,6 +41,20 @@ def _check_params(args) -> int:
     return 0
 
 
+def _export_arpa(args) -> int:
+    from lmpipe.ngram import NGramLM, write_arpa
+
+    if not (Path(args.model) / "ngram.json").exists():
+        raise LmpipeError(f"{args.model}: no n-gram model there (run: dvc repro ngram)")
+    model = NGramLM.load(args.model)
+    if model.method != "kneser_ney":
+        raise LmpipeError(f"{args.model}: ARPA needs a kneser_ney model, this one is {model.method} (set ngram.method)")
+    counts = write_arpa(model, args.out)
+    print(f"wrote {args.out}: " + ", ".join(f"{n} {k}-grams" for k, n in counts.items()))
+    print("tokens are written as their ids; the boundary token is </s> (and <s> as context)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmpipe", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -50,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     ui = commands.add_parser("ui", help="open the MLflow UI on this study's tracking store (127.0.0.1)")
     ui.add_argument("--port", type=int, default=5000)
     ui.set_defaults(run=_ui)
+    ngram = commands.add_parser("ngram", help="n-gram model tools").add_subparsers(dest="ngram_command", required=True)
+    export = ngram.add_parser("export-arpa", help="write the n-gram model as an ARPA file (KenLM, SRILM)")
+    export.add_argument("--model", default="models/ngram")
+    export.add_argument("--out", default="ngram.arpa")
+    export.set_defaults(run=_export_arpa)
     check = commands.add_parser("check-params", help="validate params.yaml and say what is wrong in one line")
     check.add_argument("file", nargs="?", default="params.yaml")
     check.set_defaults(run=_check_params)

@@ -64,6 +64,13 @@ class TokenizerParams(_Section):
     boundary_token: str = Field("<|endoftext|>", min_length=1)
 
 
+class NgramParams(_Section):
+    order: int = Field(5, ge=1, le=5)
+    method: Literal["kneser_ney", "add_k", "stupid_backoff"] = "kneser_ney"
+    k: float = Field(0.01, gt=0, description="add_k: the pseudo-count delta")
+    alpha: float = Field(0.4, gt=0, lt=1, description="stupid_backoff: the back-off factor")
+
+
 class TrackingParams(_Section):
     experiment: str = Field("lmpipe", min_length=1)
 
@@ -73,6 +80,7 @@ class Params(_Section):
     split: SplitParams = SplitParams()
     validate_: ValidateParams = Field(ValidateParams(), alias="validate")
     tokenizer: TokenizerParams = TokenizerParams()
+    ngram: NgramParams = NgramParams()
     tracking: TrackingParams = TrackingParams()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

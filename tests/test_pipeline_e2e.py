@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
-STAGES = ("download", "prepare", "validate", "tokenize")
+STAGES = ("download", "prepare", "validate", "tokenize", "ngram")
 TINY = {
     "corpus": {"max_articles": 12},
     "validate": {"min_words": 200, "max_oov_rate": 0.6},
@@ -84,6 +84,10 @@ def test_repro_runs_every_stage_and_writes_contract_outputs(project):
     manifest = json.loads((copy / "data/raw/manifest.json").read_text())
     assert manifest["files"]["enwiki-sample.xml.bz2"]["sha256"] == (
         "a53f4648dec40467ebdcbc7a1307eddb51fe6e28e9309f6ebde81ba0d04bea2d")
+    ngram = json.loads((copy / "metrics/ngram.json").read_text())
+    assert ngram["order"] == 5 and ngram["normalised"] is True
+    assert 1 < ngram["test"]["ppl"] < 600 and ngram["test"]["bpb"] > 0
+    assert (copy / "models/ngram/ngram.npz").exists()
     lock = yaml.safe_load((copy / "dvc.lock").read_text())
     assert set(lock["stages"]) == set(STAGES)
 
@@ -119,6 +123,10 @@ def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_ap
     assert stages["prepare"].data.params["corpus.max_articles"] == "12"
     assert stages["tokenize"].data.metrics["vocab_size"] == 600
     assert stages["validate"].data.metrics["passed"] == 1
+    run_file = json.loads((copy / "models/ngram/mlflow_run.json").read_text())
+    assert run_file["run_id"] == stages["ngram"].info.run_id
+    assert stages["ngram"].data.tags["lmpipe.model"] == "ngram"
+    assert {"valid_ppl", "test_ppl", "test_word_ppl", "test_bpb", "n_params"} <= set(stages["ngram"].data.metrics)
     for stage, mlflow_run in stages.items():
         flow_run = requests.get(f"{prefect_api}/flow_runs/{mlflow_run.data.tags['prefect.flow_run_id']}", timeout=10)
         assert flow_run.status_code == 200

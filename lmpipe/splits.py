@@ -1,0 +1,39 @@
+"""Reading the tokenize stage's outputs: token streams plus the words and bytes each split holds."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lmpipe.errors import CorpusError
+
+
+@dataclass(frozen=True)
+class Split:
+    name: str
+    tokens: np.ndarray
+    words: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class TokenData:
+    vocab_size: int
+    boundary: int
+    splits: dict[str, Split]
+
+
+def load_tokens(tokens_dir: str | Path = "data/tokens", metrics: str | Path = "metrics/tokenize.json") -> TokenData:
+    """The streams of data/tokens with the word and byte counts perplexities are normalised by."""
+    metrics_path = Path(metrics)
+    if not metrics_path.exists():
+        raise CorpusError(f"{metrics_path}: missing (run the tokenize stage first: dvc repro tokenize)")
+    info = json.loads(metrics_path.read_text())
+    splits = {
+        name: Split(name, np.load(Path(tokens_dir) / f"{name}.npy"), info["words"][name], info["bytes"][name])
+        for name in ("train", "valid", "test")
+    }
+    return TokenData(info["vocab_size"], info["boundary_id"], splits)
