@@ -29,9 +29,9 @@ def is_transient(task, task_run, state) -> bool:
 
 
 @contextlib.contextmanager
-def stage_run(stage: str, params: Params, sections: list[str], model: str | None = None) -> Iterator:
-    """An MLflow run for this stage with its params sections logged and the Prefect flow run linked."""
-    chosen = {name: params.section(name) for name in sections}
+def stage_run(stage: str, params: Params, sections: list[str] | dict, model: str | None = None) -> Iterator:
+    """An MLflow run for this stage with its params (section names, or the values) logged and the Prefect flow run linked."""
+    chosen = sections if isinstance(sections, dict) else {name: params.section(name) for name in sections}
     tags = {"prefect.flow_run_id": str(runtime.flow_run.id or ""), "prefect.flow_run_name": str(runtime.flow_run.name or "")}
     with tracking.stage_run(stage, params.tracking.experiment, chosen, params_hash(chosen),
                             model=model, tags=tags, params_file=PARAMS_FILE) as run:
@@ -47,7 +47,7 @@ class _OneLineUserErrors(logging.Filter):
         return True
 
 
-def main(flow: Callable) -> None:
+def main(flow: Callable, **flow_kwargs) -> None:
     """Run a stage flow as a script: check params first, then run; exit 1 with one line on a user error."""
     try:
         load_params(PARAMS_FILE)
@@ -55,7 +55,7 @@ def main(flow: Callable) -> None:
         sys.exit(f"error: {exc}")
     for handler in logging.getLogger("prefect").handlers + logging.getLogger().handlers:
         handler.addFilter(_OneLineUserErrors())
-    state = flow(return_state=True)
+    state = flow(**flow_kwargs, return_state=True)
     if state.is_failed():
         exc = state.result(raise_on_failure=False)
         if isinstance(exc, LmpipeError):

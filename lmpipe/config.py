@@ -71,6 +71,62 @@ class NgramParams(_Section):
     alpha: float = Field(0.4, gt=0, lt=1, description="stupid_backoff: the back-off factor")
 
 
+class TrainParams(_Section):
+    """Settings every neural model shares."""
+
+    seed: int = 1234
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    threads: int = Field(0, ge=0, description="CPU threads; 0 = all cores")
+    log_every: int = Field(50, ge=1, description="steps between progress updates (the only host syncs)")
+    checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
+    eval_chunk: int = Field(256, ge=1, description="tokens per evaluation chunk (the sliding-window stride)")
+    compile: bool = False
+
+
+class OptimParams(_Section):
+    name: Literal["sgd", "adam", "adamw"] = "adamw"
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    clip: float = Field(1.0, gt=0, description="gradient-norm clipping")
+    schedule: Literal["constant", "cosine", "plateau"] = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    nt_asgd: bool = Field(False, description="sgd only: switch to averaged SGD when valid stops improving")
+    nonmono: int = Field(2, ge=1, description="NT-ASGD: checks without improvement before averaging starts")
+
+
+ARCH_FIELDS = {
+    "nplm": {"context", "emb", "hidden", "direct", "dropout"},
+    "rnn": {"cell", "emb", "hidden", "layers", "tie", "dropout", "dropout_input", "dropout_hidden",
+            "dropout_embedding", "weight_drop", "ar", "tar"},
+    "transformer": {"dim", "layers", "heads", "block_size", "dropout", "tie"},
+}
+
+
+class ModelParams(_Section):
+    """One entry of `models`: its family, architecture and how it trains."""
+
+    family: Literal["nplm", "rnn", "transformer"]
+    arch: dict = Field(default_factory=dict)
+    optim: OptimParams = OptimParams()
+    batch_size: int = Field(32, ge=1)
+    seq_len: int = Field(64, ge=2, description="BPTT length (recurrent) or window length (nplm, transformer)")
+    variable_bptt: bool = Field(False, description="recurrent only: AWD-LSTM's random BPTT lengths, lr rescaled")
+    epochs: int = Field(4, ge=1)
+    patience: int = Field(3, ge=1, description="early stopping: epochs without a better valid loss")
+    max_steps_per_epoch: Optional[int] = Field(None, ge=1, description="cap for quick runs")
+
+    @model_validator(mode="after")
+    def _arch_fits_family(self):
+        unknown = set(self.arch) - ARCH_FIELDS[self.family]
+        if unknown:
+            raise ValueError(f"arch has {sorted(unknown)}, not settings of a {self.family} "
+                             f"(allowed: {', '.join(sorted(ARCH_FIELDS[self.family]))})")
+        if self.family == "transformer" and self.seq_len > self.arch.get("block_size", 256):
+            raise ValueError("seq_len must not exceed arch.block_size for a transformer")
+        return self
+
+
 class TrackingParams(_Section):
     experiment: str = Field("lmpipe", min_length=1)
 
@@ -81,6 +137,8 @@ class Params(_Section):
     validate_: ValidateParams = Field(ValidateParams(), alias="validate")
     tokenizer: TokenizerParams = TokenizerParams()
     ngram: NgramParams = NgramParams()
+    train: TrainParams = TrainParams()
+    models: dict[str, ModelParams] = Field(default_factory=dict)
     tracking: TrackingParams = TrackingParams()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

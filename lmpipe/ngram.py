@@ -10,12 +10,13 @@ recent token lowest), found by `searchsorted` in sorted key tables — one NumPy
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
+
+from lmpipe.perplexity import perplexities
 
 BITS = 16
 WORD_SHIFT = np.uint64(32)
@@ -259,14 +260,8 @@ def _pack(tokens: list[int]) -> int:
 
 
 def perplexity(log_probs: np.ndarray, words: int, n_bytes: int) -> dict:
-    """ppl per token, word_ppl per whitespace word, bits per UTF-8 byte (the study's one definition)."""
-    nll = -float(np.sum(log_probs))
-    return {
-        "ppl": math.exp(nll / len(log_probs)),
-        "word_ppl": math.exp(nll / words),
-        "bpb": nll / math.log(2) / n_bytes,
-        "loss": nll / len(log_probs),
-    }
+    """The study's perplexities from per-token natural-log probabilities."""
+    return perplexities(-float(np.sum(log_probs)), len(log_probs), words, n_bytes)
 
 
 def _tokens_of(contexts: np.ndarray, words: np.ndarray, k: int) -> np.ndarray:

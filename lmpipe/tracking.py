@@ -125,11 +125,27 @@ def stage_run(
         yield run
 
 
-def log_metrics(metrics: Mapping, step: int | None = None) -> None:
+def log_metrics(metrics: Mapping, step: int | None = None, run_id: str | None = None) -> None:
     """Log every numeric leaf of a (nested) metrics dict; strings and lists are left to artifacts."""
     numeric = {k: float(v) for k, v in flatten(metrics).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    mlflow.log_metrics(numeric, step=step)
+    mlflow.log_metrics(numeric, step=step, run_id=run_id)
+
+
+def pinned_requirements(lock_file: str | Path = "constraints.txt") -> list[str] | None:
+    """The lock file's pins, so a logged model records the exact environment (inferring costs ~8 s)."""
+    path = project_root() / lock_file
+    if not path.exists():
+        return None
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+
+
+def log_torch_model(model, name: str, registered_name: str) -> None:
+    """Log a PyTorch model (pickle format keeps its methods, e.g. next_token_distribution) and register it."""
+    import mlflow.pytorch
+
+    mlflow.pytorch.log_model(model, name=name, serialization_format="pickle",
+                             pip_requirements=pinned_requirements(), registered_model_name=registered_name)
 
 
 def log_dict(obj, artifact_file: str) -> None:

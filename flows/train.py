@@ -1,0 +1,66 @@
+"""train@<model> stage: one neural LM from `models.<model>` in params.yaml.
+
+Outputs: models/<model>/ (model.pt, mlflow_run.json), metrics/train/<model>.json, plots/train/<model>.csv.
+Resumable checkpoints live in .cache/lmpipe/ckpt/<model>-<params hash>/ (outside DVC's outputs, which
+DVC deletes before a re-run; keyed by params so a changed config never resumes a stale run).
+"""
+
+import argparse
+import csv
+import io
+from pathlib import Path
+
+from prefect import flow, task
+
+from flows._stage import CACHE_DIR, PARAMS_FILE, main, stage_run
+from lmpipe import tracking
+from lmpipe.config import load_params, params_hash
+from lmpipe.errors import ConfigError
+from lmpipe.io import atomic_path, write_json, write_text
+from lmpipe.models import save_model
+from lmpipe.splits import load_tokens
+from lmpipe.train import Trainer
+
+
+def history_csv(history: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(history[0]))
+    writer.writeheader()
+    writer.writerows(history)
+    return out.getvalue()
+
+
+@task
+def fit(name, settings, common, ckpt_dir, run_id):
+    def on_epoch(record):  # live per-epoch metrics in the model's MLflow run
+        tracking.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=record["epoch"], run_id=run_id)
+
+    return Trainer(name, settings, common, load_tokens(), ckpt_dir, on_epoch=on_epoch).run()
+
+
+@flow(name="train")
+def train(model: str) -> dict:
+    params = load_params(PARAMS_FILE)
+    if model not in params.models:
+        raise ConfigError(f"{PARAMS_FILE}: models has no entry {model!r} (have: {', '.join(params.models) or 'none'})")
+    settings = params.models[model]
+    chosen = {"train": params.section("train"), "model": settings.model_dump(mode="json")}
+    ckpt_dir = Path(CACHE_DIR) / "ckpt" / f"{model}-{params_hash(chosen)}"
+    with stage_run(f"train@{model}", params, chosen, model=model) as run:
+        result = fit(model, settings, params.train, ckpt_dir, run.info.run_id)
+        with atomic_path(f"models/{model}") as tmp:
+            tmp.mkdir()
+            save_model(result.model, settings.family, settings.arch, tmp / "model.pt")
+            write_json(tmp / "mlflow_run.json", {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id})
+        write_json(f"metrics/train/{model}.json", result.metrics)
+        write_text(f"plots/train/{model}.csv", history_csv(result.history))
+        tracking.log_metrics({k: result.metrics[k] for k in ("valid_ppl", "tokens_per_sec", "n_params", "best_epoch")})
+        tracking.log_artifacts(f"plots/train/{model}.csv")
+        tracking.log_torch_model(result.model.cpu(), "model", f"lmpipe-{model}")
+    return result.metrics
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="train one model of params.yaml's `models`")
+    parser.add_argument("--model", required=True)
+    main(train, model=parser.parse_args().model)

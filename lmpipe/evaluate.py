@@ -1,0 +1,32 @@
+"""One evaluator for every neural model: the split as one continuous stream, state carried across chunks.
+
+Recurrent models carry their hidden state; window models carry their last tokens, so a Transformer
+is scored with a sliding window whose stride is the chunk (each token once, with as much context as
+the block allows) and the NPLM with exactly its n-1 tokens. The stream is conditioned on one
+boundary token before its first token, as the n-gram is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from lmpipe.perplexity import perplexities  # noqa: F401  (re-exported: the evaluator's companion)
+
+
+@torch.no_grad()
+def stream_nll(model, tokens: np.ndarray, chunk: int, device: torch.device | str = "cpu") -> tuple[float, int]:
+    """Total natural-log loss of every token of `tokens`, and how many were scored."""
+    model.eval()
+    stream = torch.from_numpy(np.concatenate([[model.boundary], np.asarray(tokens, dtype=np.int64)]))
+    stream = stream.to(device).unsqueeze(0)
+    inputs, targets = stream[:, :-1], stream[:, 1:]
+    if hasattr(model, "block_size"):
+        chunk = min(chunk, model.block_size)
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    state = None
+    for start in range(0, inputs.size(1), chunk):
+        logits, state = model(inputs[:, start:start + chunk], state)
+        total += F.cross_entropy(logits.float().flatten(0, 1), targets[:, start:start + chunk].flatten(), reduction="sum")
+    return float(total), int(targets.size(1))

@@ -1,0 +1,41 @@
+"""The neural LM families, built by name from params: `build_model(family, arch, vocab_size, boundary)`."""
+
+from __future__ import annotations
+
+from lmpipe.models.base import StreamLM
+from lmpipe.models.nplm import NPLM
+from lmpipe.models.rnn import RNNModel
+from lmpipe.models.transformer import TransformerLM
+
+FAMILIES = {"nplm": NPLM, "rnn": RNNModel, "transformer": TransformerLM}
+
+
+def build_model(family: str, arch: dict, vocab_size: int, boundary: int) -> StreamLM:
+    """`arch` holds the constructor's keyword arguments (params.yaml: models.<name>.arch)."""
+    return FAMILIES[family](vocab_size=vocab_size, boundary=boundary, **arch)
+
+
+def save_model(model: StreamLM, family: str, arch: dict, path) -> None:
+    """Weights plus what rebuilds the model: loadable with `load_model` without params.yaml."""
+    import torch
+
+    torch.save({"family": family, "arch": dict(arch), "vocab_size": model.embed.num_embeddings,
+                "boundary": model.boundary, "state_dict": model.state_dict()}, path)
+
+
+def load_model(path, device="cpu") -> StreamLM:
+    import torch
+
+    saved = torch.load(path, map_location=device, weights_only=False)
+    model = build_model(saved["family"], saved["arch"], saved["vocab_size"], saved["boundary"])
+    model.load_state_dict(saved["state_dict"])
+    return model.to(device).eval()
+
+
+def count_parameters(model) -> int:
+    """Distinct parameters (a tied embedding counts once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+__all__ = ["NPLM", "RNNModel", "TransformerLM", "StreamLM", "build_model", "count_parameters", "load_model",
+           "save_model"]
