@@ -38,7 +38,7 @@ def fit(name, settings, common, ckpt_dir, run_id):
     return Trainer(name, settings, common, load_tokens(), ckpt_dir, on_epoch=on_epoch).run()
 
 
-@flow(name="train")
+@flow(name="train", flow_run_name="train@{model}")
 def train(model: str) -> dict:
     params = load_params(PARAMS_FILE)
     if model not in params.models:

@@ -20,11 +20,22 @@ from mlflow.tracking import MlflowClient
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
-STAGES = ("download", "prepare", "validate", "tokenize", "ngram")
+MODELS = ("nplm", "rnn", "lstm", "gru", "transformer")
+STAGES = ("download", "prepare", "validate", "tokenize", "ngram") + tuple(f"train@{m}" for m in MODELS)
+QUICK = {"epochs": 1, "max_steps_per_epoch": 3, "batch_size": 4, "seq_len": 16}
 TINY = {
     "corpus": {"max_articles": 12},
     "validate": {"min_words": 200, "max_oov_rate": 0.6},
     "tokenizer": {"vocab_size": 600},
+    "models": {
+        "nplm": {"family": "nplm", "arch": {"context": 3, "emb": 16, "hidden": 32}, **QUICK},
+        "rnn": {"family": "rnn", "arch": {"cell": "rnn_tanh", "emb": 16, "layers": 1}, **QUICK},
+        "lstm": {"family": "rnn", "arch": {"cell": "lstm", "emb": 16, "hidden": 32, "layers": 2, "weight_drop": 0.2},
+                 "variable_bptt": True, **QUICK},
+        "gru": {"family": "rnn", "arch": {"cell": "gru", "emb": 16, "layers": 1}, **QUICK},
+        "transformer": {"family": "transformer", "arch": {"dim": 16, "layers": 1, "heads": 2, "block_size": 16},
+                        **QUICK},
+    },
 }
 
 
@@ -38,7 +49,10 @@ def run(args, cwd, env, check=True):
 def override(path: Path, changes: dict) -> None:
     params = yaml.safe_load(path.read_text())
     for section, values in changes.items():
-        params[section].update(values)
+        if section == "models":
+            params[section] = values
+        else:
+            params[section].update(values)
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
@@ -88,6 +102,12 @@ def test_repro_runs_every_stage_and_writes_contract_outputs(project):
     assert ngram["order"] == 5 and ngram["normalised"] is True
     assert 1 < ngram["test"]["ppl"] < 600 and ngram["test"]["bpb"] > 0
     assert (copy / "models/ngram/ngram.npz").exists()
+    for model in MODELS:
+        trained = json.loads((copy / f"metrics/train/{model}.json").read_text())
+        assert trained["model"] == model and trained["epochs"] == 1 and trained["device"] == "cpu"
+        assert trained["valid_ppl"] > 1 and trained["n_params"] > 0
+        assert (copy / f"models/{model}/model.pt").exists()
+        assert (copy / f"plots/train/{model}.csv").read_text().startswith("epoch,train_loss,")
     lock = yaml.safe_load((copy / "dvc.lock").read_text())
     assert set(lock["stages"]) == set(STAGES)
 
@@ -99,14 +119,20 @@ def test_second_repro_does_nothing(project):
     assert "Data and pipelines are up to date." in again.stdout
 
 
-def test_changed_tokenizer_param_reruns_only_tokenize(project):
+def test_changed_params_rerun_only_what_depends_on_them(project):
     copy, env, _ = project
     params = copy / "params.yaml"
     saved = params.read_text()
     try:
         override(params, {"tokenizer": {"vocab_size": 700}})
         status = run(["dvc", "status", "--json"], copy, env)
-        assert set(json.loads(status.stdout)) == {"tokenize"}
+        assert set(json.loads(status.stdout)) == {"tokenize"}  # the rest follows once tokens change
+        params.write_text(saved)
+        changed = yaml.safe_load(saved)
+        changed["models"]["gru"]["arch"]["emb"] = 24
+        params.write_text(yaml.safe_dump(changed, sort_keys=False))
+        status = run(["dvc", "status", "--json"], copy, env)
+        assert set(json.loads(status.stdout)) == {"train@gru"}
     finally:
         params.write_text(saved)
 
@@ -127,12 +153,22 @@ def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_ap
     assert run_file["run_id"] == stages["ngram"].info.run_id
     assert stages["ngram"].data.tags["lmpipe.model"] == "ngram"
     assert {"valid_ppl", "test_ppl", "test_word_ppl", "test_bpb", "n_params"} <= set(stages["ngram"].data.metrics)
+    for model in MODELS:
+        trained = stages[f"train@{model}"]
+        assert trained.data.tags["lmpipe.model"] == model
+        assert {"valid_ppl", "tokens_per_sec", "n_params", "train_loss", "valid_word_ppl", "grad_norm", "lr"} <= set(
+            trained.data.metrics)
+        assert json.loads((copy / f"models/{model}/mlflow_run.json").read_text())["run_id"] == trained.info.run_id
+        versions = client.search_model_versions(f"name = 'lmpipe-{model}'")
+        assert [v.run_id for v in versions] == [trained.info.run_id]
     for stage, mlflow_run in stages.items():
         flow_run = requests.get(f"{prefect_api}/flow_runs/{mlflow_run.data.tags['prefect.flow_run_id']}", timeout=10)
         assert flow_run.status_code == 200
         assert flow_run.json()["state_type"] == "COMPLETED"
         flow = requests.get(f"{prefect_api}/flows/{flow_run.json()['flow_id']}", timeout=10).json()
-        assert flow["name"] == stage
+        assert flow["name"] == stage.split("@")[0]
+        if "@" in stage:
+            assert flow_run.json()["name"] == stage  # train@<model> runs are named after their stage
 
 
 def test_malformed_params_fail_in_one_line(project):
