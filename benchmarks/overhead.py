@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flows.server import use_running_server  # noqa: E402
+from lmpipe.config import apply_overrides  # noqa: E402
 
 
 def copy_project(dest: Path, overrides: list[str]) -> None:
@@ -33,14 +34,7 @@ def copy_project(dest: Path, overrides: list[str]) -> None:
         if (ROOT / name).is_file():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, dest / name)
-    params = yaml.safe_load((dest / "params.yaml").read_text())
-    for item in overrides:
-        key, value = item.split("=", 1)
-        *path, last = key.split(".")
-        node = params
-        for part in path:
-            node = node[part]
-        node[last] = yaml.safe_load(value)
+    params = apply_overrides(yaml.safe_load((dest / "params.yaml").read_text()), overrides)
     (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     git = ["git", "-c", "user.email=b@b", "-c", "user.name=b"]
     for args in (["git", "init", "-q"], git + ["add", "-A"], git + ["commit", "-qm", "bench"]):

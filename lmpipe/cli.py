@@ -55,6 +55,38 @@ def _export_arpa(args) -> int:
     return 0
 
 
+def profile_overrides(tree: dict, prefix: str = "") -> list[str]:
+    """A profile's leaves as `key=value` overrides for `dvc exp run -S` (inline dicts stay one value)."""
+    import yaml
+
+    out = []
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and key not in ("arch", "optim"):
+            out += profile_overrides(value, f"{name}.")
+        else:
+            out.append(f"{name}={yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix('...').strip()}")
+    return out
+
+
+def _profile(args) -> int:
+    import shlex
+
+    import yaml
+
+    from lmpipe.config import apply_overrides, load_params
+
+    overrides = profile_overrides(yaml.safe_load(Path(args.file).read_text()))
+    # check the merged params before anyone spends GPU hours on a typo
+    merged = apply_overrides(yaml.safe_load(Path("params.yaml").read_text()), overrides)
+    probe = Path(".cache/lmpipe/profile-check.yaml")
+    probe.parent.mkdir(parents=True, exist_ok=True)
+    probe.write_text(yaml.safe_dump(merged))
+    load_params(probe)
+    print(" ".join(f"-S {shlex.quote(o)}" for o in overrides))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmpipe", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -70,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--model", default="models/ngram")
     export.add_argument("--out", default="ngram.arpa")
     export.set_defaults(run=_export_arpa)
+    profile = commands.add_parser("profile", help="print a params profile as `-S` overrides for dvc exp run")
+    profile.add_argument("file")
+    profile.set_defaults(run=_profile)
     check = commands.add_parser("check-params", help="validate params.yaml and say what is wrong in one line")
     check.add_argument("file", nargs="?", default="params.yaml")
     check.set_defaults(run=_check_params)

@@ -148,6 +148,18 @@ class Params(_Section):
         return self.model_dump(mode="json", by_alias=True)[name]
 
 
+def apply_overrides(tree: dict, overrides: list[str]) -> dict:
+    """Apply `dotted.key=yaml value` overrides (dvc exp run -S syntax) to a params dict, in place."""
+    for item in overrides:
+        key, value = item.split("=", 1)
+        *path, last = key.split(".")
+        node = tree
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = yaml.safe_load(value)
+    return tree
+
+
 def params_hash(*sections: dict) -> str:
     """Short stable hash of some params: keys runs and checkpoints to a configuration."""
     blob = json.dumps(sections, sort_keys=True).encode()

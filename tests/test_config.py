@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from lmpipe.config import load_params, params_hash
+from lmpipe.config import apply_overrides, load_params, params_hash
 from lmpipe.errors import ConfigError
 from tests.conftest import ROOT
 
@@ -59,3 +59,24 @@ def test_cli_reports_bad_params_without_traceback(tmp_path):
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert "corpus.source" in done.stderr
+
+
+def test_gpu_profile_is_valid_params_and_becomes_dvc_overrides(tmp_path):
+    import yaml
+
+    from lmpipe.cli import profile_overrides
+
+    profile = yaml.safe_load((ROOT / "profiles/wikitext2-gpu.yaml").read_text())
+    overrides = profile_overrides(profile)
+    assert "corpus.source=wikitext-2" in overrides
+    assert any(o.startswith("models.lstm.optim={") and "nt_asgd: true" in o for o in overrides)
+    merged = apply_overrides(yaml.safe_load((ROOT / "params.yaml").read_text()), overrides)
+    params = load_params(write(tmp_path, yaml.safe_dump(merged)))
+    assert params.models["lstm"].optim.name == "sgd" and params.models["lstm"].arch["hidden"] == 1150
+    assert params.corpus.source == "wikitext-2"
+
+
+def test_model_arch_must_fit_its_family(tmp_path):
+    text = "models:\n  x:\n    family: nplm\n    arch: {context: 3, heads: 4}\n"
+    with pytest.raises(ConfigError, match=r"models.x: .*arch has \['heads'\], not settings of a nplm"):
+        load_params(write(tmp_path, text))
