@@ -87,6 +87,41 @@ def _profile(args) -> int:
     return 0
 
 
+def _generate(args) -> int:
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from lmpipe.config import load_params
+    from lmpipe.decode import DecodeSettings, generate
+    from lmpipe.evaluate import load_lm
+    from lmpipe.tokenize import boundary_id, decode_stream
+
+    params = load_params()
+    if not Path(args.tokenizer).exists():
+        raise LmpipeError(f"{args.tokenizer}: no tokenizer (run: dvc repro tokenize)")
+    tokenizer = Tokenizer.from_file(args.tokenizer)
+    boundary = boundary_id(tokenizer, params.tokenizer.boundary_token)
+    if args.model.startswith("models:/"):  # a registered model in MLflow, e.g. models:/lmpipe-lstm/1
+        import mlflow.pytorch
+
+        from lmpipe.tracking import tracking_uri
+
+        mlflow.set_tracking_uri(tracking_uri())
+        model = mlflow.pytorch.load_model(args.model, map_location="cpu").eval()
+    else:
+        directory = Path("models") / args.model
+        if not directory.exists():
+            raise LmpipeError(f"{directory}: no trained model '{args.model}' (run: dvc repro, or give models:/lmpipe-<name>/<version>)")
+        model = load_lm(directory)
+    settings = DecodeSettings(strategy=args.strategy, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              top_k=args.top_k, top_p=args.top_p, typical_p=args.typical_p, beam_size=args.beam_size,
+                              seed=args.seed)
+    prompt = tokenizer.encode(args.prompt, add_special_tokens=False).ids
+    new = generate(model, prompt, settings, boundary)
+    print(args.prompt + decode_stream(tokenizer, np.array(new + [boundary]), boundary)[:-1])
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmpipe", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -105,6 +140,19 @@ def build_parser() -> argparse.ArgumentParser:
     profile = commands.add_parser("profile", help="print a params profile as `-S` overrides for dvc exp run")
     profile.add_argument("file")
     profile.set_defaults(run=_profile)
+    gen = commands.add_parser("generate", help="continue a prompt with a trained model")
+    gen.add_argument("--model", required=True, help="ngram, a name under models/, or models:/lmpipe-<name>/<version>")
+    gen.add_argument("--prompt", default="The history of")
+    gen.add_argument("--strategy", default="top-p", choices=["greedy", "beam", "top-k", "top-p", "typical", "sample"])
+    gen.add_argument("--max-new-tokens", type=int, default=60)
+    gen.add_argument("--temperature", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=40)
+    gen.add_argument("--top-p", type=float, default=0.9)
+    gen.add_argument("--typical-p", type=float, default=0.9)
+    gen.add_argument("--beam-size", type=int, default=5)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--tokenizer", default="data/tokens/tokenizer.json")
+    gen.set_defaults(run=_generate)
     check = commands.add_parser("check-params", help="validate params.yaml and say what is wrong in one line")
     check.add_argument("file", nargs="?", default="params.yaml")
     check.set_defaults(run=_check_params)

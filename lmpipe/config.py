@@ -127,6 +127,39 @@ class ModelParams(_Section):
         return self
 
 
+class EvaluateParams(_Section):
+    chunk: int = Field(128, ge=1, description="tokens per step; the transformer's sliding-window stride")
+    prompts: list[str] = Field(default_factory=lambda: ["The history of", "In 1999, the", "Anarchism is"])
+    strategies: list[Literal["greedy", "beam", "top-k", "top-p", "typical", "sample"]] = Field(
+        default_factory=lambda: ["greedy", "beam", "top-k", "top-p", "typical"])
+    max_new_tokens: int = Field(40, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_k: int = Field(40, ge=1)
+    top_p: float = Field(0.9, gt=0, le=1)
+    typical_p: float = Field(0.9, gt=0, le=1)
+    beam_size: int = Field(5, ge=1)
+    seed: int = 0
+
+
+class Word2VecParams(_Section):
+    vector_size: int = Field(100, ge=2)
+    window: int = Field(5, ge=1)
+    min_count: int = Field(5, ge=1)
+    epochs: int = Field(5, ge=1)
+    sg: Literal[0, 1] = 1
+    seed: int = 1234
+
+
+class AuditParams(_Section):
+    min_count: int = Field(5, ge=1, description="drop words rarer than this in the training text")
+    min_words: int = Field(4, ge=2, description="fewer words than this in any set: insufficient_coverage")
+    max_permutations: int = Field(100_000, ge=10)
+    seed: int = 0
+    embedding: Literal["input", "output"] = "input"
+    custom_tests: Optional[str] = Field(None, description="YAML file of extra tests: {id: {X: [...], Y:, A:, B:}}")
+    word2vec: Word2VecParams = Word2VecParams()
+
+
 class TrackingParams(_Section):
     experiment: str = Field("lmpipe", min_length=1)
 
@@ -139,6 +172,8 @@ class Params(_Section):
     ngram: NgramParams = NgramParams()
     train: TrainParams = TrainParams()
     models: dict[str, ModelParams] = Field(default_factory=dict)
+    evaluate: EvaluateParams = EvaluateParams()
+    audit: AuditParams = AuditParams()
     tracking: TrackingParams = TrackingParams()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

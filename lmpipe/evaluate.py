@@ -30,3 +30,35 @@ def stream_nll(model, tokens: np.ndarray, chunk: int, device: torch.device | str
         logits, state = model(inputs[:, start:start + chunk], state)
         total += F.cross_entropy(logits.float().flatten(0, 1), targets[:, start:start + chunk].flatten(), reduction="sum")
     return float(total), int(targets.size(1))
+
+
+def load_lm(directory, device: str = "cpu"):
+    """A trained model from its models/<name>/ directory: the n-gram or a neural LM."""
+    from pathlib import Path
+
+    from lmpipe.models import load_model
+    from lmpipe.ngram import NGramLM
+
+    directory = Path(directory)
+    if (directory / "ngram.json").exists():
+        return NGramLM.load(directory)
+    if (directory / "model.pt").exists():
+        return load_model(directory / "model.pt", device)
+    raise FileNotFoundError(f"{directory}: no trained model there (run: dvc repro)")
+
+
+def evaluate_lm(model, data, chunk: int = 128, device: str = "cpu") -> dict:
+    """valid and test loss/ppl/word_ppl/bpb of any model, with the same accounting for all."""
+    from lmpipe.models import count_parameters
+    from lmpipe.ngram import NGramLM
+
+    out = {}
+    for name in ("valid", "test"):
+        split = data.splits[name]
+        if isinstance(model, NGramLM):
+            nll, n = -float(model.token_log_probs(split.tokens).sum()), len(split.tokens)
+        else:
+            nll, n = stream_nll(model, split.tokens, chunk, device)
+        out[name] = perplexities(nll, n, split.words, split.bytes)
+    out["n_params"] = model.n_ngrams if isinstance(model, NGramLM) else count_parameters(model)
+    return out

@@ -152,9 +152,16 @@ def log_dict(obj, artifact_file: str) -> None:
     mlflow.log_dict(obj, artifact_file)
 
 
-def log_artifacts(path: str | Path, artifact_path: str | None = None) -> None:
+def log_artifacts(path: str | Path, artifact_path: str | None = None, run_id: str | None = None) -> None:
+    """Log a file, or a directory's contents, under `artifact_path` of the active run (or of `run_id`)."""
     path = Path(path)
-    if path.is_dir():
-        mlflow.log_artifacts(str(path), artifact_path)
+    if run_id is None:
+        (mlflow.log_artifacts if path.is_dir() else mlflow.log_artifact)(str(path), artifact_path)
     else:
-        mlflow.log_artifact(str(path), artifact_path)
+        client = MlflowClient()
+        (client.log_artifacts if path.is_dir() else client.log_artifact)(run_id, str(path), artifact_path)
+
+
+def parent_run_id(run) -> str | None:
+    """The study run a stage run is nested under."""
+    return MlflowClient().get_run(run.info.run_id).data.tags.get("mlflow.parentRunId")

@@ -137,3 +137,12 @@ def test_next_token_distribution_is_a_distribution():
     model = build_model(*ALL["gru"], V, boundary=0)
     p = model.next_token_distribution([3, 4, 5])
     assert p.shape == (V,) and abs(p.sum() - 1) < 1e-6 and model.training  # mode restored
+
+
+@pytest.mark.parametrize("name", ["lstm", "transformer", "nplm"])
+def test_batched_next_token_distributions_match_single(name):
+    model = build_model(*ALL[name], V, boundary=0)
+    contexts = [[3, 4, 5], [7, 1, 2], [9, 9, 9]]
+    batched = model.next_token_distributions(contexts)
+    for row, context in zip(batched, contexts):
+        np.testing.assert_allclose(row, model.next_token_distribution(context), atol=1e-6)

@@ -21,12 +21,14 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
 MODELS = ("nplm", "rnn", "lstm", "gru", "transformer")
-STAGES = ("download", "prepare", "validate", "tokenize", "ngram") + tuple(f"train@{m}" for m in MODELS)
+STAGES = ("download", "prepare", "validate", "tokenize", "ngram") + tuple(f"train@{m}" for m in MODELS) + (
+    "evaluate", "word2vec", "audit", "report")
 QUICK = {"epochs": 1, "max_steps_per_epoch": 3, "batch_size": 4, "seq_len": 16}
 TINY = {
     "corpus": {"max_articles": 12},
     "validate": {"min_words": 200, "max_oov_rate": 0.6},
     "tokenizer": {"vocab_size": 600},
+    "evaluate": {"prompts": ["The history of"], "max_new_tokens": 8, "beam_size": 2},
     "models": {
         "nplm": {"family": "nplm", "arch": {"context": 3, "emb": 16, "hidden": 32}, **QUICK},
         "rnn": {"family": "rnn", "arch": {"cell": "rnn_tanh", "emb": 16, "layers": 1}, **QUICK},
@@ -108,6 +110,21 @@ def test_repro_runs_every_stage_and_writes_contract_outputs(project):
         assert trained["valid_ppl"] > 1 and trained["n_params"] > 0
         assert (copy / f"models/{model}/model.pt").exists()
         assert (copy / f"plots/train/{model}.csv").read_text().startswith("epoch,train_loss,")
+    evaluation = json.loads((copy / "metrics/eval.json").read_text())
+    assert set(evaluation["models"]) == {"ngram", *MODELS}
+    assert evaluation["models"]["ngram"]["test"]["ppl"] == pytest.approx(ngram["test"]["ppl"])  # one accounting
+    assert set(evaluation["decoding"]) == {"greedy", "beam", "top-k", "top-p", "typical"}
+    samples = (copy / "reports/samples.md").read_text()
+    assert samples.count("- The history of") == len(MODELS + ("ngram",)) * 5
+    study = (copy / "reports/study.md").read_text()
+    assert "## Perplexity" in study and "| ngram (baseline) |" in study
+    assert "data:image/png;base64," in (copy / "reports/study.html").read_text()
+    weat = json.loads((copy / "metrics/weat.json").read_text())
+    assert set(weat["models"]) == {*MODELS, "word2vec"}
+    assert all(set(r) == {f"weat{i}" for i in range(1, 11)} for r in weat["models"].values())
+    assert all(t["status"] in ("ok", "insufficient_coverage") for r in weat["models"].values() for t in r.values())
+    assert (copy / "plots/weat/heatmap.png").stat().st_size > 1000
+    assert (copy / "data/embeddings/word2vec.txt").exists() and "## Bias audit (WEAT)" in study
     lock = yaml.safe_load((copy / "dvc.lock").read_text())
     assert set(lock["stages"]) == set(STAGES)
 
@@ -161,6 +178,10 @@ def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_ap
         assert json.loads((copy / f"models/{model}/mlflow_run.json").read_text())["run_id"] == trained.info.run_id
         versions = client.search_model_versions(f"name = 'lmpipe-{model}'")
         assert [v.run_id for v in versions] == [trained.info.run_id]
+        assert {"test_ppl", "test_word_ppl", "test_bpb", "test_loss", "valid_ppl", "tokens_per_sec",
+                "n_params"} <= set(trained.data.metrics)  # evaluate logged into the model's own run
+    study_artifacts = {a.path for a in client.list_artifacts(studies[0].info.run_id, "report")}
+    assert {"report/study.md", "report/study.html"} <= study_artifacts
     for stage, mlflow_run in stages.items():
         flow_run = requests.get(f"{prefect_api}/flow_runs/{mlflow_run.data.tags['prefect.flow_run_id']}", timeout=10)
         assert flow_run.status_code == 200

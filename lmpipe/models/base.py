@@ -31,17 +31,29 @@ class StreamLM(nn.Module):
         """The input embedding table (vocab, dim): what the bias audit reads."""
         return self.embed.weight
 
+    def output_matrix(self) -> torch.Tensor:
+        """The output (decoder) rows, one per token: the same tensor as the input table when tied."""
+        for name in ("decoder", "head", "out"):
+            if hasattr(self, name):
+                return getattr(self, name).weight
+        raise AttributeError(f"{type(self).__name__} has no output layer")
+
     def extra_loss(self) -> torch.Tensor | float:
         """Regularisation terms of the last forward pass (AR/TAR for AWD-LSTM); 0 for others."""
         return 0.0
 
-    @torch.no_grad()
     def next_token_distribution(self, context) -> np.ndarray:
         """P(next token | boundary + context) over the vocabulary: the decoding interface shared with the n-gram."""
+        return self.next_token_distributions([context])[0]
+
+    @torch.no_grad()
+    def next_token_distributions(self, contexts) -> np.ndarray:
+        """The same for several equally long contexts (beams) in one forward pass."""
         was_training = self.training
         self.eval()
         device = next(self.parameters()).device
-        tokens = torch.tensor([[self.boundary] + [int(t) for t in context]], device=device)
-        logits, _ = self(tokens, None)
+        tokens = torch.tensor([[self.boundary] + [int(t) for t in c] for c in contexts], device=device)
+        window = getattr(self, "block_size", None)
+        logits, _ = self(tokens[:, -window:] if window else tokens, None)
         self.train(was_training)
-        return torch.softmax(logits[0, -1].float(), dim=-1).cpu().double().numpy()
+        return torch.softmax(logits[:, -1].float(), dim=-1).cpu().double().numpy()

@@ -1,0 +1,77 @@
+"""audit stage: WEAT on every neural model's embeddings and on the word2vec reference.
+
+Outputs metrics/weat.json, plots/weat/heatmap.png, data/embeddings/<name>.txt (the audited vectors in
+word2vec text format, keyed by the word as listed). Each model's MLflow run gets weat_<test>_d/_p.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+from prefect import flow, task
+from tokenizers import Tokenizer
+
+from flows._stage import PARAMS_FILE, main, stage_run
+from lmpipe import tracking
+from lmpipe.audit import audit, bpe_vector, load_tests, word_counts, write_word2vec_text
+from lmpipe.config import load_params
+from lmpipe.io import atomic_path, write_json
+from lmpipe.models import load_model
+from lmpipe.report import weat_heatmap
+
+METRICS, HEATMAP, EMBEDDINGS = "metrics/weat.json", "plots/weat/heatmap.png", "data/embeddings"
+
+
+def lookups(params) -> dict:
+    """name -> word form -> vector (or None), for every neural model and the word2vec reference."""
+    from gensim.models import KeyedVectors
+
+    tokenizer = Tokenizer.from_file("data/tokens/tokenizer.json")
+    out = {}
+    for name in params.models:
+        model = load_model(f"models/{name}/model.pt")
+        matrix = model.embedding_matrix() if params.audit.embedding == "input" else model.output_matrix()
+        embedding = matrix.detach().cpu().numpy().astype(np.float64)
+        out[name] = lambda form, e=embedding: bpe_vector(form, tokenizer, e)
+    vectors = KeyedVectors.load("models/word2vec/word2vec.kv")
+    out["word2vec"] = lambda form: vectors[form].astype(np.float64) if form in vectors.key_to_index else None
+    return out
+
+
+@task
+def run_audit(params) -> dict:
+    counts = word_counts(Path("data/clean/train.txt").read_text(encoding="utf-8"))
+    tests = load_tests(params.audit.custom_tests)
+    results = {}
+    with atomic_path(EMBEDDINGS) as tmp:
+        tmp.mkdir()
+        for name, lookup in lookups(params).items():
+            results[name], used = audit(lookup, counts, tests, params.audit.min_count, params.audit.min_words,
+                                        params.audit.max_permutations, params.audit.seed)
+            write_word2vec_text(used, tmp / f"{name}.txt")
+    return results
+
+
+@flow(name="audit")
+def audit_flow() -> dict:
+    params = load_params(PARAMS_FILE)
+    with stage_run("audit", params, ["audit"]):
+        results = run_audit(params)
+        form = "leading-space BPE form (' word'), mean of piece embeddings; word2vec: whole words"
+        write_json(METRICS, {"models": results, "word_form": form, "embedding": params.audit.embedding})
+        Path(HEATMAP).parent.mkdir(parents=True, exist_ok=True)
+        weat_heatmap(results, HEATMAP)
+        tracking.log_artifacts(METRICS)
+        tracking.log_artifacts(HEATMAP)
+        for name, by_test in results.items():
+            metrics = {f"weat_{t}_{k}": r[v] for t, r in by_test.items() if r["status"] == "ok"
+                       for k, v in (("d", "effect_size"), ("p", "p_value"))}
+            tracking.log_metrics({f"{name}.{k}": v for k, v in metrics.items()})
+            run_file = Path(f"models/{name}/mlflow_run.json")
+            if run_file.exists() and metrics:
+                tracking.log_metrics(metrics, run_id=json.loads(run_file.read_text())["run_id"])
+    return results
+
+
+if __name__ == "__main__":
+    main(audit_flow)

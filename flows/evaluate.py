@@ -1,0 +1,75 @@
+"""evaluate stage: one perplexity table for every model (n-gram included) and decoding samples.
+
+Outputs metrics/eval.json, reports/samples.md, plots/eval/perplexity.csv; each model's MLflow run
+(named in models/<model>/mlflow_run.json) gets its test_* metrics, so the MLflow UI compares all.
+"""
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from prefect import flow, task
+from tokenizers import Tokenizer
+
+from flows._stage import PARAMS_FILE, main, stage_run
+from lmpipe import tracking
+from lmpipe.config import load_params
+from lmpipe.evaluate import evaluate_lm, load_lm
+from lmpipe.io import write_json, write_text
+from lmpipe.samples import sample_all, samples_markdown, strategy_table
+from lmpipe.splits import load_tokens
+
+METRICS, SAMPLES, PLOT = "metrics/eval.json", "reports/samples.md", "plots/eval/perplexity.csv"
+
+
+def model_names(params) -> list[str]:
+    return ["ngram", *params.models]
+
+
+@task
+def score(names: list[str], chunk: int) -> dict:
+    data = load_tokens()
+    return {name: evaluate_lm(load_lm(f"models/{name}"), data, chunk) for name in names}
+
+
+@task
+def decode_samples(names: list[str], params) -> dict:
+    data = load_tokens()
+    models = {name: load_lm(f"models/{name}") for name in names}
+    return sample_all(models, Tokenizer.from_file("data/tokens/tokenizer.json"), data.boundary, params)
+
+
+def perplexity_csv(results: dict) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["model", "test_ppl", "test_word_ppl", "test_bpb", "valid_ppl"])
+    for name, r in sorted(results.items(), key=lambda kv: kv[1]["test"]["word_ppl"]):
+        writer.writerow([name, r["test"]["ppl"], r["test"]["word_ppl"], r["test"]["bpb"], r["valid"]["ppl"]])
+    return out.getvalue()
+
+
+@flow(name="evaluate")
+def evaluate() -> dict:
+    params = load_params(PARAMS_FILE)
+    names = model_names(params)
+    with stage_run("evaluate", params, ["evaluate"]):
+        results = score(names, params.evaluate.chunk)
+        samples = decode_samples(names, params.evaluate)
+        write_json(METRICS, {"models": results, "decoding": strategy_table(samples)})
+        write_text(SAMPLES, samples_markdown(samples, params.evaluate))
+        write_text(PLOT, perplexity_csv(results))
+        for name, r in results.items():
+            tracking.log_metrics({f"{name}.{split}_{key}": r[split][key] for split in ("valid", "test") for key in r[split]})
+            run_file = Path(f"models/{name}/mlflow_run.json")
+            if run_file.exists():  # the model's own run carries its test numbers too
+                run_id = json.loads(run_file.read_text())["run_id"]
+                tracking.log_metrics({f"test_{k}": v for k, v in r["test"].items()} | {"n_params": r["n_params"]},
+                                     run_id=run_id)
+        tracking.log_artifacts(METRICS)
+        tracking.log_artifacts(SAMPLES)
+    return results
+
+
+if __name__ == "__main__":
+    main(evaluate)

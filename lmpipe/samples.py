@@ -1,0 +1,64 @@
+"""Generated text of every model under every decoding strategy, with numbers that compare the strategies."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from lmpipe.decode import DecodeSettings, diversity, generate, surprisals
+from lmpipe.tokenize import decode_stream
+
+
+def settings_from(params) -> DecodeSettings:
+    return DecodeSettings(max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_k=params.top_k,
+                          top_p=params.top_p, typical_p=params.typical_p, beam_size=params.beam_size, seed=params.seed)
+
+
+def sample_all(models: dict, tokenizer: Tokenizer, boundary: int, params) -> dict:
+    """{model: {strategy: {"samples": [{prompt, text, tokens}], "distinct_1", ..., "mean_surprisal"}}}."""
+    base = settings_from(params)
+    out = {}
+    for name, model in models.items():
+        out[name] = {}
+        for strategy in params.strategies:
+            settings = replace(base, strategy=strategy)
+            samples, bits = [], []
+            for prompt in params.prompts:
+                ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+                new = generate(model, ids, settings, boundary=-1)
+                bits += surprisals(model, ids, new)
+                text = decode_stream(tokenizer, np.array(new + [boundary]), boundary)[:-1]  # boundaries as newlines
+                samples.append({"prompt": prompt, "text": text, "tokens": new})
+            out[name][strategy] = {"samples": samples, **diversity([s["tokens"] for s in samples]),
+                                   "mean_surprisal": float(np.mean(bits)) if bits else 0.0}
+    return out
+
+
+def strategy_table(results: dict) -> dict:
+    """Diversity per strategy averaged over models: the strategies compared by numbers."""
+    strategies = next(iter(results.values())).keys()
+    keys = ("distinct_1", "distinct_2", "repetition_rate", "mean_surprisal")
+    return {s: {k: float(np.mean([results[m][s][k] for m in results])) for k in keys} for s in strategies}
+
+
+def samples_markdown(results: dict, params) -> str:
+    lines = ["# Decoding samples", "",
+             f"Prompts: {', '.join(repr(p) for p in params.prompts)}; {params.max_new_tokens} new tokens; "
+             f"top-k {params.top_k}, top-p {params.top_p}, typical {params.typical_p}, beam {params.beam_size}, "
+             f"temperature {params.temperature}, seed {params.seed}.", "",
+             "## Diversity per strategy (mean over models)", "",
+             "| strategy | distinct-1 | distinct-2 | repetition rate | mean surprisal (nats) |", "|---|---|---|---|---|"]
+    for strategy, row in strategy_table(results).items():
+        lines.append(f"| {strategy} | {row['distinct_1']:.3f} | {row['distinct_2']:.3f} | "
+                     f"{row['repetition_rate']:.3f} | {row['mean_surprisal']:.2f} |")
+    for name, by_strategy in results.items():
+        lines += ["", f"## {name}", ""]
+        for strategy, result in by_strategy.items():
+            lines.append(f"### {strategy}")
+            for sample in result["samples"]:
+                text = (sample["prompt"] + sample["text"]).replace("\n", " ⏎ ")
+                lines.append(f"- {text}")
+            lines.append("")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,77 @@
+"""Decoding strategies on hand-made models whose right answers are known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lmpipe.decode import DecodeSettings, diversity, filter_top_p, filter_typical, generate
+
+
+class TableModel:
+    """P(next | last token) from a fixed table: a tiny bigram model written by hand."""
+
+    def __init__(self, table):
+        self.table = np.asarray(table, dtype=float)
+
+    def next_token_distribution(self, context):
+        return self.table[context[-1] if context else 0]
+
+
+# From 0, greedy takes 1 (0.6) but every continuation of 1 is flat (0.25 each), while 2 (0.4) leads
+# to 3 with 0.9: the best two-token sequence is [2, 3] (0.36) although greedy finds [1, x] (0.15).
+TRAP = TableModel([
+    [0.0, 0.6, 0.4, 0.0],
+    [0.25, 0.25, 0.25, 0.25],
+    [0.0, 0.05, 0.05, 0.9],
+    [0.7, 0.1, 0.1, 0.1],
+])
+RANDOM = TableModel(np.random.default_rng(0).dirichlet(np.ones(8), size=8))
+
+
+def run(model, strategy, **kwargs):
+    settings = DecodeSettings(strategy=strategy, max_new_tokens=kwargs.pop("n", 12), **kwargs)
+    return generate(model, [0], settings, boundary=0)
+
+
+def test_beam_finds_the_sequence_greedy_misses():
+    assert run(TRAP, "greedy", n=2) == [1, 0]
+    assert run(TRAP, "beam", n=2, beam_size=2) == [2, 3]
+
+
+def test_beam_of_one_is_greedy():
+    assert run(RANDOM, "beam", beam_size=1) == run(RANDOM, "greedy")
+
+
+def test_top_k_one_and_top_p_zero_are_greedy():
+    greedy = run(RANDOM, "greedy")
+    assert run(RANDOM, "top-k", top_k=1, seed=3) == greedy
+    assert run(RANDOM, "top-p", top_p=1e-9, seed=4) == greedy
+    # a vanishing typical mass keeps only the single most typical token: no randomness left
+    assert run(RANDOM, "typical", typical_p=1e-9, seed=5) == run(RANDOM, "typical", typical_p=1e-9, seed=6)
+
+
+@pytest.mark.parametrize("strategy", ["sample", "top-k", "top-p", "typical"])
+def test_sampling_is_reproducible_with_a_seed(strategy):
+    a = run(RANDOM, strategy, seed=11, n=30)
+    assert a == run(RANDOM, strategy, seed=11, n=30)
+    assert a != run(RANDOM, strategy, seed=12, n=30)
+
+
+def test_beam_stops_at_the_boundary():
+    out = run(TRAP, "beam", n=10, beam_size=3, stop_at_boundary=True)
+    assert out[-1] == 0 and 0 not in out[:-1]
+
+
+def test_filters_keep_the_right_tokens():
+    p = np.array([0.5, 0.3, 0.15, 0.05])
+    np.testing.assert_allclose(filter_top_p(p, 0.75), [0.625, 0.375, 0, 0])
+    # entropy 1.14 nats; surprisals 0.69, 1.20, 1.90, 3.0: the most typical token is 1, then 0
+    np.testing.assert_allclose(filter_typical(p, 0.5), [0.5 / 0.8, 0.3 / 0.8, 0, 0])
+
+
+def test_diversity_numbers():
+    stats = diversity([[1, 2, 1, 2], [3, 3]])
+    assert stats["distinct_1"] == pytest.approx(3 / 6)
+    assert stats["distinct_2"] == pytest.approx(3 / 4)  # (1,2) (2,1) (1,2) (3,3)
+    assert stats["repetition_rate"] == pytest.approx(3 / 6)  # 1, 2 repeat; 3 repeats

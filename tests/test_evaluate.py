@@ -1,0 +1,64 @@
+"""Perplexity accounting on models whose probabilities are known exactly."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from lmpipe.evaluate import evaluate_lm, stream_nll
+from lmpipe.models.base import StreamLM
+from lmpipe.perplexity import perplexities
+from lmpipe.splits import Split, TokenData
+
+
+class TableLM(StreamLM):
+    """P(next | current token) from a fixed table, as a stream model (its state: nothing)."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.log_table = torch.log(torch.tensor(table, dtype=torch.float64))
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x, state=None):
+        return self.log_table[x].float(), None
+
+
+def test_uniform_model_has_perplexity_v():
+    v = 17
+    model = TableLM(np.full((v, v), 1 / v))
+    tokens = np.random.default_rng(0).integers(0, v, 500)
+    nll, n = stream_nll(model, tokens, chunk=33)
+    assert n == 500
+    assert perplexities(nll, n, 100, 1000)["ppl"] == pytest.approx(v, rel=1e-6)
+
+
+def test_hand_built_bigram():
+    # boundary 0; P(1|0)=0.5, P(2|1)=0.25, P(0|2)=1.0: the stream "1 2 0" costs 0.5 * 0.25 * 1.0
+    table = np.full((3, 3), 1e-12)
+    table[0] = [0.25, 0.5, 0.25]
+    table[1] = [0.5, 0.25, 0.25]
+    table[2] = [1.0, 1e-12, 1e-12]
+    table /= table.sum(1, keepdims=True)
+    model = TableLM(table)
+    nll, n = stream_nll(model, np.array([1, 2, 0]), chunk=2)
+    assert nll == pytest.approx(-math.log(0.5 * 0.25 * 1.0), rel=1e-5)
+    result = perplexities(nll, n, words=2, n_bytes=4)
+    assert result["ppl"] == pytest.approx((1 / (0.5 * 0.25)) ** (1 / 3), rel=1e-5)
+    assert result["word_ppl"] == pytest.approx((1 / (0.5 * 0.25)) ** (1 / 2), rel=1e-5)  # 2 words
+    assert result["bpb"] == pytest.approx(math.log2(8) / 4, rel=1e-5)  # 3 bits over 4 bytes
+
+
+def test_ngram_and_neural_use_the_same_accounting():
+    from lmpipe.ngram import NGramLM
+
+    v = 6
+    tokens = np.random.default_rng(1).integers(0, v, 300)
+    data = TokenData(v, 0, {s: Split(s, tokens, 120, 900) for s in ("train", "valid", "test")})
+    ngram = NGramLM(1, v, 0, "add_k", k=1e9).fit(tokens)  # a huge pseudo-count makes it uniform
+    neural = TableLM(np.full((v, v), 1 / v))
+    for result in (evaluate_lm(ngram, data), evaluate_lm(neural, data)):
+        assert result["test"]["ppl"] == pytest.approx(v, rel=1e-6)
+        assert result["test"]["word_ppl"] == pytest.approx(v ** (300 / 120), rel=1e-5)
