@@ -76,12 +76,13 @@ def audit(lookup: Callable[[str], np.ndarray | None], counts: Counter, tests: li
     """Run every test on one embedding. Returns (results per test id, {listed word: vector} of covered words)."""
     results, used = {}, {}
     for test in tests:
-        vectors, kept, dropped = {}, {}, {}
+        vectors, kept, dropped, frequency = {}, {}, {}, {}
         for role in ROLES:
             rows = []
             kept[role], dropped[role] = [], []
             for word in test.sets[role]:
                 form, count = choose_form(word, counts)
+                frequency[word] = {"form": form, "count": count}
                 vector = lookup(form) if count >= min_count else None
                 if vector is None or not np.any(vector):
                     dropped[role].append(word)
@@ -92,7 +93,8 @@ def audit(lookup: Callable[[str], np.ndarray | None], counts: Counter, tests: li
             vectors[role] = np.array(rows)
         record = {f"{r.lower()}_words": len(kept[r]) for r in ROLES}
         record |= {"coverage": {r: f"{len(kept[r])}/{len(test.sets[r])}" for r in ROLES},
-                   "dropped": dropped, "title": test.title, "paper_effect_size": test.paper_effect_size}
+                   "dropped": dropped, "frequency": frequency, "title": test.title,
+                   "paper_effect_size": test.paper_effect_size}
         if min(len(kept[r]) for r in ROLES) < min_words:
             record |= {"status": "insufficient_coverage", "effect_size": None, "p_value": None, "n_permutations": 0}
         else:

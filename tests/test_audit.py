@@ -73,6 +73,7 @@ def test_absent_words_give_insufficient_coverage_not_a_number():
     assert r["status"] == "insufficient_coverage" and r["effect_size"] is None
     assert (r["x_words"], r["y_words"], r["a_words"]) == (2, 0, 25)
     assert r["coverage"]["X"] == "2/25"
+    assert r["frequency"]["rose"] == {"form": "rose", "count": 10} and r["frequency"]["ant"]["count"] == 0
     counts.update({w: 10 for w in tests[0].sets["X"] + tests[0].sets["Y"]})
     results, used = audit(lookup, counts, tests, min_count=5, min_words=4, max_permutations=1000, seed=0)
     assert results["weat1"]["status"] == "ok" and results["weat1"]["n_permutations"] == 1000
