@@ -183,15 +183,21 @@ class Params(_Section):
         return self.model_dump(mode="json", by_alias=True)[name]
 
 
+def _merge(old, new):
+    if isinstance(old, dict) and isinstance(new, dict):
+        return {**old, **{k: _merge(old.get(k), v) for k, v in new.items()}}
+    return new
+
+
 def apply_overrides(tree: dict, overrides: list[str]) -> dict:
-    """Apply `dotted.key=yaml value` overrides (dvc exp run -S syntax) to a params dict, in place."""
+    """Apply `dotted.key=yaml value` overrides as `dvc exp run -S` does (a dict value merges into the old one)."""
     for item in overrides:
         key, value = item.split("=", 1)
         *path, last = key.split(".")
         node = tree
         for part in path:
             node = node.setdefault(part, {})
-        node[last] = yaml.safe_load(value)
+        node[last] = _merge(node.get(last), yaml.safe_load(value))
     return tree
 
 

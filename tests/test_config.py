@@ -80,3 +80,10 @@ def test_model_arch_must_fit_its_family(tmp_path):
     text = "models:\n  x:\n    family: nplm\n    arch: {context: 3, heads: 4}\n"
     with pytest.raises(ConfigError, match=r"models.x: .*arch has \['heads'\], not settings of a nplm"):
         load_params(write(tmp_path, text))
+
+
+def test_overrides_merge_dicts_like_dvc_exp_run():
+    tree = {"models": {"lstm": {"arch": {"cell": "lstm", "tie": True}, "epochs": 2}}}
+    apply_overrides(tree, ["models.lstm.arch={emb: 400}", "models.lstm.epochs=100", "corpus.source=wikitext-2"])
+    assert tree == {"models": {"lstm": {"arch": {"cell": "lstm", "tie": True, "emb": 400}, "epochs": 100}},
+                    "corpus": {"source": "wikitext-2"}}
