@@ -122,6 +122,28 @@ def _generate(args) -> int:
     return 0
 
 
+def _schedule(args) -> int:
+    from flows import server
+
+    if not os.environ.get("PREFECT_API_URL"):
+        url, _ = server.start()
+        os.environ["PREFECT_API_URL"] = url
+    from flows.study import retrain
+
+    print(f"serving deployment 'retrain/{args.name}' on cron '{args.cron}' via {os.environ['PREFECT_API_URL']}"
+          " (Ctrl-C stops it)")
+    retrain.serve(name=args.name, cron=args.cron, print_starting_message=False)
+    return 0
+
+
+SCHEDULE_HELP = """Serve a Prefect deployment of the `retrain` flow on a cron schedule, from this project directory.
+Each run refreshes the corpus, re-runs only what changed (dvc repro) and compares the test
+perplexities with the previous run, failing when a model regressed beyond retrain.max_regression.
+Schedules need a Prefect server: set PREFECT_API_URL (e.g. http://prefect.example:4200/api for a
+shared server, or your Prefect Cloud workspace URL); without it `lmpipe server` is started on
+127.0.0.1:4200 and its UI shows the deployment and its runs. The command keeps running: it is the worker."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmpipe", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -153,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--tokenizer", default="data/tokens/tokenizer.json")
     gen.set_defaults(run=_generate)
+    schedule = commands.add_parser("schedule", help="serve the retraining flow on a cron schedule",
+                                   description=SCHEDULE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    schedule.add_argument("--cron", required=True, help='cron expression, e.g. "0 3 * * 1" (Mondays 03:00)')
+    schedule.add_argument("--name", default="lmpipe-retrain", help="deployment name")
+    schedule.set_defaults(run=_schedule)
     check = commands.add_parser("check-params", help="validate params.yaml and say what is wrong in one line")
     check.add_argument("file", nargs="?", default="params.yaml")
     check.set_defaults(run=_check_params)

@@ -160,6 +160,10 @@ class AuditParams(_Section):
     word2vec: Word2VecParams = Word2VecParams()
 
 
+class RetrainParams(_Section):
+    max_regression: float = Field(0.05, ge=0, description="fail when a model's test word ppl grows more than this")
+
+
 class TrackingParams(_Section):
     experiment: str = Field("lmpipe", min_length=1)
 
@@ -174,6 +178,7 @@ class Params(_Section):
     models: dict[str, ModelParams] = Field(default_factory=dict)
     evaluate: EvaluateParams = EvaluateParams()
     audit: AuditParams = AuditParams()
+    retrain: RetrainParams = RetrainParams()
     tracking: TrackingParams = TrackingParams()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

@@ -82,6 +82,17 @@ def study_run_id(experiment: str, key: str) -> str:
     return run.info.run_id
 
 
+def start_study_run(experiment: str, params_file: str | Path = "params.yaml", name: str = "study") -> str:
+    """A new parent run for a pipeline execution driven by a flow; its id goes to the stages in LMPIPE_PARENT_RUN_ID."""
+    key = study_key(params_file)
+    commit = key.split(":")[0]
+    client = MlflowClient()
+    run = client.create_run(experiment_id(experiment), run_name=f"{name} {commit[:8]}", tags={
+        ROLE: "study", STUDY_KEY: key, "mlflow.source.git.commit": commit, "lmpipe.driver": name})
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
 def flatten(tree: Mapping, prefix: str = "") -> dict:
     """{'a': {'b': 1}} -> {'a.b': 1}: MLflow keys for nested params and metrics."""
     flat = {}

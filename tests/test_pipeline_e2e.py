@@ -237,3 +237,38 @@ def test_404_in_the_flow_is_one_clear_line_and_not_retried(project):
     finally:
         params.write_text(saved)
         httpd.shutdown()
+
+
+def test_scheduled_retrain_deployment_registers_and_runs(project, prefect_api):
+    import signal
+    import time
+
+    copy, env, _ = project
+    log = open(copy / "schedule.log", "wb")
+    serve = subprocess.Popen(["lmpipe", "schedule", "--cron", "0 3 * * 1", "--name", "e2e-retrain"], cwd=copy,
+                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline, deployment = time.monotonic() + 120, None
+        while deployment is None and time.monotonic() < deadline:
+            found = requests.post(f"{prefect_api}/deployments/filter",
+                                  json={"deployments": {"name": {"any_": ["e2e-retrain"]}}}, timeout=10).json()
+            deployment = found[0] if found else time.sleep(1)
+        assert deployment, (copy / "schedule.log").read_text()[-2000:]
+        assert [s["schedule"]["cron"] for s in deployment["schedules"]] == ["0 3 * * 1"]
+        run_id = requests.post(f"{prefect_api}/deployments/{deployment['id']}/create_flow_run", json={},
+                               timeout=10).json()["id"]
+        deadline, state = time.monotonic() + 400, None
+        while time.monotonic() < deadline:
+            state = requests.get(f"{prefect_api}/flow_runs/{run_id}", timeout=10).json()["state_type"]
+            if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+                break
+            time.sleep(2)
+        assert state == "COMPLETED", (copy / "schedule.log").read_text()[-3000:]
+        artifacts = requests.post(f"{prefect_api}/artifacts/filter",
+                                  json={"artifacts": {"flow_run_id": {"any_": [run_id]}}}, timeout=10).json()
+        assert any("No model regressed" in (a.get("data") or "") for a in artifacts)
+        assert json.loads(run(["dvc", "status", "--json"], copy, env).stdout) == {}  # nothing left to do
+    finally:
+        os.killpg(serve.pid, signal.SIGTERM)
+        serve.wait(timeout=30)
+        log.close()
