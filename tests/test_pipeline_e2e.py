@@ -192,6 +192,46 @@ def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_ap
             assert flow_run.json()["name"] == stage  # train@<model> runs are named after their stage
 
 
+def test_mlflow_server_serves_every_stage_run(project):
+    """`mlflow server` over the finished study's store: every stage's run, params and metrics over HTTP."""
+    import signal
+    import time
+
+    from tests.conftest import free_port
+
+    copy, env, _ = project
+    port = free_port()
+    server = subprocess.Popen(["mlflow", "server", "--backend-store-uri", f"sqlite:///{copy / 'mlflow.db'}",
+                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                              cwd=copy, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                experiment = requests.get(f"{base}/experiments/get-by-name",
+                                          params={"experiment_name": "lmpipe"}, timeout=5).json()["experiment"]
+                break
+            except (requests.ConnectionError, KeyError):
+                assert time.monotonic() < deadline, "mlflow server did not start"
+                time.sleep(1)
+        runs = requests.post(f"{base}/runs/search", json={"experiment_ids": [experiment["experiment_id"]],
+                                                          "max_results": 500}, timeout=10).json()["runs"]
+        by_stage = {}
+        for r in runs:
+            tags = {t["key"]: t["value"] for t in r["data"].get("tags", [])}
+            if tags.get("lmpipe.role") == "stage":
+                by_stage.setdefault(tags["lmpipe.stage"], r)
+        assert set(STAGES) <= set(by_stage)
+        lstm = by_stage["train@lstm"]["data"]
+        assert {"valid_ppl", "test_word_ppl"} <= {m["key"] for m in lstm["metrics"]}
+        assert any(p["key"] == "model.family" and p["value"] == "rnn" for p in lstm["params"])
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
 def test_malformed_params_fail_in_one_line(project):
     copy, env, _ = project
     params = copy / "params.yaml"
