@@ -48,6 +48,18 @@ def run(args, cwd, env, check=True):
     return done
 
 
+def stop(process: subprocess.Popen) -> None:
+    """End a background server and its children: politely, then for sure."""
+    import signal
+
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
 def override(path: Path, changes: dict) -> None:
     params = yaml.safe_load(path.read_text())
     for section, values in changes.items():
@@ -194,7 +206,6 @@ def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_ap
 
 def test_mlflow_server_serves_every_stage_run(project):
     """`mlflow server` over the finished study's store: every stage's run, params and metrics over HTTP."""
-    import signal
     import time
 
     from tests.conftest import free_port
@@ -228,8 +239,7 @@ def test_mlflow_server_serves_every_stage_run(project):
         assert {"valid_ppl", "test_word_ppl"} <= {m["key"] for m in lstm["metrics"]}
         assert any(p["key"] == "model.family" and p["value"] == "rnn" for p in lstm["params"])
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)
+        stop(server)
 
 
 def test_malformed_params_fail_in_one_line(project):
@@ -280,7 +290,6 @@ def test_404_in_the_flow_is_one_clear_line_and_not_retried(project):
 
 
 def test_scheduled_retrain_deployment_registers_and_runs(project, prefect_api):
-    import signal
     import time
 
     copy, env, _ = project
@@ -303,12 +312,12 @@ def test_scheduled_retrain_deployment_registers_and_runs(project, prefect_api):
             if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
                 break
             time.sleep(2)
-        assert state == "COMPLETED", (copy / "schedule.log").read_text()[-3000:]
+        detail = requests.get(f"{prefect_api}/flow_runs/{run_id}", timeout=10).json()["state"]
+        assert state == "COMPLETED", f"{detail}\n" + (copy / "schedule.log").read_text()[-3000:]
         artifacts = requests.post(f"{prefect_api}/artifacts/filter",
                                   json={"artifacts": {"flow_run_id": {"any_": [run_id]}}}, timeout=10).json()
         assert any("No model regressed" in (a.get("data") or "") for a in artifacts)
         assert json.loads(run(["dvc", "status", "--json"], copy, env).stdout) == {}  # nothing left to do
     finally:
-        os.killpg(serve.pid, signal.SIGTERM)
-        serve.wait(timeout=30)
+        stop(serve)
         log.close()
