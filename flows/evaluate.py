@@ -28,16 +28,13 @@ def model_names(params) -> list[str]:
 
 
 @task
-def score(names: list[str], chunk: int) -> dict:
-    data = load_tokens()
-    return {name: evaluate_lm(load_lm(f"models/{name}"), data, chunk) for name in names}
-
-
-@task
-def decode_samples(names: list[str], params) -> dict:
+def score_and_sample(names: list[str], params) -> tuple[dict, dict]:
+    """Perplexities and decoding samples, loading the token streams and every model once."""
     data = load_tokens()
     models = {name: load_lm(f"models/{name}") for name in names}
-    return sample_all(models, Tokenizer.from_file("data/tokens/tokenizer.json"), data.boundary, params)
+    results = {name: evaluate_lm(model, data, params.chunk) for name, model in models.items()}
+    samples = sample_all(models, Tokenizer.from_file("data/tokens/tokenizer.json"), data.boundary, params)
+    return results, samples
 
 
 def perplexity_csv(results: dict) -> str:
@@ -54,8 +51,7 @@ def evaluate() -> dict:
     params = load_params(PARAMS_FILE)
     names = model_names(params)
     with stage_run("evaluate", params, ["evaluate"]):
-        results = score(names, params.evaluate.chunk)
-        samples = decode_samples(names, params.evaluate)
+        results, samples = score_and_sample(names, params.evaluate)
         write_json(METRICS, {"models": results, "decoding": strategy_table(samples)})
         write_text(SAMPLES, samples_markdown(samples, params.evaluate))
         write_text(PLOT, perplexity_csv(results))

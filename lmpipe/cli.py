@@ -74,15 +74,12 @@ def _profile(args) -> int:
 
     import yaml
 
-    from lmpipe.config import apply_overrides, load_params
+    from lmpipe.config import apply_overrides, parse_params
 
     overrides = profile_overrides(yaml.safe_load(Path(args.file).read_text()))
     # check the merged params before anyone spends GPU hours on a typo
     merged = apply_overrides(yaml.safe_load(Path("params.yaml").read_text()), overrides)
-    probe = Path(".cache/lmpipe/profile-check.yaml")
-    probe.parent.mkdir(parents=True, exist_ok=True)
-    probe.write_text(yaml.safe_dump(merged))
-    load_params(probe)
+    parse_params(merged, f"params.yaml + {args.file}")
     print(" ".join(f"-S {shlex.quote(o)}" for o in overrides))
     return 0
 

@@ -237,13 +237,18 @@ def load_params(path: str | Path = "params.yaml") -> Params:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "syntax error"
         raise ConfigError(f"{path}: malformed YAML{where}: {problem} (fix the syntax)") from None
+    return parse_params(raw, path)
+
+
+def parse_params(raw, source: str | Path = "params") -> Params:
+    """Check already-read params (e.g. params.yaml with overrides applied); `source` names them in errors."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: must be a mapping of sections (corpus, split, ...), got {type(raw).__name__}")
+        raise ConfigError(f"{source}: must be a mapping of sections (corpus, split, ...), got {type(raw).__name__}")
     try:
         return Params.model_validate(raw)
     except ValidationError as exc:
         errors = exc.errors()
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ConfigError(f"{path}: {_describe(errors[0])}{more}") from None
+        raise ConfigError(f"{source}: {_describe(errors[0])}{more}") from None

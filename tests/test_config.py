@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from lmpipe.config import apply_overrides, load_params, params_hash
+from lmpipe.config import apply_overrides, load_params, params_hash, parse_params
 from lmpipe.errors import ConfigError
 from tests.conftest import ROOT
 
@@ -71,7 +71,7 @@ def test_gpu_profile_is_valid_params_and_becomes_dvc_overrides(tmp_path):
     assert "corpus.source=wikitext-2" in overrides
     assert any(o.startswith("models.lstm.optim={") and "nt_asgd: true" in o for o in overrides)
     merged = apply_overrides(yaml.safe_load((ROOT / "params.yaml").read_text()), overrides)
-    params = load_params(write(tmp_path, yaml.safe_dump(merged)))
+    params = parse_params(merged)
     assert params.models["lstm"].optim.name == "sgd" and params.models["lstm"].arch["hidden"] == 1150
     assert params.corpus.source == "wikitext-2"
 
