@@ -2,6 +2,11 @@
 
 Both create the study's MLflow parent run themselves and hand it to every stage (LMPIPE_PARENT_RUN_ID),
 and point the stages at this flow's Prefect server (PREFECT_API_URL), so one execution is one study.
+
+With `orchestration.task_runner: dask` (or `ray`) the independent train@<model> stages run in parallel
+on a Dask (Ray) cluster through Prefect's task runner: DVC runs the stages before them, the stale
+train stages run as tasks (each its own stage process, as under DVC), `dvc commit` records them in
+dvc.lock exactly as `dvc repro` would have, and `dvc repro` finishes the rest.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
@@ -17,8 +23,8 @@ from prefect.artifacts import create_markdown_artifact
 from flows._stage import PARAMS_FILE, main
 from lmpipe import tracking
 from lmpipe.compare import compare_eval, comparison_markdown
-from lmpipe.config import load_params
-from lmpipe.errors import LmpipeError
+from lmpipe.config import OrchestrationParams, load_params
+from lmpipe.errors import ConfigError, LmpipeError
 
 EVAL = Path("metrics/eval.json")
 
@@ -41,13 +47,69 @@ def dvc(args: list[str], env: dict) -> str:
     return done.stdout
 
 
+@task(task_run_name="train@{model}")
+def train_stage(model: str, cwd: str, env: dict) -> str:
+    """One train@<model> stage's command, on whichever worker the task runner picked (cwd: the shared project)."""
+    done = subprocess.run([sys.executable, "-m", "flows.train", "--model", model], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise LmpipeError(f"train@{model} failed (exit {done.returncode}): "
+                          + (done.stderr.strip().splitlines() or ["no output"])[-1])
+    return model
+
+
+def task_runner(settings: OrchestrationParams):
+    """Prefect's task runner for the parallel training: a Dask or Ray cluster at `address`, else a local one."""
+    if settings.task_runner == "dask":
+        from prefect_dask import DaskTaskRunner
+
+        if settings.address:
+            return DaskTaskRunner(address=settings.address)
+        return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs={
+            "n_workers": settings.workers, "threads_per_worker": 1, "processes": True,
+            "host": "127.0.0.1", "dashboard_address": None})
+    try:
+        from prefect_ray import RayTaskRunner
+    except ImportError:
+        raise ConfigError("orchestration.task_runner 'ray' needs prefect-ray: pip install -c constraints.txt "
+                          "-e '.[ray]' (or use 'dask')") from None
+    if settings.address:
+        return RayTaskRunner(address=settings.address)
+    return RayTaskRunner(init_kwargs={"num_cpus": settings.workers, "include_dashboard": False})
+
+
+def stale_train_stages() -> list[str]:
+    status = json.loads(subprocess.run(["dvc", "status", "--json"], capture_output=True, text=True, check=True).stdout or "{}")
+    return [name.split("@", 1)[1] for name in status if name.startswith("train@")]
+
+
+@flow(name="train-models")
+def train_models(models: list[str], env: dict) -> list[str]:
+    """The stale train stages as parallel tasks (the flow's task runner decides where), then `dvc commit`."""
+    futures = [train_stage.submit(model, os.getcwd(), env) for model in models]
+    done = [future.result() for future in futures]
+    dvc(["commit", "--force", *[f"train@{model}" for model in done]], env)
+    return done
+
+
 @flow(name="study")
 def study(overrides: list[str] | None = None) -> str:
     """Run the pipeline: `dvc repro`, or `dvc exp run -S ...` when overrides (e.g. models.lstm.epochs=4) are given."""
     params = load_params(PARAMS_FILE)
     env = _stage_env(tracking.start_study_run(params.tracking.experiment, PARAMS_FILE, "study"))
-    args = ["exp", "run", *[a for o in overrides for a in ("-S", o)]] if overrides else ["repro"]
-    return dvc(args, env)
+    settings = params.orchestration
+    if settings.task_runner == "sequential":
+        args = ["exp", "run", *[a for o in overrides for a in ("-S", o)]] if overrides else ["repro"]
+        return dvc(args, env)
+    if overrides:
+        raise ConfigError(f"{PARAMS_FILE}: orchestration.task_runner {settings.task_runner!r} runs the study in the "
+                          "workspace; set the values in params.yaml instead of passing overrides")
+    log = dvc(["repro", "tokenize"], env)
+    stale = stale_train_stages()
+    if stale:
+        workers = env if settings.address else {**env, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // settings.workers))}
+        train_models.with_options(task_runner=task_runner(settings))(stale, workers)
+    return log + dvc(["repro"], env)
 
 
 @flow(name="retrain")
@@ -71,6 +133,4 @@ def retrain() -> dict:
 
 
 if __name__ == "__main__":
-    import sys
-
     main(retrain) if sys.argv[1:] == ["retrain"] else main(study, overrides=sys.argv[1:] or None)

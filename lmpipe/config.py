@@ -76,7 +76,7 @@ class TrainParams(_Section):
 
     seed: int = 1234
     device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
-    threads: int = Field(0, ge=0, description="CPU threads; 0 = all cores")
+    threads: int = Field(0, ge=0, description="CPU threads; 0 = torch's default (cores, or OMP_NUM_THREADS)")
     log_every: int = Field(50, ge=1, description="steps between progress updates (the only host syncs)")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
     eval_chunk: int = Field(256, ge=1, description="tokens per evaluation chunk (the sliding-window stride)")
@@ -168,6 +168,13 @@ class TrackingParams(_Section):
     experiment: str = Field("lmpipe", min_length=1)
 
 
+class OrchestrationParams(_Section):
+    task_runner: Literal["sequential", "dask", "ray"] = Field(
+        "sequential", description="how the study flow runs the train@<model> stages: one by one, or in parallel")
+    address: Optional[str] = Field(None, description="a running Dask scheduler / Ray cluster; null starts a local one")
+    workers: int = Field(2, ge=1, description="local cluster: worker processes (one model each at a time)")
+
+
 class Params(_Section):
     corpus: CorpusParams = CorpusParams()
     split: SplitParams = SplitParams()
@@ -180,6 +187,7 @@ class Params(_Section):
     audit: AuditParams = AuditParams()
     retrain: RetrainParams = RetrainParams()
     tracking: TrackingParams = TrackingParams()
+    orchestration: OrchestrationParams = OrchestrationParams()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 

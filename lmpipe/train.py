@@ -40,8 +40,8 @@ def configure_device(device: torch.device, threads: int) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    else:
-        torch.set_num_threads(threads or os.cpu_count() or 1)
+    elif threads:
+        torch.set_num_threads(threads)  # else torch's default: the cores, or OMP_NUM_THREADS
 
 
 # ---------------- batch plans: pure functions of (data, settings, seed, epoch) ----------------

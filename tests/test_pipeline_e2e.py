@@ -321,3 +321,37 @@ def test_scheduled_retrain_deployment_registers_and_runs(project, prefect_api):
     finally:
         stop(serve)
         log.close()
+
+
+def test_study_flow_trains_the_models_in_parallel_on_a_local_dask_cluster(project, prefect_api):
+    """orchestration.task_runner=dask: train stages run as overlapping tasks on a 127.0.0.1 cluster, DVC stays exact."""
+    from datetime import datetime
+
+    copy, env, _ = project
+    before = {m: json.loads((copy / f"metrics/train/{m}.json").read_text()) for m in MODELS}
+    params = copy / "params.yaml"
+    saved = params.read_text()
+    try:
+        override(params, {"orchestration": {"task_runner": "dask", "workers": 2}})
+        for model in MODELS:  # make every train stage stale and really train again (no resumable checkpoint)
+            shutil.rmtree(copy / f"models/{model}")
+        shutil.rmtree(copy / ".cache/lmpipe/ckpt")
+        done = run([sys.executable, "-m", "flows.study"], copy, env)
+        assert json.loads(run(["dvc", "status", "--json"], copy, env).stdout) == {}  # dvc.lock records the tasks
+        for model in MODELS:
+            after = json.loads((copy / f"metrics/train/{model}.json").read_text())
+            assert after["valid_ppl"] == pytest.approx(before[model]["valid_ppl"], rel=1e-4)
+            assert (copy / f"models/{model}/model.pt").exists()
+        flow_runs = requests.post(f"{prefect_api}/flow_runs/filter", json={
+            "flows": {"name": {"any_": ["train-models"]}}, "sort": "START_TIME_DESC", "limit": 50}, timeout=10).json()
+        models_run = [r for r in flow_runs if r["state_type"] == "COMPLETED"]
+        assert models_run, done.stdout[-2000:]
+        tasks = requests.post(f"{prefect_api}/task_runs/filter", json={
+            "flow_runs": {"id": {"any_": [models_run[0]["id"]]}}, "limit": 50}, timeout=10).json()
+        spans = sorted((datetime.fromisoformat(t["start_time"]), datetime.fromisoformat(t["end_time"]))
+                       for t in tasks if t["name"].startswith("train@"))
+        assert len(spans) == len(MODELS)
+        assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))  # some ran side by side
+    finally:
+        params.write_text(saved)
+    assert json.loads(run(["dvc", "status", "--json"], copy, env).stdout) == {}  # orchestration is no stage param
