@@ -3,6 +3,9 @@
 Outputs: models/<model>/ (model.pt, mlflow_run.json), metrics/train/<model>.json, plots/train/<model>.csv.
 Resumable checkpoints live in .cache/lmpipe/ckpt/<model>-<params hash>/ (outside DVC's outputs, which
 DVC deletes before a re-run; keyed by params so a changed config never resumes a stale run).
+
+Under torchrun (`torchrun --nproc-per-node N -m flows.train --model M`) the main process runs this
+tracked flow and the others train alongside it untracked (DDP in lmpipe.train), then `dvc commit train@M`.
 """
 
 import argparse
@@ -14,12 +17,13 @@ from prefect import flow, task
 
 from flows._stage import CACHE_DIR, PARAMS_FILE, main, stage_run
 from lmpipe import tracking
-from lmpipe.config import load_params, params_hash
+from lmpipe import distributed
+from lmpipe.config import load_params
 from lmpipe.errors import ConfigError
 from lmpipe.io import atomic_path, write_json, write_text
 from lmpipe.models import save_model
 from lmpipe.splits import load_tokens
-from lmpipe.train import Trainer
+from lmpipe.train import Trainer, checkpoint_dir
 
 
 def history_csv(history: list[dict]) -> str:
@@ -38,14 +42,18 @@ def fit(name, settings, common, ckpt_dir, run_id):
     return Trainer(name, settings, common, load_tokens(), ckpt_dir, on_epoch=on_epoch).run()
 
 
-@flow(name="train", flow_run_name="train@{model}")
-def train(model: str) -> dict:
-    params = load_params(PARAMS_FILE)
+def _settings(params, model: str):
     if model not in params.models:
         raise ConfigError(f"{PARAMS_FILE}: models has no entry {model!r} (have: {', '.join(params.models) or 'none'})")
     settings = params.models[model]
     chosen = {"train": params.section("train"), "model": settings.model_dump(mode="json")}
-    ckpt_dir = Path(CACHE_DIR) / "ckpt" / f"{model}-{params_hash(chosen)}"
+    return settings, chosen, checkpoint_dir(Path(CACHE_DIR) / "ckpt", model, chosen, distributed.launched().world)
+
+
+@flow(name="train", flow_run_name="train@{model}")
+def train(model: str) -> dict:
+    params = load_params(PARAMS_FILE)
+    settings, chosen, ckpt_dir = _settings(params, model)
     with stage_run(f"train@{model}", params, chosen, model=model) as run:
         result = fit(model, settings, params.train, ckpt_dir, run.info.run_id)
         with atomic_path(f"models/{model}") as tmp:
@@ -63,4 +71,12 @@ def train(model: str) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="train one model of params.yaml's `models`")
     parser.add_argument("--model", required=True)
-    main(train, model=parser.parse_args().model)
+    model = parser.parse_args().model
+    ranks = distributed.launched()
+    if ranks.main:
+        main(train, model=model)
+    else:  # a torchrun helper process: same training, no outputs
+        params = load_params(PARAMS_FILE)
+        settings, _, ckpt_dir = _settings(params, model)
+        Trainer(model, settings, params.train, load_tokens(), ckpt_dir).run()
+    distributed.leave(ranks)

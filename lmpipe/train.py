@@ -4,6 +4,10 @@ Recurrent models read the train split as `batch_size` contiguous streams, carryi
 state across chunks; window models (NPLM, Transformer) read windows at shuffled offsets. Each epoch's
 batch plan comes from (seed, epoch) alone and the torch RNG state is checkpointed, so a run killed at
 any step resumes from its last checkpoint and ends with the same weights as an uninterrupted run.
+
+Under `torchrun --nproc-per-node N -m lmpipe.train` the global batch is split over N processes
+(DistributedDataParallel: NCCL on GPUs, gloo on CPU); each process reads its own rows of every batch,
+gradients are averaged, so N processes follow the curve of one process with the same batch_size.
 """
 
 from __future__ import annotations
@@ -20,17 +24,20 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from lmpipe import distributed
 from lmpipe.config import ModelParams, TrainParams
+from lmpipe.errors import ConfigError
 from lmpipe.evaluate import perplexities, stream_nll
 from lmpipe.models import StreamLM, build_model, count_parameters
 from lmpipe.splits import TokenData
 
 
-def pick_device(choice: str = "auto") -> torch.device:
+def pick_device(choice: str = "auto", local_rank: int = 0) -> torch.device:
     if choice != "auto":
         return torch.device(choice)
     if torch.cuda.is_available():
-        return torch.device("cuda")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
     if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
@@ -143,12 +150,23 @@ class Trainer:
         self.name, self.settings, self.common, self.data = name, settings, common, data
         self.ckpt_dir = Path(ckpt_dir)
         self.on_epoch = on_epoch or (lambda metrics: None)
-        self.progress_bar = progress_bar
-        self.device = pick_device(common.device)
-        configure_device(self.device, common.threads)
-        torch.manual_seed(common.seed)
+        self.ranks = ranks = distributed.launched()
+        if settings.batch_size % ranks.world:
+            raise ConfigError(f"models.{name}.batch_size: {settings.batch_size} does not split over {ranks.world} "
+                              f"processes (make it a multiple of {ranks.world})")
+        self.progress_bar = progress_bar and ranks.main
+        self.device = pick_device(common.device, ranks.local)
+        configure_device(self.device, common.threads or (max(1, (os.cpu_count() or 1) // ranks.local_world)
+                                                         if ranks.world > 1 else 0))
+        distributed.join(ranks, self.device)
+        torch.manual_seed(common.seed)  # the same initial weights in every process
         self.model = build_model(settings.family, settings.arch, data.vocab_size, data.boundary).to(self.device)
-        self.forward = torch.compile(self.model) if common.compile else self.model
+        forward = self.model
+        if ranks.world > 1:
+            torch.manual_seed(common.seed + ranks.rank)  # each process its own dropout masks
+            forward = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.forward = torch.compile(forward) if common.compile else forward
         self.train_tokens = torch.from_numpy(
             np.concatenate([[data.boundary], data.splits["train"].tokens.astype(np.int64)]))
         self.progress = _Progress()
@@ -168,16 +186,22 @@ class Trainer:
             plan = plan[: self.settings.max_steps_per_epoch]
         return plan
 
+    def _rows(self) -> slice:
+        """This process's rows of every global batch."""
+        per = self.settings.batch_size // self.ranks.world
+        return slice(self.ranks.rank * per, (self.ranks.rank + 1) * per)
+
     def _batch(self, item):
-        """(inputs, targets, window state or None) on the device."""
+        """(inputs, targets, window state or None) on the device: this process's rows of the batch."""
         if self.model.recurrent:
             start, length = item
             columns = len(self.train_tokens) // self.settings.batch_size
             data = self.train_tokens[: columns * self.settings.batch_size].view(self.settings.batch_size, columns)
+            data = data[self._rows()]
             x, y = data[:, start:start + length], data[:, start + 1:start + 1 + length]
             return x.to(self.device), y.to(self.device), None
         context = window_context(self.model)
-        index = torch.from_numpy(item)[:, None] + torch.arange(-context, self.settings.seq_len + 1)[None, :]
+        index = torch.from_numpy(item[self._rows()])[:, None] + torch.arange(-context, self.settings.seq_len + 1)[None, :]
         windows = self.train_tokens[index].to(self.device)
         return windows[:, context:-1], windows[:, context + 1:], (windows[:, :context] if context > 0 else None)
 
@@ -185,6 +209,10 @@ class Trainer:
         return self.settings.epochs * len(self._epoch_plan(0))
 
     # ---------- checkpoints ----------
+    def _last(self) -> Path:
+        """The resumable checkpoint: one per process (each has its own RNG and hidden state)."""
+        return self.ckpt_dir / ("last.pt" if self.ranks.main else f"last.rank{self.ranks.rank}.pt")
+
     def _save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -199,7 +227,7 @@ class Trainer:
         os.replace(tmp, path)
 
     def _resume(self) -> bool:
-        path = self.ckpt_dir / "last.pt"
+        path = self._last()
         if not path.exists():
             return False
         ckpt = torch.load(path, map_location=self.device, weights_only=False)
@@ -236,7 +264,7 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
-        return loss.detach(), grad_norm.detach(), x.numel()
+        return loss.detach(), grad_norm.detach(), x.numel() * self.ranks.world
 
     def run(self, stop_after_step: int | None = None) -> TrainResult:
         """Train to the end (or raise KeyboardInterrupt after global step `stop_after_step`, for tests)."""
@@ -275,12 +303,13 @@ class Trainer:
                                     tok_s=f"{tokens / (time.perf_counter() - started):.0f}")
                 bar.update(1)
                 if (index + 1) % self.common.checkpoint_every == 0 and index + 1 < len(plan):
-                    self._save(self.ckpt_dir / "last.pt")
+                    self._save(self._last())
                 if stop_after_step is not None and global_step >= stop_after_step:
-                    self._save(self.ckpt_dir / "last.pt")
+                    self._save(self._last())
                     raise KeyboardInterrupt(f"stopped after step {global_step}")
             bar.close()
             seconds = time.perf_counter() - started
+            loss_sum = distributed.mean(loss_sum, self.ranks)
             self._end_epoch(epoch, float(loss_sum) / max(counted, 1), float(norm_sum) / max(counted, 1),
                             tokens / max(seconds, 1e-9), seconds)
             if self.progress.bad_epochs >= self.settings.patience:
@@ -303,7 +332,8 @@ class Trainer:
             self.progress.best_loss, self.progress.best_epoch, self.progress.bad_epochs = valid["loss"], epoch + 1, 0
             with _Averaged(self.model, self.optimizer, self.progress.asgd):
                 self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-                torch.save(self.model.state_dict(), self.ckpt_dir / "best.pt")
+                if self.ranks.main:
+                    torch.save(self.model.state_dict(), self.ckpt_dir / "best.pt")
         else:
             self.progress.bad_epochs += 1
         losses = [h["valid_loss"] for h in history]
@@ -314,10 +344,12 @@ class Trainer:
         elif optim.schedule == "plateau" and not improved and not self.progress.asgd:
             self.progress.base_lr *= 0.5  # halve on plateau
         self.progress.epoch, self.progress.step = epoch + 1, 0
-        self._save(self.ckpt_dir / "last.pt")
-        self.on_epoch(record)
+        self._save(self._last())
+        if self.ranks.main:
+            self.on_epoch(record)
 
     def _finish(self) -> TrainResult:
+        distributed.barrier(self.ranks)  # best.pt is written by the main process
         self.model.load_state_dict(torch.load(self.ckpt_dir / "best.pt", map_location=self.device, weights_only=True))
         history = self.progress.history
         best = history[self.progress.best_epoch - 1]
@@ -335,3 +367,54 @@ class Trainer:
             "seconds": float(sum(h["epoch_seconds"] for h in history)),
         }
         return TrainResult(self.model, history, metrics, self.device.type)
+
+
+def checkpoint_dir(root: str | Path, model: str, chosen: dict, world: int = 1) -> Path:
+    """Where a run's resumable checkpoints live: keyed by its params (and process count, which shapes them)."""
+    from lmpipe.config import params_hash
+
+    return Path(root) / (f"{model}-{params_hash(chosen)}" + ("" if world == 1 else f"-x{world}"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Train one model of params.yaml without orchestration: `python -m lmpipe.train` or `torchrun ... -m lmpipe.train`."""
+    import argparse
+    import json
+    import sys
+
+    from lmpipe.config import load_params
+    from lmpipe.errors import LmpipeError
+    from lmpipe.io import atomic_path, write_json
+    from lmpipe.models import save_model
+    from lmpipe.splits import load_tokens
+
+    parser = argparse.ArgumentParser(prog="python -m lmpipe.train", description=main.__doc__)
+    parser.add_argument("--model", required=True, help="an entry of params.yaml's `models`")
+    parser.add_argument("--out", required=True, help="directory for model.pt, metrics.json and history.json")
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--checkpoints", default=".cache/lmpipe/ckpt", help="root of the resumable checkpoints")
+    args = parser.parse_args(argv)
+    ranks = distributed.launched()
+    try:
+        params = load_params(args.params)
+        if args.model not in params.models:
+            raise ConfigError(f"{args.params}: models has no entry {args.model!r} (have: {', '.join(params.models)})")
+        settings = params.models[args.model]
+        chosen = {"train": params.section("train"), "model": settings.model_dump(mode="json")}
+        on_epoch = lambda record: print(json.dumps(record), flush=True)  # noqa: E731
+        result = Trainer(args.model, settings, params.train, load_tokens(), on_epoch=on_epoch,
+                         ckpt_dir=checkpoint_dir(args.checkpoints, args.model, chosen, ranks.world)).run()
+    except LmpipeError as exc:
+        sys.exit(f"error: {exc}" if ranks.main else 1)  # one line, from one process
+    finally:
+        distributed.leave(ranks)
+    if ranks.main:
+        with atomic_path(args.out) as tmp:
+            tmp.mkdir()
+            save_model(result.model, settings.family, settings.arch, tmp / "model.pt")
+            write_json(tmp / "metrics.json", {**result.metrics, "processes": ranks.world})
+            write_json(tmp / "history.json", result.history)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""DDP under torchrun: 2 gloo processes on CPU follow one process's loss curve for the same global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.test_train import synthetic_data
+
+MODELS = {
+    "lstm": {"family": "rnn", "arch": {"cell": "lstm", "emb": 24, "hidden": 32, "layers": 2, "ar": 1.0, "tar": 1.0},
+             "optim": {"name": "sgd", "lr": 10.0, "clip": 0.5, "schedule": "constant"},
+             "batch_size": 8, "seq_len": 20, "variable_bptt": True, "epochs": 3},
+    "transformer": {"family": "transformer", "arch": {"dim": 32, "layers": 1, "heads": 2, "block_size": 32,
+                                                      "dropout": 0.0},
+                    "optim": {"name": "adamw", "lr": 3e-3, "warmup_steps": 5}, "batch_size": 8, "seq_len": 32,
+                    "epochs": 3},
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A project directory holding a tokenized synthetic corpus and params for two models."""
+    root = tmp_path_factory.mktemp("ddp")
+    data = synthetic_data()
+    (root / "data/tokens").mkdir(parents=True)
+    for name, split in data.splits.items():
+        np.save(root / f"data/tokens/{name}.npy", split.tokens)
+    (root / "metrics").mkdir()
+    (root / "metrics/tokenize.json").write_text(json.dumps({
+        "vocab_size": data.vocab_size, "boundary_id": data.boundary,
+        "words": {n: s.words for n, s in data.splits.items()}, "bytes": {n: s.bytes for n, s in data.splits.items()}}))
+    (root / "params.yaml").write_text(yaml.safe_dump({"train": {"seed": 7, "log_every": 5, "eval_chunk": 50},
+                                                      "models": MODELS}))
+    return root
+
+
+def train(workdir: Path, model: str, processes: int, check: bool = True) -> subprocess.CompletedProcess:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"]
+    args = ([sys.executable] if processes == 1 else launcher) + ["-m", "lmpipe.train", "--model", model,
+                                                               "--out", f"out/{model}-{processes}"]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}  # loopback only
+    done = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True, timeout=600)
+    if check:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_two_gloo_processes_follow_the_single_process_curve(workdir, model):
+    train(workdir, model, 1)
+    train(workdir, model, 2)
+    one = json.loads((workdir / f"out/{model}-1/history.json").read_text())
+    two = json.loads((workdir / f"out/{model}-2/history.json").read_text())
+    assert len(one) == len(two) == MODELS[model]["epochs"]
+    for a, b in zip(one, two):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-3)
+        assert b["valid_loss"] == pytest.approx(a["valid_loss"], rel=1e-3)
+    assert one[-1]["valid_loss"] < one[0]["valid_loss"] - 0.1  # it is a learning curve, not a flat line
+    metrics = json.loads((workdir / f"out/{model}-2/metrics.json").read_text())
+    assert metrics["processes"] == 2 and metrics["valid_ppl"] == pytest.approx(
+        json.loads((workdir / f"out/{model}-1/metrics.json").read_text())["valid_ppl"], rel=1e-3)
+    ckpts = sorted(p.name for p in (workdir / ".cache/lmpipe/ckpt").glob(f"{model}-*-x2/*"))
+    assert ckpts == ["best.pt", "last.pt", "last.rank1.pt"]  # one resumable state per process
+
+
+def test_a_batch_that_does_not_split_is_one_clear_line(workdir):
+    params = yaml.safe_load((workdir / "params.yaml").read_text())
+    params["models"]["odd"] = {**MODELS["transformer"], "batch_size": 7}
+    (workdir / "params.yaml").write_text(yaml.safe_dump(params))
+    done = train(workdir, "odd", 2, check=False)
+    assert done.returncode != 0
+    assert "error: models.odd.batch_size: 7 does not split over 2 processes (make it a multiple of 2)" in done.stderr
+    assert not (workdir / "out/odd-2").exists()
+    shutil.rmtree(workdir / "out", ignore_errors=True)
