@@ -13,6 +13,7 @@ import csv
 import io
 from pathlib import Path
 
+import numpy as np
 from prefect import flow, task
 
 from flows._stage import CACHE_DIR, PARAMS_FILE, main, stage_run
@@ -21,7 +22,7 @@ from lmpipe import distributed
 from lmpipe.config import load_params
 from lmpipe.errors import ConfigError
 from lmpipe.io import atomic_path, write_json, write_text
-from lmpipe.models import save_model
+from lmpipe.models import NextTokenLogits, save_model
 from lmpipe.splits import load_tokens
 from lmpipe.train import Trainer, checkpoint_dir
 
@@ -64,7 +65,8 @@ def train(model: str) -> dict:
         write_text(f"plots/train/{model}.csv", history_csv(result.history))
         tracking.log_metrics({k: result.metrics[k] for k in ("valid_ppl", "tokens_per_sec", "n_params", "best_epoch")})
         tracking.log_artifacts(f"plots/train/{model}.csv")
-        tracking.log_torch_model(result.model.cpu(), "model", f"lmpipe-{model}")
+        example = load_tokens().splits["valid"].tokens[None, :8].astype(np.int64)  # (batch, time) token ids
+        tracking.log_torch_model(NextTokenLogits(result.model.cpu().eval()), "model", f"lmpipe-{model}", example)
     return result.metrics
 
 

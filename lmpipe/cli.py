@@ -104,7 +104,7 @@ def _generate(args) -> int:
         from lmpipe.tracking import tracking_uri
 
         mlflow.set_tracking_uri(tracking_uri())
-        model = mlflow.pytorch.load_model(args.model, map_location="cpu").eval()
+        model = mlflow.pytorch.load_model(args.model, map_location="cpu").lm.eval()  # NextTokenLogits(lm)
     else:
         directory = Path("models") / args.model
         if not directory.exists():

@@ -204,6 +204,25 @@ def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_ap
             assert flow_run.json()["name"] == stage  # train@<model> runs are named after their stage
 
 
+def test_registered_models_carry_a_signature_and_serve_through_pyfunc(project):
+    copy, env, _ = project
+    check = """
+import json, mlflow, numpy as np
+mlflow.set_tracking_uri("sqlite:///mlflow.db")
+info = mlflow.models.get_model_info("models:/lmpipe-lstm/1")
+logits = mlflow.pyfunc.load_model("models:/lmpipe-lstm/1").predict(np.array([[5, 6, 7]], dtype=np.int64))
+print(json.dumps({"signature": info.signature.to_dict(), "shape": list(logits.shape)}))
+"""
+    out = json.loads(run([sys.executable, "-c", check], copy, env).stdout.strip().splitlines()[-1])
+    inputs, outputs = json.loads(out["signature"]["inputs"]), json.loads(out["signature"]["outputs"])
+    assert inputs == [{"type": "tensor", "tensor-spec": {"dtype": "int64", "shape": [-1, -1]}}]
+    assert outputs == [{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": [-1, -1, 600]}}]
+    assert out["shape"] == [1, 3, 600]  # next-token logits over the 600-piece vocabulary
+    done = run(["lmpipe", "generate", "--model", "models:/lmpipe-lstm/1", "--prompt", "The history of",
+                "--max-new-tokens", "5"], copy, env)
+    assert done.stdout.startswith("The history of")
+
+
 def test_mlflow_server_serves_every_stage_run(project):
     """`mlflow server` over the finished study's store: every stage's run, params and metrics over HTTP."""
     import time
@@ -355,3 +374,20 @@ def test_study_flow_trains_the_models_in_parallel_on_a_local_dask_cluster(projec
     finally:
         params.write_text(saved)
     assert json.loads(run(["dvc", "status", "--json"], copy, env).stdout) == {}  # orchestration is no stage param
+
+
+def test_torchrun_runs_a_train_stage_on_two_processes_and_dvc_commit_records_it(project, prefect_api):
+    """The scale-out recipe: `torchrun -m flows.train` (gloo on CPU), then `dvc commit`; one tracked flow run."""
+    copy, env, _ = project
+    env = {**env, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "flows.train",
+         "--model", "gru"], copy, env)
+    assert sorted(p.name for p in (copy / ".cache/lmpipe/ckpt").glob("gru-*-x2/*")) == ["best.pt", "last.pt",
+                                                                                         "last.rank1.pt"]
+    run(["dvc", "commit", "--force", "train@gru"], copy, env)
+    assert "train@gru" not in json.loads(run(["dvc", "status", "--json"], copy, env).stdout)
+    flow_runs = requests.post(f"{prefect_api}/flow_runs/filter", json={
+        "flow_runs": {"name": {"any_": ["train@gru"]}}, "sort": "START_TIME_DESC", "limit": 1}, timeout=10).json()
+    assert flow_runs[0]["state_type"] == "COMPLETED"
+    run(["dvc", "repro"], copy, env)  # evaluate and the rest follow the new model
+    assert json.loads(run(["dvc", "status", "--json"], copy, env).stdout) == {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lmpipe.models.base import StreamLM
+from lmpipe.models.base import NextTokenLogits, StreamLM  # noqa: F401
 from lmpipe.models.nplm import NPLM
 from lmpipe.models.rnn import RNNModel
 from lmpipe.models.transformer import TransformerLM
