@@ -1,7 +1,8 @@
 """Orchestration overhead of `dvc repro`: wall time split into compute versus Prefect + MLflow + DVC.
 
 Runs `dvc repro --force` in a temporary git copy of the project (default params unless overridden
-with --set section.key=value), against a running Prefect server (`lmpipe server`, or PREFECT_API_URL).
+with --set section.key=value), or with --in-place in this checkout (which then holds the fresh study),
+against a running Prefect server (`lmpipe server`, or PREFECT_API_URL).
 Compute is the time Prefect measured inside the stages' tasks (the lmpipe calls); everything else
 (interpreter start, imports of prefect/mlflow, flow and run bookkeeping, DVC hashing) is overhead.
 Prints, as its last line: `orchestration overhead: X% of N s`.
@@ -51,13 +52,17 @@ def task_seconds(api: str, since: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", action="append", default=[], help="params override, e.g. corpus.max_articles=20")
+    parser.add_argument("--in-place", action="store_true", help="run in this checkout instead of a temporary copy")
     args = parser.parse_args()
+    if args.in_place and args.set:
+        sys.exit("--in-place runs this checkout's params.yaml as it is; edit it instead of passing --set")
     api = use_running_server()
     if not api:
         sys.exit("start a Prefect server first (lmpipe server) or set PREFECT_API_URL")
     with tempfile.TemporaryDirectory() as tmp:
-        project = Path(tmp)
-        copy_project(project, args.set)
+        project = ROOT if args.in_place else Path(tmp)
+        if not args.in_place:
+            copy_project(project, args.set)
         env = {**os.environ, "PREFECT_API_URL": api}
         env.pop("MLFLOW_TRACKING_URI", None)
         since = requests.get(f"{api}/admin/version", timeout=10) and time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -1,8 +1,8 @@
 """train@<model> stage: one neural LM from `models.<model>` in params.yaml.
 
 Outputs: models/<model>/ (model.pt, mlflow_run.json), metrics/train/<model>.json, plots/train/<model>.csv.
-Resumable checkpoints live in .cache/lmpipe/ckpt/<model>-<params hash>/ (outside DVC's outputs, which
-DVC deletes before a re-run; keyed by params so a changed config never resumes a stale run).
+Resumable checkpoints live in .cache/lmpipe/ckpt/<model>-<hash>/ (outside DVC's outputs, which DVC
+deletes before a re-run; keyed by params and training code so a change never resumes a stale run).
 
 Under torchrun (`torchrun --nproc-per-node N -m flows.train --model M`) the main process runs this
 tracked flow and the others train alongside it untracked (DDP in lmpipe.train), then `dvc commit train@M`.

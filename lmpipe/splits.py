@@ -26,12 +26,12 @@ class TokenData:
     splits: dict[str, Split]
 
 
-def load_tokens(tokens_dir: str | Path = "data/tokens", metrics: str | Path = "metrics/tokenize.json") -> TokenData:
+def load_tokens(tokens_dir: str | Path = "data/tokens") -> TokenData:
     """The streams of data/tokens with the word and byte counts perplexities are normalised by."""
-    metrics_path = Path(metrics)
-    if not metrics_path.exists():
-        raise CorpusError(f"{metrics_path}: missing (run the tokenize stage first: dvc repro tokenize)")
-    info = json.loads(metrics_path.read_text())
+    counts = Path(tokens_dir) / "counts.json"
+    if not counts.exists():
+        raise CorpusError(f"{counts}: missing (run the tokenize stage first: dvc repro tokenize)")
+    info = json.loads(counts.read_text())
     splits = {
         name: Split(name, np.load(Path(tokens_dir) / f"{name}.npy"), info["words"][name], info["bytes"][name])
         for name in ("train", "valid", "test")

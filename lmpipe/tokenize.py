@@ -14,9 +14,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from lmpipe.config import TokenizerParams
 from lmpipe.errors import CorpusError
-from lmpipe.io import atomic_path
+from lmpipe.io import atomic_path, write_json
 
 SPLITS = ("train", "valid", "test")
+COUNTS = "counts.json"  # data/tokens/counts.json: vocabulary, boundary, tokens/words/bytes per split
 
 
 def split_lines(text: str) -> list[str]:
@@ -80,12 +81,7 @@ def tokenize_corpus(clean_dir: str | Path, tokens_dir: str | Path, params: Token
         started = time.perf_counter()
         streams[split] = encode_stream(tokenizer, text, boundary)
         encode_seconds += time.perf_counter() - started
-    with atomic_path(tokens_dir) as tmp:
-        tmp.mkdir()
-        tokenizer.save(str(tmp / "tokenizer.json"))
-        for split, ids in streams.items():
-            np.save(tmp / f"{split}.npy", ids)
-    return {
+    counts = {
         "vocab_size": tokenizer.get_vocab_size(),
         "boundary_token": params.boundary_token,
         "boundary_id": boundary,
@@ -93,6 +89,16 @@ def tokenize_corpus(clean_dir: str | Path, tokens_dir: str | Path, params: Token
         "tokens": {s: int(len(ids)) for s, ids in streams.items()},
         "words": {s: len(t.split()) for s, t in texts.items()},
         "bytes": {s: len(t.encode("utf-8")) for s, t in texts.items()},
+    }
+    with atomic_path(tokens_dir) as tmp:
+        tmp.mkdir()
+        tokenizer.save(str(tmp / "tokenizer.json"))
+        for split, ids in streams.items():
+            np.save(tmp / f"{split}.npy", ids)
+        # what the streams mean, without timings: a re-run giving the same tokens changes no downstream input
+        write_json(tmp / COUNTS, counts)
+    return {
+        **counts,
         "train_seconds": round(train_seconds, 3),
         "encode_tokens_per_sec": round(sum(map(len, streams.values())) / max(encode_seconds, 1e-9), 1),
     }

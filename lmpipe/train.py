@@ -369,11 +369,24 @@ class Trainer:
         return TrainResult(self.model, history, metrics, self.device.type)
 
 
+def code_version() -> str:
+    """A hash of the training code (this module and the models): changed code never resumes an old run."""
+    import hashlib
+
+    here = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in [Path(__file__), here / "distributed.py", *sorted((here / "models").glob("*.py"))]:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def checkpoint_dir(root: str | Path, model: str, chosen: dict, world: int = 1) -> Path:
-    """Where a run's resumable checkpoints live: keyed by its params (and process count, which shapes them)."""
+    """Where a run's resumable checkpoints live: keyed by its params and code (and the process count,
+    which shapes them), so only the very same run resumes."""
     from lmpipe.config import params_hash
 
-    return Path(root) / (f"{model}-{params_hash(chosen)}" + ("" if world == 1 else f"-x{world}"))
+    key = params_hash({**chosen, "code": code_version()})
+    return Path(root) / (f"{model}-{key}" + ("" if world == 1 else f"-x{world}"))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -34,8 +34,7 @@ def workdir(tmp_path_factory):
     (root / "data/tokens").mkdir(parents=True)
     for name, split in data.splits.items():
         np.save(root / f"data/tokens/{name}.npy", split.tokens)
-    (root / "metrics").mkdir()
-    (root / "metrics/tokenize.json").write_text(json.dumps({
+    (root / "data/tokens/counts.json").write_text(json.dumps({
         "vocab_size": data.vocab_size, "boundary_id": data.boundary,
         "words": {n: s.words for n, s in data.splits.items()}, "bytes": {n: s.bytes for n, s in data.splits.items()}}))
     (root / "params.yaml").write_text(yaml.safe_dump({"train": {"seed": 7, "log_every": 5, "eval_chunk": 50},
