@@ -75,6 +75,7 @@ def task_runner(settings: OrchestrationParams):
                           "-e '.[ray]' (or use 'dask')") from None
     if settings.address:
         return RayTaskRunner(address=settings.address)
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # local-only Ray: it stays on 127.0.0.1
     return RayTaskRunner(init_kwargs={"num_cpus": settings.workers, "include_dashboard": False})
 
 

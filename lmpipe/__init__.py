@@ -13,6 +13,7 @@ _TELEMETRY_OFF = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "PREFECT_CLOUD_ENABLE_ORCHESTRATION_TELEMETRY": "false",
     "HF_HUB_OFFLINE": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
 }
 for _key, _value in _TELEMETRY_OFF.items():
     os.environ.setdefault(_key, _value)

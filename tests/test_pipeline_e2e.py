@@ -342,16 +342,19 @@ def test_scheduled_retrain_deployment_registers_and_runs(project, prefect_api):
         log.close()
 
 
-def test_study_flow_trains_the_models_in_parallel_on_a_local_dask_cluster(project, prefect_api):
-    """orchestration.task_runner=dask: train stages run as overlapping tasks on a 127.0.0.1 cluster, DVC stays exact."""
+@pytest.mark.parametrize("runner", ["dask", "ray"])
+def test_study_flow_trains_the_models_in_parallel_on_a_local_cluster(project, prefect_api, runner):
+    """orchestration.task_runner=dask|ray: train stages run as overlapping tasks on a 127.0.0.1 cluster, DVC stays exact."""
     from datetime import datetime
 
+    if runner == "ray":
+        pytest.importorskip("prefect_ray", reason="the optional [ray] extra is not installed")
     copy, env, _ = project
     before = {m: json.loads((copy / f"metrics/train/{m}.json").read_text()) for m in MODELS}
     params = copy / "params.yaml"
     saved = params.read_text()
     try:
-        override(params, {"orchestration": {"task_runner": "dask", "workers": 2}})
+        override(params, {"orchestration": {"task_runner": runner, "workers": 2}})
         for model in MODELS:  # make every train stage stale and really train again (no resumable checkpoint)
             shutil.rmtree(copy / f"models/{model}")
         shutil.rmtree(copy / ".cache/lmpipe/ckpt")
