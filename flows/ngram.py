@@ -24,7 +24,8 @@ def build_and_score(params) -> dict:
     model.fit(data.splits["train"].tokens)
     build_seconds = time.perf_counter() - started
     metrics = {"order": params.order, "method": params.method, "normalised": model.normalised,
-               "n_params": model.n_ngrams, "build_seconds": round(build_seconds, 3)}
+               "n_params": model.n_ngrams, "build_seconds": round(build_seconds, 3),
+               "tokens_per_sec": round(len(data.splits["train"].tokens) / build_seconds, 1)}  # training throughput
     for name in ("valid", "test"):
         split = data.splits[name]
         started = time.perf_counter()
@@ -48,6 +49,7 @@ def ngram() -> dict:
             "valid_ppl": metrics["valid"]["ppl"], "test_ppl": metrics["test"]["ppl"],
             "test_word_ppl": metrics["test"]["word_ppl"], "test_bpb": metrics["test"]["bpb"],
             "test_loss": metrics["test"]["loss"], "n_params": metrics["n_params"],
+            "tokens_per_sec": metrics["tokens_per_sec"],
             "build_seconds": metrics["build_seconds"], "peak_rss_mb": metrics["peak_rss_mb"],
         })
         tracking.log_artifacts(METRICS)
