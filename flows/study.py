@@ -79,8 +79,9 @@ def task_runner(settings: OrchestrationParams):
     return RayTaskRunner(init_kwargs={"num_cpus": settings.workers, "include_dashboard": False})
 
 
-def stale_train_stages() -> list[str]:
-    status = json.loads(subprocess.run(["dvc", "status", "--json"], capture_output=True, text=True, check=True).stdout or "{}")
+def stale_train_stages(env: dict) -> list[str]:
+    """The models whose train stage DVC would run now (once the stages before them are done)."""
+    status = json.loads(dvc(["status", "--json"], env) or "{}")
     return [name.split("@", 1)[1] for name in status if name.startswith("train@")]
 
 
@@ -97,16 +98,16 @@ def train_models(models: list[str], env: dict) -> list[str]:
 def study(overrides: list[str] | None = None) -> str:
     """Run the pipeline: `dvc repro`, or `dvc exp run -S ...` when overrides (e.g. models.lstm.epochs=4) are given."""
     params = load_params(PARAMS_FILE)
-    env = _stage_env(tracking.start_study_run(params.tracking.experiment, PARAMS_FILE, "study"))
     settings = params.orchestration
+    if overrides and settings.task_runner != "sequential":
+        raise ConfigError(f"{PARAMS_FILE}: orchestration.task_runner {settings.task_runner!r} runs the study in the "
+                          "workspace; set the values in params.yaml instead of passing overrides")
+    env = _stage_env(tracking.start_study_run(params.tracking.experiment, PARAMS_FILE, "study"))
     if settings.task_runner == "sequential":
         args = ["exp", "run", *[a for o in overrides for a in ("-S", o)]] if overrides else ["repro"]
         return dvc(args, env)
-    if overrides:
-        raise ConfigError(f"{PARAMS_FILE}: orchestration.task_runner {settings.task_runner!r} runs the study in the "
-                          "workspace; set the values in params.yaml instead of passing overrides")
     log = dvc(["repro", "tokenize"], env)
-    stale = stale_train_stages()
+    stale = stale_train_stages(env)
     if stale:
         workers = env if settings.address else {**env, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // settings.workers))}
         train_models.with_options(task_runner=task_runner(settings))(stale, workers)

@@ -1,0 +1,30 @@
+"""The study flow's choice of task runner, and the one-line error for a combination it cannot run."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.study import study, task_runner
+from lmpipe.config import OrchestrationParams
+from lmpipe.errors import ConfigError
+
+
+def test_dask_runner_starts_a_loopback_cluster_of_single_threaded_workers():
+    runner = task_runner(OrchestrationParams(task_runner="dask", workers=3))
+    assert runner.cluster_class == "distributed.LocalCluster"
+    assert runner.cluster_kwargs == {"n_workers": 3, "threads_per_worker": 1, "processes": True,
+                                     "host": "127.0.0.1", "dashboard_address": None}
+
+
+def test_dask_runner_joins_a_running_scheduler_at_address():
+    runner = task_runner(OrchestrationParams(task_runner="dask", address="tcp://10.1.2.3:8786"))
+    assert runner.address == "tcp://10.1.2.3:8786"  # only configured: nothing connects until a flow runs
+
+
+def test_overrides_with_a_parallel_runner_are_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("orchestration:\n  task_runner: dask\n")
+    with pytest.raises(ConfigError, match=r"params.yaml: orchestration.task_runner 'dask' runs the study in the "
+                                          r"workspace; set the values in params.yaml instead of passing overrides"):
+        study.fn(overrides=["models.lstm.epochs=3"])
+    assert not (tmp_path / "mlflow.db").exists()  # refused before any run was recorded
