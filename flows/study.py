@@ -3,7 +3,7 @@
 Both create the study's MLflow parent run themselves and hand it to every stage (LMPIPE_PARENT_RUN_ID),
 and point the stages at this flow's Prefect server (PREFECT_API_URL), so one execution is one study.
 
-With `orchestration.task_runner: dask` (or `ray`) the independent train@<model> stages run in parallel
+With `orchestration.task_runner: dask` (or `ray`) both flows run the independent train@<model> stages run in parallel
 on a Dask (Ray) cluster through Prefect's task runner: DVC runs the stages before them, the stale
 train stages run as tasks (each its own stage process, as under DVC), `dvc commit` records them in
 dvc.lock exactly as `dvc repro` would have, and `dvc repro` finishes the rest.
@@ -94,6 +94,18 @@ def train_models(models: list[str], env: dict) -> list[str]:
     return done
 
 
+def repro(settings: OrchestrationParams, env: dict) -> str:
+    """`dvc repro`, with the stale train stages run in parallel on the task runner when one is chosen."""
+    if settings.task_runner == "sequential":
+        return dvc(["repro"], env)
+    log = dvc(["repro", "tokenize"], env)
+    stale = stale_train_stages(env)
+    if stale:
+        workers = env if settings.address else {**env, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // settings.workers))}
+        train_models.with_options(task_runner=task_runner(settings))(stale, workers)
+    return log + dvc(["repro"], env)
+
+
 @flow(name="study")
 def study(overrides: list[str] | None = None) -> str:
     """Run the pipeline: `dvc repro`, or `dvc exp run -S ...` when overrides (e.g. models.lstm.epochs=4) are given."""
@@ -103,15 +115,9 @@ def study(overrides: list[str] | None = None) -> str:
         raise ConfigError(f"{PARAMS_FILE}: orchestration.task_runner {settings.task_runner!r} runs the study in the "
                           "workspace; set the values in params.yaml instead of passing overrides")
     env = _stage_env(tracking.start_study_run(params.tracking.experiment, PARAMS_FILE, "study"))
-    if settings.task_runner == "sequential":
-        args = ["exp", "run", *[a for o in overrides for a in ("-S", o)]] if overrides else ["repro"]
-        return dvc(args, env)
-    log = dvc(["repro", "tokenize"], env)
-    stale = stale_train_stages(env)
-    if stale:
-        workers = env if settings.address else {**env, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // settings.workers))}
-        train_models.with_options(task_runner=task_runner(settings))(stale, workers)
-    return log + dvc(["repro"], env)
+    if overrides:
+        return dvc(["exp", "run", *[a for o in overrides for a in ("-S", o)]], env)
+    return repro(settings, env)
 
 
 @flow(name="retrain")
@@ -123,7 +129,7 @@ def retrain() -> dict:
     # fetch the source again (a new dump, URL or sha256 gives new raw data); DVC's content hashes then
     # re-run only the stages whose inputs really changed
     dvc(["repro", "--force", "--single-item", "download"], env)
-    log = dvc(["repro"], env)
+    log = repro(params.orchestration, env)
     rows, regressed = compare_eval(before, json.loads(EVAL.read_text()), params.retrain.max_regression)
     report = comparison_markdown(rows, regressed, params.retrain.max_regression)
     create_markdown_artifact(report, key="retrain-comparison", description="test word perplexity, before vs after")
