@@ -3,7 +3,7 @@
 Both create the study's MLflow parent run themselves and hand it to every stage (LMPIPE_PARENT_RUN_ID),
 and point the stages at this flow's Prefect server (PREFECT_API_URL), so one execution is one study.
 
-With `orchestration.task_runner: dask` (or `ray`) both flows run the independent train@<model> stages run in parallel
+With `orchestration.task_runner: dask` (or `ray`) both flows run the independent train@<model> stages in parallel
 on a Dask (Ray) cluster through Prefect's task runner: DVC runs the stages before them, the stale
 train stages run as tasks (each its own stage process, as under DVC), `dvc commit` records them in
 dvc.lock exactly as `dvc repro` would have, and `dvc repro` finishes the rest.
