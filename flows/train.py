@@ -13,18 +13,17 @@ import csv
 import io
 from pathlib import Path
 
-import numpy as np
 from prefect import flow, task
 
 from flows._stage import CACHE_DIR, PARAMS_FILE, main, stage_run
-from lmpipe import tracking
-from lmpipe import distributed
+from lmpipe import distributed, tracking
 from lmpipe.config import load_params
-from lmpipe.errors import ConfigError
 from lmpipe.io import atomic_path, write_json, write_text
 from lmpipe.models import NextTokenLogits, save_model
 from lmpipe.splits import load_tokens
-from lmpipe.train import Trainer, checkpoint_dir
+from lmpipe.train import Trainer, run_settings
+
+CKPT_ROOT = Path(CACHE_DIR) / "ckpt"
 
 
 def history_csv(history: list[dict]) -> str:
@@ -43,18 +42,10 @@ def fit(name, settings, common, ckpt_dir, run_id):
     return Trainer(name, settings, common, load_tokens(), ckpt_dir, on_epoch=on_epoch).run()
 
 
-def _settings(params, model: str):
-    if model not in params.models:
-        raise ConfigError(f"{PARAMS_FILE}: models has no entry {model!r} (have: {', '.join(params.models) or 'none'})")
-    settings = params.models[model]
-    chosen = {"train": params.section("train"), "model": settings.model_dump(mode="json")}
-    return settings, chosen, checkpoint_dir(Path(CACHE_DIR) / "ckpt", model, chosen, distributed.launched().world)
-
-
 @flow(name="train", flow_run_name="train@{model}")
 def train(model: str) -> dict:
     params = load_params(PARAMS_FILE)
-    settings, chosen, ckpt_dir = _settings(params, model)
+    settings, chosen, ckpt_dir = run_settings(params, model, PARAMS_FILE, CKPT_ROOT)
     with stage_run(f"train@{model}", params, chosen, model=model) as run:
         result = fit(model, settings, params.train, ckpt_dir, run.info.run_id)
         with atomic_path(f"models/{model}") as tmp:
@@ -65,8 +56,8 @@ def train(model: str) -> dict:
         write_text(f"plots/train/{model}.csv", history_csv(result.history))
         tracking.log_metrics({k: result.metrics[k] for k in ("valid_ppl", "tokens_per_sec", "n_params", "best_epoch")})
         tracking.log_artifacts(f"plots/train/{model}.csv")
-        example = load_tokens().splits["valid"].tokens[None, :8].astype(np.int64)  # (batch, time) token ids
-        tracking.log_torch_model(NextTokenLogits(result.model.cpu().eval()), "model", f"lmpipe-{model}", example)
+        tracking.log_torch_model(NextTokenLogits(result.model.cpu().eval()), "model", f"lmpipe-{model}",
+                                 vocab_size=result.model.embed.num_embeddings)
     return result.metrics
 
 
@@ -79,6 +70,6 @@ if __name__ == "__main__":
         main(train, model=model)
     else:  # a torchrun helper process: same training, no outputs
         params = load_params(PARAMS_FILE)
-        settings, _, ckpt_dir = _settings(params, model)
+        settings, _, ckpt_dir = run_settings(params, model, PARAMS_FILE, CKPT_ROOT)
         Trainer(model, settings, params.train, load_tokens(), ckpt_dir).run()
     distributed.leave(ranks)

@@ -151,18 +151,16 @@ def pinned_requirements(lock_file: str | Path = "constraints.txt") -> list[str] 
     return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
 
 
-def log_torch_model(model, name: str, registered_name: str, example) -> None:
-    """Log a PyTorch model (pickle format keeps its methods) and register it with the signature of `example`."""
+def log_torch_model(model, name: str, registered_name: str, vocab_size: int) -> None:
+    """Log a PyTorch LM (pickle format keeps its methods) and register it with its signature:
+    int64 token ids (batch, time) -> float32 logits (batch, time, vocab_size)."""
     import mlflow.pytorch
     import numpy as np
-    import torch
     from mlflow.models import ModelSignature
     from mlflow.types import Schema, TensorSpec
 
-    with torch.no_grad():
-        vocab = model(torch.from_numpy(example)).shape[-1]
     signature = ModelSignature(Schema([TensorSpec(np.dtype(np.int64), (-1, -1))]),
-                               Schema([TensorSpec(np.dtype(np.float32), (-1, -1, vocab))]))
+                               Schema([TensorSpec(np.dtype(np.float32), (-1, -1, vocab_size))]))
     mlflow.pytorch.log_model(model, name=name, serialization_format="pickle", signature=signature,
                              pip_requirements=pinned_requirements(), registered_model_name=registered_name)
 

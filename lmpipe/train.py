@@ -389,6 +389,15 @@ def checkpoint_dir(root: str | Path, model: str, chosen: dict, world: int = 1) -
     return Path(root) / (f"{model}-{key}" + ("" if world == 1 else f"-x{world}"))
 
 
+def run_settings(params, model: str, params_file: str, ckpt_root: str | Path):
+    """(settings, the params that define the run, its checkpoint directory) for `models.<model>`."""
+    if model not in params.models:
+        raise ConfigError(f"{params_file}: models has no entry {model!r} (have: {', '.join(params.models) or 'none'})")
+    settings = params.models[model]
+    chosen = {"train": params.section("train"), "model": settings.model_dump(mode="json")}
+    return settings, chosen, checkpoint_dir(ckpt_root, model, chosen, distributed.launched().world)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Train one model of params.yaml without orchestration: `python -m lmpipe.train` or `torchrun ... -m lmpipe.train`."""
     import argparse
@@ -410,13 +419,9 @@ def main(argv: list[str] | None = None) -> None:
     ranks = distributed.launched()
     try:
         params = load_params(args.params)
-        if args.model not in params.models:
-            raise ConfigError(f"{args.params}: models has no entry {args.model!r} (have: {', '.join(params.models)})")
-        settings = params.models[args.model]
-        chosen = {"train": params.section("train"), "model": settings.model_dump(mode="json")}
+        settings, _, ckpt_dir = run_settings(params, args.model, args.params, args.checkpoints)
         on_epoch = lambda record: print(json.dumps(record), flush=True)  # noqa: E731
-        result = Trainer(args.model, settings, params.train, load_tokens(), on_epoch=on_epoch,
-                         ckpt_dir=checkpoint_dir(args.checkpoints, args.model, chosen, ranks.world)).run()
+        result = Trainer(args.model, settings, params.train, load_tokens(), ckpt_dir, on_epoch=on_epoch).run()
     except LmpipeError as exc:
         sys.exit(f"error: {exc}" if ranks.main else 1)  # one line, from one process
     finally:
