@@ -2,7 +2,8 @@
 
 Outputs: models/<model>/ (model.pt, mlflow_run.json), metrics/train/<model>.json, plots/train/<model>.csv.
 Resumable checkpoints live in .cache/lmpipe/ckpt/<model>-<hash>/ (outside DVC's outputs, which DVC
-deletes before a re-run; keyed by params and training code so a change never resumes a stale run).
+deletes before a re-run), keyed by params, training code and the token data, so a change never resumes
+a stale run; a finished run deletes its checkpoints, so `dvc repro -f` trains again from scratch.
 
 Under torchrun (`torchrun --nproc-per-node N -m flows.train --model M`) the main process runs this
 tracked flow and the others train alongside it untracked (DDP in lmpipe.train), then `dvc commit train@M`.
@@ -14,6 +15,7 @@ import io
 from pathlib import Path
 
 from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 
 from flows._stage import CACHE_DIR, PARAMS_FILE, main, stage_run
 from lmpipe import distributed, tracking
@@ -34,27 +36,27 @@ def history_csv(history: list[dict]) -> str:
     return out.getvalue()
 
 
-@task
-def fit(name, settings, common, ckpt_dir, run_id):
-    def on_epoch(record):  # live per-epoch metrics in the model's MLflow run
-        tracking.log_metrics({k: v for k, v in record.items() if k != "epoch"}, step=record["epoch"], run_id=run_id)
+@task(cache_policy=NO_CACHE)  # its inputs (token streams) are not worth hashing; DVC decides what re-runs
+def fit(name, settings, common, data, ckpt_dir, run_id):
+    def on_eval(record):  # live learning curve in the model's MLflow run
+        tracking.log_metrics({k: v for k, v in record.items() if k != "step"}, step=record["step"], run_id=run_id)
 
-    return Trainer(name, settings, common, load_tokens(), ckpt_dir, on_epoch=on_epoch).run()
+    return Trainer(name, settings, common, data, ckpt_dir, on_eval=on_eval).run()
 
 
 @flow(name="train", flow_run_name="train@{model}")
 def train(model: str) -> dict:
-    params = load_params(PARAMS_FILE)
-    settings, chosen, ckpt_dir = run_settings(params, model, PARAMS_FILE, CKPT_ROOT)
+    params, data = load_params(PARAMS_FILE), load_tokens()
+    settings, chosen, ckpt_dir = run_settings(params, model, PARAMS_FILE, CKPT_ROOT, data)
     with stage_run(f"train@{model}", params, chosen, model=model) as run:
-        result = fit(model, settings, params.train, ckpt_dir, run.info.run_id)
+        result = fit(model, settings, params.train, data, ckpt_dir, run.info.run_id)
         with atomic_path(f"models/{model}") as tmp:
             tmp.mkdir()
             save_model(result.model, settings.family, settings.arch, tmp / "model.pt")
             write_json(tmp / "mlflow_run.json", {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id})
         write_json(f"metrics/train/{model}.json", result.metrics)
         write_text(f"plots/train/{model}.csv", history_csv(result.history))
-        tracking.log_metrics({k: result.metrics[k] for k in ("valid_ppl", "tokens_per_sec", "n_params", "best_epoch")})
+        tracking.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
         tracking.log_artifacts(f"plots/train/{model}.csv")
         tracking.log_torch_model(NextTokenLogits(result.model.cpu().eval()), "model", f"lmpipe-{model}",
                                  vocab_size=result.model.embed.num_embeddings)
@@ -69,7 +71,7 @@ if __name__ == "__main__":
     if ranks.main:
         main(train, model=model)
     else:  # a torchrun helper process: same training, no outputs
-        params = load_params(PARAMS_FILE)
-        settings, _, ckpt_dir = run_settings(params, model, PARAMS_FILE, CKPT_ROOT)
-        Trainer(model, settings, params.train, load_tokens(), ckpt_dir).run()
+        params, data = load_params(PARAMS_FILE), load_tokens()
+        settings, _, ckpt_dir = run_settings(params, model, PARAMS_FILE, CKPT_ROOT, data)
+        Trainer(model, settings, params.train, data, ckpt_dir).run()
     distributed.leave(ranks)

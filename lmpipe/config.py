@@ -79,7 +79,8 @@ class TrainParams(_Section):
     threads: int = Field(0, ge=0, description="CPU threads; 0 = torch's default (cores, or OMP_NUM_THREADS)")
     log_every: int = Field(50, ge=1, description="steps between progress updates (the only host syncs)")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
-    eval_chunk: int = Field(256, ge=1, description="tokens per evaluation chunk (the sliding-window stride)")
+    eval_chunk: int = Field(128, ge=1, description="tokens per evaluation chunk (the sliding-window stride)")
+    evals_per_epoch: int = Field(1, ge=1, description="validation points per epoch (learning curves, early stopping)")
     compile: bool = False
 
 
@@ -103,6 +104,19 @@ ARCH_FIELDS = {
 }
 
 
+class Budget(_Section):
+    """A run's length in compute instead of epochs: training tokens, or training FLOPs (lmpipe.flops)."""
+
+    tokens: Optional[int] = Field(None, ge=1)
+    flops: Optional[float] = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_of(self):
+        if (self.tokens is None) == (self.flops is None):
+            raise ValueError("budget needs exactly one of tokens or flops")
+        return self
+
+
 class ModelParams(_Section):
     """One entry of `models`: its family, architecture and how it trains."""
 
@@ -113,7 +127,8 @@ class ModelParams(_Section):
     seq_len: int = Field(64, ge=2, description="BPTT length (recurrent) or window length (nplm, transformer)")
     variable_bptt: bool = Field(False, description="recurrent only: AWD-LSTM's random BPTT lengths, lr rescaled")
     epochs: int = Field(4, ge=1)
-    patience: int = Field(3, ge=1, description="early stopping: epochs without a better valid loss")
+    budget: Optional[Budget] = Field(None, description="train for this many tokens or FLOPs instead of `epochs`")
+    patience: int = Field(3, ge=1, description="early stopping: evaluations without a better valid loss")
     max_steps_per_epoch: Optional[int] = Field(None, ge=1, description="cap for quick runs")
 
     @model_validator(mode="after")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,15 @@ class TokenData:
     vocab_size: int
     boundary: int
     splits: dict[str, Split]
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A hash of the token streams and what they count: keys checkpoints to the data they were trained on."""
+        digest = hashlib.sha256(json.dumps([self.vocab_size, self.boundary]).encode())
+        for name, split in sorted(self.splits.items()):
+            digest.update(json.dumps([name, split.words, split.bytes, str(split.tokens.dtype)]).encode())
+            digest.update(np.ascontiguousarray(split.tokens).tobytes())
+        return digest.hexdigest()[:16]
 
 
 def load_tokens(tokens_dir: str | Path = "data/tokens") -> TokenData:

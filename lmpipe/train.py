@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +30,9 @@ from lmpipe import distributed
 from lmpipe.config import ModelParams, TrainParams
 from lmpipe.errors import ConfigError
 from lmpipe.evaluate import perplexities, stream_nll
-from lmpipe.models import StreamLM, build_model, count_parameters
+from lmpipe.flops import train_flops_per_token
+from lmpipe.models import (StreamLM, arch_with_defaults, build_model, count_non_embedding_parameters,
+                           count_parameters)
 from lmpipe.splits import TokenData
 
 
@@ -92,14 +96,28 @@ class TrainResult:
 
 @dataclass
 class _Progress:
-    epoch: int = 0
-    step: int = 0
+    """Where a run stands, saved in every checkpoint: a resumed run continues exactly where it stopped."""
+
+    epoch: int = 0  # the epoch being trained (0-based)
+    index: int = 0  # batches of that epoch done
+    step: int = 0  # optimiser steps done in all
+    tokens_seen: int = 0
     best_loss: float = math.inf
-    best_epoch: int = -1
+    best_epoch: float = -1.0
+    bad_evals: int = 0
     asgd: bool = False
     base_lr: float | None = None  # halved on plateau; frozen when ASGD takes over
     history: list = field(default_factory=list)
-    bad_epochs: int = 0
+    # sums since the last evaluation, so a resumed stretch reports what an uninterrupted one would
+    loss_sum: torch.Tensor | None = None
+    norm_sum: torch.Tensor | None = None
+    steps_summed: int = 0
+    tokens_summed: int = 0
+    seconds: float = 0.0
+
+    def reset_sums(self, device) -> None:
+        self.loss_sum, self.norm_sum = torch.zeros((), device=device), torch.zeros((), device=device)
+        self.steps_summed, self.tokens_summed, self.seconds = 0, 0, 0.0
 
 
 def _optimizer(model, optim, device, asgd: bool):
@@ -143,13 +161,19 @@ class _Averaged:
 
 
 class Trainer:
-    """Train one model; `run()` resumes from `ckpt_dir/last.pt` when it exists."""
+    """Train one model; `run()` resumes from `ckpt_dir/last.pt` when it exists.
+
+    `ckpt_dir` must be keyed by everything that determines the run (`checkpoint_dir` does that):
+    a checkpoint found there is trusted to belong to this very run.
+    """
 
     def __init__(self, name: str, settings: ModelParams, common: TrainParams, data: TokenData,
-                 ckpt_dir: str | Path, on_epoch: Callable[[dict], None] | None = None, progress_bar: bool = True):
+                 ckpt_dir: str | Path, on_eval: Callable[[dict], None] | None = None, progress_bar: bool = True):
         self.name, self.settings, self.common, self.data = name, settings, common, data
         self.ckpt_dir = Path(ckpt_dir)
-        self.on_epoch = on_epoch or (lambda metrics: None)
+        if distributed.launched().main:
+            prune_checkpoints(self.ckpt_dir)
+        self.on_eval = on_eval or (lambda record: None)
         self.ranks = ranks = distributed.launched()
         if settings.batch_size % ranks.world:
             raise ConfigError(f"models.{name}.batch_size: {settings.batch_size} does not split over {ranks.world} "
@@ -169,10 +193,14 @@ class Trainer:
         self.forward = torch.compile(forward) if common.compile else forward
         self.train_tokens = torch.from_numpy(
             np.concatenate([[data.boundary], data.splits["train"].tokens.astype(np.int64)]))
-        self.progress = _Progress()
+        self.flops_per_token = train_flops_per_token(
+            settings.family, arch_with_defaults(settings.family, settings.arch), data.vocab_size, settings.seq_len)
+        self.steps_per_epoch = len(self._epoch_plan(0))
+        self.total_steps = self._total_steps()
+        self.progress = _Progress(base_lr=settings.optim.lr)
+        self.progress.reset_sums(self.device)
         self.optimizer = _optimizer(self.model, settings.optim, self.device, asgd=False)
-        self.progress.base_lr = settings.optim.lr
-        self.state = None  # carried hidden state (recurrent models)
+        self.hidden = None  # the recurrent state carried across chunks
 
     # ---------- batches ----------
     def _epoch_plan(self, epoch: int):
@@ -186,34 +214,43 @@ class Trainer:
             plan = plan[: self.settings.max_steps_per_epoch]
         return plan
 
-    def _rows(self) -> slice:
-        """This process's rows of every global batch."""
+    def _total_steps(self) -> int:
+        """The run's length in optimiser steps, which the schedule anneals to: its budget (tokens or FLOPs), or
+        its epochs (approximate under variable BPTT, where each epoch's plan has its own length)."""
+        budget = self.settings.budget
+        if budget is None:
+            return self.settings.epochs * self.steps_per_epoch
+        tokens = budget.tokens if budget.tokens is not None else budget.flops / self.flops_per_token
+        return max(1, math.ceil(tokens / (self.settings.batch_size * self.settings.seq_len)))
+
+    def _batches(self, plan) -> Callable[[int], tuple]:
+        """plan index -> (inputs, targets, window context or None) on the device, this process's rows only."""
         per = self.settings.batch_size // self.ranks.world
-        return slice(self.ranks.rank * per, (self.ranks.rank + 1) * per)
-
-    def _batch(self, item):
-        """(inputs, targets, window state or None) on the device: this process's rows of the batch."""
+        rows = slice(self.ranks.rank * per, (self.ranks.rank + 1) * per)
         if self.model.recurrent:
-            start, length = item
             columns = len(self.train_tokens) // self.settings.batch_size
-            data = self.train_tokens[: columns * self.settings.batch_size].view(self.settings.batch_size, columns)
-            data = data[self._rows()]
-            x, y = data[:, start:start + length], data[:, start + 1:start + 1 + length]
-            return x.to(self.device), y.to(self.device), None
-        context = window_context(self.model)
-        index = torch.from_numpy(item[self._rows()])[:, None] + torch.arange(-context, self.settings.seq_len + 1)[None, :]
-        windows = self.train_tokens[index].to(self.device)
-        return windows[:, context:-1], windows[:, context + 1:], (windows[:, :context] if context > 0 else None)
+            data = self.train_tokens[: columns * self.settings.batch_size].view(self.settings.batch_size, columns)[rows]
 
-    def _steps_total(self) -> int:
-        return self.settings.epochs * len(self._epoch_plan(0))
+            def stream_batch(index):
+                start, length = plan[index]
+                return (data[:, start:start + length].to(self.device),
+                        data[:, start + 1:start + 1 + length].to(self.device), None)
+            return stream_batch
+        context = window_context(self.model)
+        span = torch.arange(-context, self.settings.seq_len + 1)[None, :]
+
+        def window_batch(index):
+            windows = self.train_tokens[torch.from_numpy(plan[index][rows])[:, None] + span].to(self.device)
+            return windows[:, context:-1], windows[:, context + 1:], (windows[:, :context] if context > 0 else None)
+        return window_batch
 
     # ---------- checkpoints ----------
     def _last(self) -> Path:
         """The resumable checkpoint: one per process (each has its own RNG and hidden state)."""
         return self.ckpt_dir / ("last.pt" if self.ranks.main else f"last.rank{self.ranks.rank}.pt")
 
-    def _save(self, path: Path) -> None:
+    def _save(self) -> None:
+        path = self._last()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         torch.save({
@@ -222,180 +259,225 @@ class Trainer:
             "progress": self.progress.__dict__,
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None,
-            "state": self.state,
+            "hidden": self.hidden,
         }, tmp)
         os.replace(tmp, path)
 
-    def _resume(self) -> bool:
+    def _resume(self) -> None:
         path = self._last()
         if not path.exists():
-            return False
-        ckpt = torch.load(path, map_location=self.device, weights_only=False)
+            return
+        try:
+            ckpt = torch.load(path, map_location=self.device, weights_only=False)
+        except Exception as exc:  # a torn or foreign file: say so, start afresh
+            print(f"{path}: unreadable checkpoint ({type(exc).__name__}); training {self.name} from the start",
+                  file=sys.stderr)
+            path.unlink(missing_ok=True)
+            return
         self.model.load_state_dict(ckpt["model"])
-        self.progress = _Progress(**ckpt["progress"])
-        self.optimizer = _optimizer(self.model, self.settings.optim, self.device, self.progress.asgd)
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        progress = _Progress(**ckpt["progress"])
+        optimizer = _optimizer(self.model, self.settings.optim, self.device, progress.asgd)
+        optimizer.load_state_dict(ckpt["optimizer"])
+        self.progress, self.optimizer = progress, optimizer
         torch.set_rng_state(ckpt["torch_rng"].cpu())
         if ckpt["cuda_rng"] is not None:
             torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
-        self.state = ckpt["state"]
-        return True
+        self.hidden = ckpt["hidden"]
 
     # ---------- the loop ----------
-    def _valid(self) -> dict:
-        split = self.data.splits["valid"]
-        with _Averaged(self.model, self.optimizer, self.progress.asgd):
-            nll, n = stream_nll(self.model, split.tokens, self.common.eval_chunk, self.device)
-        return perplexities(nll, n, split.words, split.bytes)
+    def run(self, on_step: Callable[[int], None] | None = None) -> TrainResult:
+        """Resume, then train to the budget: each epoch, each batch a step; evaluate and checkpoint as due.
 
-    def _train_step(self, x, y, state, lr: float):
-        if self.model.recurrent:
-            state = self.model.detach_state(self.state)
+        `on_step(step)` is called after every optimiser step (tests interrupt a run from there).
+        """
+        self._resume()
+        p = self.progress
+        while not self._done():
+            plan = self._epoch_plan(p.epoch)
+            batch = self._batches(plan)
+            due = {round(len(plan) * k / self.common.evals_per_epoch) for k in range(1, self.common.evals_per_epoch + 1)}
+            if p.index == 0:
+                self.hidden = None
+            self.model.train()
+            bar = tqdm(total=len(plan), initial=p.index, desc=f"{self.name} epoch {p.epoch + 1}",
+                       disable=not self.progress_bar, leave=False)
+            started = time.perf_counter()
+            for index in range(p.index, len(plan)):
+                x, y, context = batch(index)
+                self._train_step(x, y, context, self._lr(x.size(1)))
+                p.index, p.step = index + 1, p.step + 1
+                bar.update(1)
+                if p.step % self.common.log_every == 0:  # the only host sync in the loop
+                    bar.set_postfix(loss=f"{float(p.loss_sum) / p.steps_summed:.3f}")
+                at_budget = self.settings.budget is not None and p.step >= self.total_steps
+                if p.index in due or at_budget:
+                    p.seconds += time.perf_counter() - started
+                    self._evaluate(len(plan))
+                    started = time.perf_counter()
+                    if self._done():
+                        break
+                elif p.step % self.common.checkpoint_every == 0:
+                    p.seconds += time.perf_counter() - started
+                    self._save()
+                    started = time.perf_counter()
+                if on_step:
+                    on_step(p.step)
+            bar.close()
+        return self._finish()
+
+    def _done(self) -> bool:
+        """The budget is spent (or all epochs are done), or validation stopped improving (early stopping)."""
+        p = self.progress
+        spent = p.epoch >= self.settings.epochs if self.settings.budget is None else p.step >= self.total_steps
+        return spent or p.bad_evals >= self.settings.patience
+
+    def _lr(self, length: int) -> float:
+        """This step's learning rate: the schedule's, or frozen under ASGD; scaled to the BPTT length."""
+        p = self.progress
+        lr = p.base_lr if p.asgd else p.base_lr * _lr_factor(self.settings.optim, p.step, self.total_steps)
+        if self.model.recurrent and self.settings.variable_bptt:
+            lr *= length / self.settings.seq_len  # AWD-LSTM: shorter sequences, smaller steps
+        return lr
+
+    def _train_step(self, x, y, context, lr: float) -> None:
+        p = self.progress
+        state = self.model.detach_state(self.hidden) if self.model.recurrent else context
         autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda")
         with autocast:
             logits, new_state = self.forward(x, state)
             loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
             objective = loss + self.model.extra_loss()
         if self.model.recurrent:
-            self.state = new_state
+            self.hidden = new_state
         self.optimizer.zero_grad(set_to_none=True)
         objective.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.optim.clip)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
-        return loss.detach(), grad_norm.detach(), x.numel() * self.ranks.world
+        tokens = x.numel() * self.ranks.world
+        p.loss_sum += loss.detach()
+        p.norm_sum += grad_norm.detach()
+        p.steps_summed += 1
+        p.tokens_summed += tokens
+        p.tokens_seen += tokens
 
-    def run(self, stop_after_step: int | None = None) -> TrainResult:
-        """Train to the end (or raise KeyboardInterrupt after global step `stop_after_step`, for tests)."""
-        self._resume()
-        total_steps = self._steps_total()
-        steps_per_epoch = len(self._epoch_plan(0))
-        optim = self.settings.optim
-        global_step = self.progress.epoch * steps_per_epoch + self.progress.step
-        while self.progress.epoch < self.settings.epochs:
-            epoch = self.progress.epoch
-            plan = self._epoch_plan(epoch)
-            if self.progress.step == 0:
-                self.state = None
-            self.model.train()
-            loss_sum = torch.zeros((), device=self.device)
-            norm_sum = torch.zeros((), device=self.device)
-            tokens, started, counted = 0, time.perf_counter(), 0
-            bar = tqdm(total=len(plan), initial=self.progress.step, desc=f"{self.name} epoch {epoch + 1}",
-                       disable=not self.progress_bar, leave=False)
-            for index in range(self.progress.step, len(plan)):
-                x, y, state = self._batch(plan[index])
-                lr = self.progress.base_lr
-                if not self.progress.asgd:
-                    lr *= _lr_factor(optim, global_step, total_steps)
-                if self.model.recurrent and self.settings.variable_bptt:
-                    lr *= x.size(1) / self.settings.seq_len  # AWD-LSTM: shorter sequences, smaller steps
-                loss, norm, n = self._train_step(x, y, state, lr)
-                loss_sum += loss
-                norm_sum += norm
-                tokens += n
-                counted += 1
-                global_step += 1
-                self.progress.step = index + 1
-                if (index + 1) % self.common.log_every == 0:  # the only host sync in the loop
-                    bar.set_postfix(loss=f"{float(loss_sum) / counted:.3f}",
-                                    tok_s=f"{tokens / (time.perf_counter() - started):.0f}")
-                bar.update(1)
-                if (index + 1) % self.common.checkpoint_every == 0 and index + 1 < len(plan):
-                    self._save(self._last())
-                if stop_after_step is not None and global_step >= stop_after_step:
-                    self._save(self._last())
-                    raise KeyboardInterrupt(f"stopped after step {global_step}")
-            bar.close()
-            seconds = time.perf_counter() - started
-            loss_sum = distributed.mean(loss_sum, self.ranks)
-            self._end_epoch(epoch, float(loss_sum) / max(counted, 1), float(norm_sum) / max(counted, 1),
-                            tokens / max(seconds, 1e-9), seconds)
-            if self.progress.bad_epochs >= self.settings.patience:
-                break
-        return self._finish()
+    def _valid(self) -> dict:
+        split = self.data.splits["valid"]
+        with _Averaged(self.model, self.optimizer, self.progress.asgd):
+            nll, n = stream_nll(self.model, split.tokens, self.common.eval_chunk, self.device)
+        self.model.train()
+        return perplexities(nll, n, split.words, split.bytes)
 
-    def _end_epoch(self, epoch: int, train_loss: float, grad_norm: float, tokens_per_sec: float, seconds: float):
+    def _evaluate(self, plan_length: int) -> None:
+        """Validate, record a learning-curve point, keep the best weights, adapt the schedule, checkpoint."""
+        p, optim = self.progress, self.settings.optim
+        if p.index == plan_length:  # the epoch is complete: the next one starts with a fresh plan and state
+            p.epoch, p.index = p.epoch + 1, 0
         valid = self._valid()
-        optim = self.settings.optim
+        train_loss = float(distributed.mean(p.loss_sum, self.ranks)) / max(p.steps_summed, 1)
         record = {
-            "epoch": epoch + 1, "train_loss": train_loss, "train_ppl": math.exp(min(train_loss, 50)),
+            "epoch": round(p.epoch + p.index / plan_length, 4), "step": p.step, "tokens": p.tokens_seen,
+            "flops": float(p.tokens_seen * self.flops_per_token),
+            "train_loss": train_loss, "train_ppl": math.exp(min(train_loss, 50)),
             "valid_loss": valid["loss"], "valid_ppl": valid["ppl"], "valid_word_ppl": valid["word_ppl"],
-            "valid_bpb": valid["bpb"], "lr": self.optimizer.param_groups[0]["lr"], "grad_norm": grad_norm,
-            "tokens_per_sec": tokens_per_sec, "epoch_seconds": seconds, "asgd": int(self.progress.asgd),
+            "valid_bpb": valid["bpb"], "lr": self.optimizer.param_groups[0]["lr"],
+            "grad_norm": float(p.norm_sum) / max(p.steps_summed, 1),
+            "tokens_per_sec": p.tokens_summed / max(p.seconds, 1e-9), "train_seconds": p.seconds,
+            "asgd": int(p.asgd),
         }
-        history = self.progress.history
-        history.append(record)
-        improved = valid["loss"] < self.progress.best_loss
+        p.history.append(record)
+        improved = valid["loss"] < p.best_loss
         if improved:
-            self.progress.best_loss, self.progress.best_epoch, self.progress.bad_epochs = valid["loss"], epoch + 1, 0
-            with _Averaged(self.model, self.optimizer, self.progress.asgd):
+            p.best_loss, p.best_epoch, p.bad_evals = valid["loss"], record["epoch"], 0
+            with _Averaged(self.model, self.optimizer, p.asgd):
                 self.ckpt_dir.mkdir(parents=True, exist_ok=True)
                 if self.ranks.main:
                     torch.save(self.model.state_dict(), self.ckpt_dir / "best.pt")
         else:
-            self.progress.bad_epochs += 1
-        losses = [h["valid_loss"] for h in history]
-        if (optim.name == "sgd" and optim.nt_asgd and not self.progress.asgd
+            p.bad_evals += 1
+        losses = [h["valid_loss"] for h in p.history]
+        if (optim.name == "sgd" and optim.nt_asgd and not p.asgd
                 and len(losses) > optim.nonmono and losses[-1] > min(losses[:-optim.nonmono])):
-            self.progress.asgd = True  # NT-ASGD: validation stopped improving, start averaging
+            p.asgd = True  # NT-ASGD: validation stopped improving, start averaging
             self.optimizer = _optimizer(self.model, optim, self.device, asgd=True)
-        elif optim.schedule == "plateau" and not improved and not self.progress.asgd:
-            self.progress.base_lr *= 0.5  # halve on plateau
-        self.progress.epoch, self.progress.step = epoch + 1, 0
-        self._save(self._last())
-        if self.ranks.main:
-            self.on_epoch(record)
+        elif optim.schedule == "plateau" and not improved and not p.asgd:
+            p.base_lr *= 0.5  # halve on plateau
+        self.on_eval(record)  # before the sums reset: a crash here repeats this point on resume
+        p.reset_sums(self.device)
+        self._save()
 
     def _finish(self) -> TrainResult:
+        """Load the best weights, summarise the run, and drop its checkpoints: a finished run never resumes."""
         distributed.barrier(self.ranks)  # best.pt is written by the main process
         self.model.load_state_dict(torch.load(self.ckpt_dir / "best.pt", map_location=self.device, weights_only=True))
-        history = self.progress.history
-        best = history[self.progress.best_epoch - 1]
+        distributed.barrier(self.ranks)
+        if self.ranks.main:
+            shutil.rmtree(self.ckpt_dir, ignore_errors=True)
+        p = self.progress
+        best = next(h for h in p.history if h["epoch"] == p.best_epoch)
+        seconds = float(sum(h["train_seconds"] for h in p.history))
+        flops = float(p.tokens_seen * self.flops_per_token)
         metrics = {
             "model": self.name,
             "family": self.settings.family,
             "n_params": count_parameters(self.model),
-            "epochs": len(history),
-            "best_epoch": self.progress.best_epoch,
+            "n_params_non_embedding": count_non_embedding_parameters(self.model),
+            "epochs": p.history[-1]["epoch"],
+            "evaluations": len(p.history),
+            "best_epoch": p.best_epoch,
             "valid_ppl": best["valid_ppl"],
             "valid_word_ppl": best["valid_word_ppl"],
             "valid_bpb": best["valid_bpb"],
-            "tokens_per_sec": float(np.mean([h["tokens_per_sec"] for h in history])),
+            "tokens_seen": p.tokens_seen,
+            "flops_per_token": self.flops_per_token,
+            "train_flops": flops,
+            "tokens_per_sec": p.tokens_seen / max(seconds, 1e-9),
+            "flops_per_sec": flops / max(seconds, 1e-9),
             "device": self.device.type,
-            "seconds": float(sum(h["epoch_seconds"] for h in history)),
+            "seconds": seconds,
         }
-        return TrainResult(self.model, history, metrics, self.device.type)
+        return TrainResult(self.model, p.history, metrics, self.device.type)
 
 
 def code_version() -> str:
-    """A hash of the training code (this module and the models): changed code never resumes an old run."""
+    """A hash of the training code (this module, FLOP counting and the models): changed code never resumes an old run."""
     import hashlib
 
     here = Path(__file__).parent
     digest = hashlib.sha256()
-    for path in [Path(__file__), here / "distributed.py", *sorted((here / "models").glob("*.py"))]:
+    for path in [Path(__file__), here / "distributed.py", here / "flops.py", *sorted((here / "models").glob("*.py"))]:
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 
 
-def checkpoint_dir(root: str | Path, model: str, chosen: dict, world: int = 1) -> Path:
-    """Where a run's resumable checkpoints live: keyed by its params and code (and the process count,
-    which shapes them), so only the very same run resumes."""
+KEEP_CHECKPOINTS = 3  # unfinished runs kept per model; older ones (abandoned configurations) are deleted
+
+
+def checkpoint_dir(root: str | Path, model: str, chosen: dict, data: TokenData, world: int = 1) -> Path:
+    """Where a run's resumable checkpoints live: keyed by everything that determines the run - its params,
+    the training code, the token data it reads and the process count - so only the very same run resumes."""
     from lmpipe.config import params_hash
 
-    key = params_hash({**chosen, "code": code_version()})
+    key = params_hash({**chosen, "code": code_version(), "data": data.fingerprint})
     return Path(root) / (f"{model}-{key}" + ("" if world == 1 else f"-x{world}"))
 
 
-def run_settings(params, model: str, params_file: str, ckpt_root: str | Path):
-    """(settings, the params that define the run, its checkpoint directory) for `models.<model>`."""
+def prune_checkpoints(keep_dir: Path, keep: int = KEEP_CHECKPOINTS) -> None:
+    """Delete all but the newest `keep` checkpoint folders of this model (`keep_dir` itself always stays)."""
+    model = keep_dir.name.split("-")[0]
+    others = [d for d in keep_dir.parent.glob(f"{model}-*") if d.is_dir() and d != keep_dir]
+    for old in sorted(others, key=lambda d: d.stat().st_mtime, reverse=True)[keep - 1:]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def run_settings(params, model: str, params_file: str, ckpt_root: str | Path, data: TokenData):
+    """(settings, the params that define the run, its checkpoint directory) for `models.<model>` on `data`."""
     if model not in params.models:
         raise ConfigError(f"{params_file}: models has no entry {model!r} (have: {', '.join(params.models) or 'none'})")
     settings = params.models[model]
     chosen = {"train": params.section("train"), "model": settings.model_dump(mode="json")}
-    return settings, chosen, checkpoint_dir(ckpt_root, model, chosen, distributed.launched().world)
+    return settings, chosen, checkpoint_dir(ckpt_root, model, chosen, data, distributed.launched().world)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -418,10 +500,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     ranks = distributed.launched()
     try:
-        params = load_params(args.params)
-        settings, _, ckpt_dir = run_settings(params, args.model, args.params, args.checkpoints)
-        on_epoch = lambda record: print(json.dumps(record), flush=True)  # noqa: E731
-        result = Trainer(args.model, settings, params.train, load_tokens(), ckpt_dir, on_epoch=on_epoch).run()
+        params, data = load_params(args.params), load_tokens()
+        settings, _, ckpt_dir = run_settings(params, args.model, args.params, args.checkpoints, data)
+        on_eval = lambda record: print(json.dumps(record), flush=True)  # noqa: E731
+        result = Trainer(args.model, settings, params.train, data, ckpt_dir, on_eval=on_eval).run()
     except LmpipeError as exc:
         sys.exit(f"error: {exc}" if ranks.main else 1)  # one line, from one process
     finally:

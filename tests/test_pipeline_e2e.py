@@ -121,7 +121,7 @@ def test_repro_runs_every_stage_and_writes_contract_outputs(project):
         assert trained["model"] == model and trained["epochs"] == 1 and trained["device"] == "cpu"
         assert trained["valid_ppl"] > 1 and trained["n_params"] > 0
         assert (copy / f"models/{model}/model.pt").exists()
-        assert (copy / f"plots/train/{model}.csv").read_text().startswith("epoch,train_loss,")
+        assert (copy / f"plots/train/{model}.csv").read_text().startswith("epoch,step,tokens,flops,train_loss,")
     evaluation = json.loads((copy / "metrics/eval.json").read_text())
     assert set(evaluation["models"]) == {"ngram", *MODELS}
     assert evaluation["models"]["ngram"]["test"]["ppl"] == pytest.approx(ngram["test"]["ppl"])  # one accounting

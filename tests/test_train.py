@@ -8,7 +8,7 @@ import torch
 
 from lmpipe.config import ModelParams, TrainParams
 from lmpipe.splits import Split, TokenData
-from lmpipe.train import Trainer, stream_plan, window_plan
+from lmpipe.train import Trainer, checkpoint_dir, prune_checkpoints, stream_plan, window_plan
 
 V = 30
 
@@ -43,13 +43,30 @@ SETTINGS = {
 }
 
 
-# a learning rate high enough that validation stalls after epoch 3, so averaging starts for epoch 4
+# a learning rate high enough that validation stalls after a few epochs, so averaging starts for the last ones
 SETTINGS["lstm_asgd"] = SETTINGS["lstm"].model_copy(update={
-    "epochs": 4, "optim": SETTINGS["lstm"].optim.model_copy(update={"lr": 40.0})})
+    "epochs": 6, "patience": 6, "optim": SETTINGS["lstm"].optim.model_copy(update={"lr": 40.0})})
 
 
-def train(tmp_path, name, **kwargs):
-    return Trainer(name, SETTINGS[name], COMMON, synthetic_data(), tmp_path / name, progress_bar=False).run(**kwargs)
+def train(tmp_path, name, settings=None, common=COMMON, data=None, **kwargs):
+    return Trainer(name, settings or SETTINGS[name], common, data or synthetic_data(), tmp_path / name,
+                   progress_bar=False).run(**kwargs)
+
+
+def revised(settings: ModelParams, **update) -> ModelParams:
+    """A checked copy with some settings changed (model_copy would skip validation)."""
+    return ModelParams.model_validate({**settings.model_dump(), **update})
+
+
+def drop_timings(history):
+    return [{k: v for k, v in r.items() if "seconds" not in k and "per_sec" not in k} for r in history]
+
+
+def kill_at(step):
+    def on_step(done):
+        if done >= step:
+            raise KeyboardInterrupt(f"killed after step {done}")
+    return on_step
 
 
 @pytest.mark.parametrize("name", ["lstm", "transformer", "nplm"])
@@ -57,26 +74,106 @@ def test_learns_far_below_unigram(tmp_path, name):
     result = train(tmp_path, name)
     assert result.metrics["valid_ppl"] < 8  # uniform is 30; the rule makes the next token nearly certain
     assert result.metrics["epochs"] == len(result.history) == SETTINGS[name].epochs
-    assert set(result.metrics) >= {"model", "n_params", "epochs", "best_epoch", "valid_ppl", "tokens_per_sec",
-                                   "device", "seconds"}
+    assert set(result.metrics) >= {"model", "n_params", "n_params_non_embedding", "epochs", "best_epoch", "valid_ppl",
+                                   "tokens_per_sec", "tokens_seen", "train_flops", "flops_per_sec", "device", "seconds"}
+    assert result.metrics["train_flops"] == result.metrics["tokens_seen"] * result.metrics["flops_per_token"]
+    assert result.history[-1]["tokens"] == result.metrics["tokens_seen"]
 
 
 def test_same_seed_same_metrics(tmp_path):
     first = train(tmp_path / "a", "lstm")
     second = train(tmp_path / "b", "lstm")
-    drop_timings = lambda h: [{k: v for k, v in r.items() if "seconds" not in k and "per_sec" not in k} for r in h]  # noqa: E731
     assert drop_timings(first.history) == drop_timings(second.history)
 
 
-@pytest.mark.parametrize("name, kill_at", [("lstm", 11), ("lstm", 30), ("lstm_asgd", 130), ("transformer", 9)])
-def test_kill_and_resume_gives_identical_weights(tmp_path, name, kill_at):
+@pytest.mark.parametrize("name, step", [("lstm", 11), ("lstm", 30), ("lstm_asgd", 130), ("transformer", 9)])
+def test_kill_and_resume_gives_identical_weights_and_curve(tmp_path, name, step):
+    """Killed between checkpoints (every 7 steps), inside an epoch: the resumed run repeats the lost steps and
+    ends with the same weights and the same learning curve, the interrupted epoch's training sums included."""
     whole = train(tmp_path / "whole", name)
     with pytest.raises(KeyboardInterrupt):
-        train(tmp_path / "killed", name, stop_after_step=kill_at)
+        train(tmp_path / "killed", name, on_step=kill_at(step))
+    assert (tmp_path / "killed" / name / "last.pt").exists()
     resumed = train(tmp_path / "killed", name)
     for (key, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items()):
         assert torch.equal(a, b), key
-    assert resumed.metrics["valid_ppl"] == whole.metrics["valid_ppl"]
+    assert drop_timings(resumed.history) == drop_timings(whole.history)
+
+
+def test_finished_run_leaves_no_checkpoint_so_a_rerun_trains_again(tmp_path):
+    first = train(tmp_path, "nplm")
+    assert not (tmp_path / "nplm").exists()
+    again = train(tmp_path, "nplm")  # "dvc repro -f": the same run from scratch, not a resumed finished one
+    assert drop_timings(again.history) == drop_timings(first.history)
+    assert len(again.history) == SETTINGS["nplm"].epochs
+
+
+def test_checkpoints_are_keyed_by_the_data(tmp_path):
+    chosen = {"train": COMMON.model_dump(), "model": SETTINGS["lstm"].model_dump(mode="json")}
+    same = checkpoint_dir(tmp_path, "lstm", chosen, synthetic_data(0))
+    assert same == checkpoint_dir(tmp_path, "lstm", chosen, synthetic_data(0))
+    assert same != checkpoint_dir(tmp_path, "lstm", chosen, synthetic_data(1))  # other tokens, same sizes
+    assert same != checkpoint_dir(tmp_path, "lstm", {**chosen, "train": {**chosen["train"], "seed": 8}},
+                                  synthetic_data(0))
+
+
+def test_changed_data_never_resumes(tmp_path):
+    """A run killed on one corpus, then started on another: its checkpoint is not touched, training starts fresh."""
+    chosen = {"train": COMMON.model_dump(), "model": SETTINGS["lstm"].model_dump(mode="json")}
+    old_dir = checkpoint_dir(tmp_path, "lstm", chosen, synthetic_data(0))
+    with pytest.raises(KeyboardInterrupt):
+        Trainer("lstm", SETTINGS["lstm"], COMMON, synthetic_data(0), old_dir, progress_bar=False).run(
+            on_step=kill_at(20))
+    new_data = synthetic_data(1)
+    new_dir = checkpoint_dir(tmp_path, "lstm", chosen, new_data)
+    result = Trainer("lstm", SETTINGS["lstm"], COMMON, new_data, new_dir, progress_bar=False).run()
+    fresh = train(tmp_path / "fresh", "lstm", data=synthetic_data(1))
+    assert drop_timings(result.history) == drop_timings(fresh.history)
+    assert (old_dir / "last.pt").exists()
+
+
+def test_unreadable_checkpoint_starts_afresh_with_one_line(tmp_path, capsys):
+    (tmp_path / "nplm").mkdir()
+    (tmp_path / "nplm" / "last.pt").write_bytes(b"torn")
+    result = train(tmp_path, "nplm")
+    fresh = train(tmp_path / "fresh", "nplm")
+    assert drop_timings(result.history) == drop_timings(fresh.history)
+    message = capsys.readouterr().err.strip().splitlines()
+    assert len(message) == 1 and "unreadable checkpoint" in message[0] and "last.pt" in message[0]
+
+
+def test_old_checkpoint_folders_are_pruned(tmp_path):
+    import os
+
+    for i in range(6):
+        (tmp_path / f"gru-{i}").mkdir()
+        os.utime(tmp_path / f"gru-{i}", (i, i))
+    (tmp_path / "lstm-0").mkdir()
+    prune_checkpoints(tmp_path / "gru-new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gru-4", "gru-5", "lstm-0"]
+
+
+def test_budget_in_tokens_sets_the_run_length_and_the_schedule_anneals_to_it(tmp_path):
+    settings = revised(SETTINGS["transformer"], budget={"tokens": 8 * 32 * 30})
+    common = COMMON.model_copy(update={"evals_per_epoch": 3})
+    result = train(tmp_path, "transformer", settings=settings, common=common)
+    assert result.history[-1]["step"] == 30 and result.metrics["tokens_seen"] == 8 * 32 * 30
+    assert result.history[-1]["lr"] < 0.01 * settings.optim.lr  # cosine annealed to ~0 at the budget's end
+    steps = [h["step"] for h in result.history]
+    assert steps == sorted(steps) and len(steps) >= 3 and steps[-1] == 30
+
+
+def test_budget_in_flops_matches_the_same_budget_in_tokens(tmp_path):
+    from lmpipe.flops import train_flops_per_token
+    from lmpipe.models import arch_with_defaults
+
+    base = SETTINGS["nplm"]
+    per_token = train_flops_per_token("nplm", arch_with_defaults("nplm", base.arch), V, base.seq_len)
+    by_tokens = train(tmp_path / "t", "nplm", settings=revised(base, budget={"tokens": 16 * 16 * 25}))
+    by_flops = train(tmp_path / "f", "nplm",
+                     settings=revised(base, budget={"flops": 16 * 16 * 25 * per_token}))
+    assert drop_timings(by_flops.history) == drop_timings(by_tokens.history)
+    assert by_flops.metrics["train_flops"] == 16 * 16 * 25 * per_token
 
 
 def test_nt_asgd_switches_when_validation_stalls(tmp_path):
@@ -87,7 +184,7 @@ def test_nt_asgd_switches_when_validation_stalls(tmp_path):
     for i in range(1, len(history)):
         expected = int(any(losses[j] > min(losses[:j]) for j in range(1, i)))
         assert switched[i] == expected
-    assert switched == [0, 0, 0, 1]
+    assert switched[0] == 0 and switched[-1] == 1  # the switch happened, and not before the evidence
 
 
 def test_batch_plans_cover_the_data_without_overlap():

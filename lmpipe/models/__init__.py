@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from torch import nn
+
 from lmpipe.models.base import NextTokenLogits, StreamLM  # noqa: F401
 from lmpipe.models.nplm import NPLM
 from lmpipe.models.rnn import RNNModel
@@ -13,6 +15,15 @@ FAMILIES = {"nplm": NPLM, "rnn": RNNModel, "transformer": TransformerLM}
 def build_model(family: str, arch: dict, vocab_size: int, boundary: int) -> StreamLM:
     """`arch` holds the constructor's keyword arguments (params.yaml: models.<name>.arch)."""
     return FAMILIES[family](vocab_size=vocab_size, boundary=boundary, **arch)
+
+
+def arch_with_defaults(family: str, arch: dict) -> dict:
+    """`arch` with every constructor default filled in: the whole architecture, e.g. for counting FLOPs."""
+    import inspect
+
+    defaults = {name: p.default for name, p in inspect.signature(FAMILIES[family]).parameters.items()
+                if p.default is not inspect.Parameter.empty and name != "boundary"}
+    return {**defaults, **arch}
 
 
 def save_model(model: StreamLM, family: str, arch: dict, path) -> None:
@@ -37,5 +48,11 @@ def count_parameters(model) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
-__all__ = ["NPLM", "RNNModel", "TransformerLM", "StreamLM", "build_model", "count_parameters", "load_model",
-           "save_model"]
+def count_non_embedding_parameters(model) -> int:
+    """Parameters outside the token (and position) embedding tables: the N of scaling laws (Kaplan et al.)."""
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values() if id(p) not in tables)
+
+
+__all__ = ["NPLM", "RNNModel", "TransformerLM", "StreamLM", "arch_with_defaults", "build_model", "count_parameters",
+           "count_non_embedding_parameters", "load_model", "save_model"]

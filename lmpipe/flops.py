@@ -1,0 +1,45 @@
+"""Analytic training compute of the neural families, so models compare at equal FLOPs, not equal seconds.
+
+Convention (Kaplan et al. 2020, "Scaling Laws for Neural Language Models"): only matrix products count;
+multiplying an (m x k) by a (k x n) matrix costs 2mkn FLOPs; embedding lookups, biases, norms,
+activations and the softmax are O(width) per token and are left out. The backward pass costs twice
+the forward one (gradients with respect to inputs and to weights), so a training token costs
+
+    train_flops_per_token = 3 * forward_flops_per_token
+
+with, per token, V the vocabulary and L the layers:
+
+- NPLM (context n, embedding e, hidden h): 2 (n e h + h V) [+ 2 n e V with direct connections]
+- RNN layer with input i, hidden h and G gate blocks (Elman 1, GRU 3, LSTM 4): 2 G h (i + h);
+  plus the decoder 2 h_last V
+- Transformer (width d, window T = seq_len): per layer 2 * 12 d^2 (qkv 3d^2, projection d^2, MLP 8d^2)
+  plus attention 2 * 2 T d (scores Q K^T and their weighted sum of V, over the T window positions, as
+  a dense attention kernel computes them); plus the head 2 d V
+
+`tests/test_flops.py` checks these against torch.utils.flop_counter.FlopCounterMode on tiny models.
+"""
+
+from __future__ import annotations
+
+GATES = {"rnn_tanh": 1, "rnn_relu": 1, "gru": 3, "lstm": 4}
+
+
+def forward_flops_per_token(family: str, arch: dict, vocab_size: int, seq_len: int) -> int:
+    """Matmul FLOPs of one forward pass per token (arch: params.yaml's models.<name>.arch, defaults filled)."""
+    if family == "nplm":
+        n, e, h = arch["context"], arch["emb"], arch["hidden"]
+        return 2 * (n * e * h + h * vocab_size + (n * e * vocab_size if arch.get("direct") else 0))
+    if family == "rnn":
+        emb, hidden, layers, gates = arch["emb"], arch["hidden"], arch["layers"], GATES[arch["cell"]]
+        sizes = [emb] + [hidden] * (layers - 1) + [emb if arch["tie"] else hidden]
+        recurrent = sum(2 * gates * out * (inp + out) for inp, out in zip(sizes, sizes[1:]))
+        return recurrent + 2 * sizes[-1] * vocab_size
+    if family == "transformer":
+        d, layers = arch["dim"], arch["layers"]
+        return layers * (24 * d * d + 4 * seq_len * d) + 2 * d * vocab_size
+    raise ValueError(f"unknown family {family!r}")
+
+
+def train_flops_per_token(family: str, arch: dict, vocab_size: int, seq_len: int) -> int:
+    """Forward plus backward: three times the forward matmuls."""
+    return 3 * forward_flops_per_token(family, arch, vocab_size, seq_len)
