@@ -33,6 +33,14 @@ def _ui(args) -> int:
     return subprocess.call(command, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
 
 
+def _sweep(args) -> int:
+    from flows._stage import main as run_flow
+    from flows.sweep import sweep
+
+    run_flow(sweep, model=args.model, trials=args.trials, seeds=args.seeds, space_file=args.space)
+    return 0
+
+
 def _check_params(args) -> int:
     from lmpipe.config import load_params
 
@@ -177,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     schedule.add_argument("--cron", required=True, help='cron expression, e.g. "0 3 * * 1" (Mondays 03:00)')
     schedule.add_argument("--name", default="lmpipe-retrain", help="deployment name")
     schedule.set_defaults(run=_schedule)
+    tune = commands.add_parser("sweep", help="tune one model's settings with Optuna (trials in MLflow, outcome in sweeps/)")
+    tune.add_argument("--model", required=True, help="an entry of params.yaml's `models`")
+    tune.add_argument("--trials", type=int, default=20, help="finished trials the sweep should hold (it resumes)")
+    tune.add_argument("--seeds", type=int, default=3, help="retrain the winner with this many other seeds")
+    tune.add_argument("--space", default="sweeps/space.yaml", help="search spaces, one per model")
+    tune.set_defaults(run=_sweep)
     check = commands.add_parser("check-params", help="validate params.yaml and say what is wrong in one line")
     check.add_argument("file", nargs="?", default="params.yaml")
     check.set_defaults(run=_check_params)

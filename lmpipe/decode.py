@@ -26,7 +26,7 @@ class DecodeSettings:
     beam_size: int = 5
     length_penalty: float = 1.0  # beam: score / length**alpha
     stop_at_boundary: bool = False  # end at the boundary token (end of line)
-    seed: int = 0
+    seed: int | tuple[int, ...] = 0  # numpy seed entropy: one number, or several (e.g. seed and prompt position)
 
 
 def distributions(model, contexts: Sequence[Sequence[int]]) -> np.ndarray:

@@ -29,25 +29,36 @@ def _curves(plots_dir: Path) -> dict[str, list[dict]]:
     return curves
 
 
-def learning_curves_figure(curves: dict, baseline_ppl: float | None, out: Path) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4))
+def learning_curves_figure(curves: dict, baseline_bpb: float | None, out: Path) -> None:
+    """Validation bpb per model against epochs (left) and against cumulative training FLOPs (right, log):
+    the second puts every family on the axis of compute, where equal x means equal work."""
+    fig, (by_epoch, by_flops) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for name, rows in curves.items():
-        ax.plot([r["epoch"] for r in rows], [r["valid_ppl"] for r in rows], marker="o", label=name)
-    if baseline_ppl:
-        ax.axhline(baseline_ppl, color="gray", linestyle="--", label="n-gram (KN-5) valid")
-    ax.set(xlabel="epoch", ylabel="valid perplexity (per BPE token)", yscale="log", title="Learning curves")
-    ax.legend()
+        by_epoch.plot([r["epoch"] for r in rows], [r["valid_bpb"] for r in rows], marker="o", markersize=3, label=name)
+        if "flops" in rows[0]:
+            by_flops.plot([r["flops"] for r in rows], [r["valid_bpb"] for r in rows], marker="o", markersize=3,
+                          label=name)
+    for ax in (by_epoch, by_flops):
+        if baseline_bpb:
+            ax.axhline(baseline_bpb, color="gray", linestyle="--", label="KN-5 n-gram (baseline)")
+        ax.grid(alpha=0.3)
+    by_epoch.set(xlabel="epoch", ylabel="validation bits per byte (lower is better)", title="Learning curves")
+    by_flops.set(xlabel="cumulative training FLOPs (log scale)", xscale="log", title="Validation bpb against compute")
+    by_flops.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
 
 
-def perplexity_figure(models: dict, out: Path) -> None:
-    names = sorted(models, key=lambda n: models[n]["test"]["word_ppl"])
-    fig, ax = plt.subplots(figsize=(7, 0.5 * len(names) + 1.5))
-    colours = ["gray" if n == BASELINE else "tab:blue" for n in names]
-    ax.barh(names, [models[n]["test"]["word_ppl"] for n in names], color=colours)
-    ax.set(xlabel="test word perplexity (lower is better)", xscale="log", title="Test perplexity per word")
+def bpb_figure(models: dict, out: Path) -> None:
+    """Test bits per byte on a linear axis starting at 0, so bar lengths compare; the baseline in grey."""
+    names = sorted(models, key=lambda n: models[n]["test"]["bpb"])
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.5))
+    values = [models[n]["test"]["bpb"] for n in names]
+    bars = ax.barh([f"{n} (baseline)" if n == BASELINE else n for n in names], values,
+                   color=["gray" if n == BASELINE else "tab:blue" for n in names])
+    ax.bar_label(bars, fmt="%.3f", padding=3, fontsize=8)
+    ax.set(xlabel="test bits per byte (lower is better)", xlim=(0, max(values) * 1.12), title="Test bits per byte")
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -95,24 +106,44 @@ def _corpus_section(corpus, validation, tokenize) -> list[str]:
     return lines
 
 
-def _perplexity_section(evaluation) -> list[str]:
+def _si(x: float) -> str:
+    return f"{x:.2e}".replace("e+", "e")
+
+
+def _perplexity_section(evaluation, trained: dict) -> list[str]:
+    """The results table, each model with the compute it had, and what the numbers support: the winner and its
+    margin over the baseline, and which models the baseline beats."""
     models = evaluation["models"]
-    names = sorted(models, key=lambda n: models[n]["test"]["word_ppl"])
-    lines = ["## Perplexity", "", "Sorted by test word perplexity; the same total loss normalised per BPE token, "
-             "per whitespace word and per UTF-8 byte, so the n-gram and the neural models compare fairly.", "",
-             "| model | params | valid ppl | test ppl | test word ppl | test bits/byte |", "|---|---|---|---|---|---|"]
+    names = sorted(models, key=lambda n: models[n]["test"]["bpb"])
+    kn = models.get(BASELINE)
+    lines = ["## Perplexity", "", "Sorted by test bits per byte. The same total loss normalised per UTF-8 byte (bpb), "
+             "per whitespace word and per BPE token, so the n-gram and the neural models compare fairly whatever "
+             "their tokenization. Compute: parameters without embeddings, training tokens seen, training FLOPs "
+             "(analytic, `lmpipe/flops.py`) and training seconds on this machine.", "",
+             "| model | params (non-emb.) | tokens seen | train FLOPs | train s | valid bpb | test bpb | test word ppl "
+             "| vs KN-5 (word ppl) |", "|---|---|---|---|---|---|---|---|---|"]
     for n in names:
-        r = models[n]
+        r, t = models[n], trained.get(n, {})
         label = f"{n} (baseline)" if n == BASELINE else n
-        lines.append(f"| {label} | {r['n_params']:,} | {r['valid']['ppl']:.1f} | {r['test']['ppl']:.1f} | "
-                     f"{r['test']['word_ppl']:.1f} | {r['test']['bpb']:.3f} |")
-    if BASELINE in models:
-        best = next(n for n in names if n != BASELINE) if len(names) > 1 else None
-        if best:
-            beats = models[best]["test"]["word_ppl"] < models[BASELINE]["test"]["word_ppl"]
-            lines += ["", f"Best neural model: **{best}**, which {'beats' if beats else 'does not beat'} the "
-                          f"Kneser-Ney baseline on test word perplexity."
-                      + ("" if beats else " The learning curves below show how far training got in the budget.")]
+        versus = f"{100 * (r['test']['word_ppl'] / kn['test']['word_ppl'] - 1):+.1f}%" if kn and n != BASELINE else "-"
+        compute = (f"{r['n_params']:,} ({t['n_params_non_embedding']:,}) | {t['tokens_seen']:,} "
+                   f"({t['epochs']:.1f} ep.) | {_si(t['train_flops'])} | {t['seconds']:.0f}"
+                   if "train_flops" in t else f"{r['n_params']:,} | - | - | -")
+        lines.append(f"| {label} | {compute} | {r['valid']['bpb']:.3f} | {r['test']['bpb']:.3f} | "
+                     f"{r['test']['word_ppl']:.0f} | {versus} |")
+    neural = [n for n in names if n != BASELINE]
+    if kn and neural:
+        best = neural[0]
+        margin = 1 - models[best]["test"]["word_ppl"] / kn["test"]["word_ppl"]
+        behind = [n for n in neural if models[n]["test"]["bpb"] >= kn["test"]["bpb"]]
+        lines += ["", f"Best model: **{best}**, test {models[best]['test']['bpb']:.3f} bpb against the KN-5 "
+                      f"baseline's {kn['test']['bpb']:.3f}: a test word perplexity "
+                      + (f"{100 * margin:.1f}% lower" if margin > 0 else f"{-100 * margin:.1f}% higher")
+                      + " than the baseline's. "
+                      + (f"Behind the baseline in bpb: {', '.join(behind)}." if behind
+                         else "Every neural model is ahead of the baseline in bpb.")
+                      + " One training run per model (seed `train.seed`): differences between neural models smaller "
+                        "than the seed spread in [docs/tuning.md](../docs/tuning.md) are not evidence of an order."]
     return lines
 
 
@@ -148,15 +179,18 @@ def build_report(root: str | Path, out_dir: str | Path) -> Path:
     tokenize, evaluation = _read_json(root / "metrics/tokenize.json"), _read_json(root / "metrics/eval.json")
     weat = _read_json(root / "metrics/weat.json")
     curves = _curves(root / "plots/train")
+    trained = {p.stem: _read_json(p) for p in sorted((root / "metrics/train").glob("*.json"))}
     lines = ["# lmpipe study", ""] + _corpus_section(corpus, validation, tokenize) + [""]
     if evaluation:
-        lines += _perplexity_section(evaluation) + [""]
-        perplexity_figure(evaluation["models"], figures / "perplexity.png")
-        lines += ["![Test word perplexity](figures/perplexity.png)", ""]
+        lines += _perplexity_section(evaluation, trained) + [""]
+        bpb_figure(evaluation["models"], figures / "bpb.png")
+        lines += ["![Test bits per byte](figures/bpb.png)", ""]
     if curves:
-        baseline = evaluation["models"].get(BASELINE, {}).get("valid", {}).get("ppl") if evaluation else None
+        baseline = evaluation["models"].get(BASELINE, {}).get("valid", {}).get("bpb") if evaluation else None
         learning_curves_figure(curves, baseline, figures / "learning_curves.png")
-        lines += ["## Learning curves", "", "![Learning curves](figures/learning_curves.png)", ""]
+        lines += ["## Learning curves", "", "Validation bits per byte at every evaluation, against epochs and against "
+                  "the training FLOPs spent so far; the dashed line is the KN-5 baseline on the same split.", "",
+                  "![Learning curves](figures/learning_curves.png)", ""]
     samples = root / "reports/samples.md"
     if samples.exists():
         lines += [re.sub(r"^(#+) ", r"#\1 ", samples.read_text(), flags=re.M)]  # one level down

@@ -25,9 +25,10 @@ def sample_all(models: dict, tokenizer: Tokenizer, boundary: int, params) -> dic
         for strategy in params.strategies:
             settings = replace(base, strategy=strategy)
             samples, bits = [], []
-            for prompt in params.prompts:
+            for position, prompt in enumerate(params.prompts):
                 ids = tokenizer.encode(prompt, add_special_tokens=False).ids
-                new = generate(model, ids, settings, boundary=-1)
+                # each prompt its own random stream, reproducible from evaluate.seed and its place in the list
+                new = generate(model, ids, replace(settings, seed=(params.seed, position)), boundary=-1)
                 bits += surprisals(model, ids, new)
                 text = decode_stream(tokenizer, np.array(new + [boundary]), boundary)[:-1]  # boundaries as newlines
                 samples.append({"prompt": prompt, "text": text, "tokens": new})

@@ -136,6 +136,17 @@ def stage_run(
         yield run
 
 
+@contextlib.contextmanager
+def run(experiment: str, name: str, params: Mapping | None = None, tags: Mapping[str, str] | None = None,
+        parent_run_id: str | None = None) -> Iterator[mlflow.ActiveRun]:
+    """A run outside the stage graph (a sweep, one of its trials), optionally nested under `parent_run_id`."""
+    with mlflow.start_run(experiment_id=experiment_id(experiment), run_name=name, parent_run_id=parent_run_id,
+                          nested=parent_run_id is not None, tags=dict(tags or {})) as active:
+        if params:
+            mlflow.log_params({k: ("null" if v is None else v) for k, v in flatten(params).items()})
+        yield active
+
+
 def log_metrics(metrics: Mapping, step: int | None = None, run_id: str | None = None) -> None:
     """Log every numeric leaf of a (nested) metrics dict; strings and lists are left to artifacts."""
     numeric = {k: float(v) for k, v in flatten(metrics).items()

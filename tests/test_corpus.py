@@ -161,3 +161,21 @@ def test_local_source_keeps_the_users_splits(tmp_path):
     stats = prepare_corpus(tmp_path / "raw", tmp_path / "clean", corpus, SplitParams())
     assert (tmp_path / "clean" / "test.txt").read_text() == "First test paragraph.\nSecond line.\n\nAnother test block.\n\n"
     assert stats["splits"]["train"]["articles"] == 2
+
+
+def test_local_sha256_is_of_the_three_files_concatenated(tmp_path):
+    import hashlib
+
+    from lmpipe.errors import DownloadError
+
+    files = {s: tmp_path / f"{s}.txt" for s in ("train", "valid", "test")}
+    for split, path in files.items():
+        path.write_text(f"Some {split} text.\n")
+    expected = hashlib.sha256(b"".join(files[s].read_bytes() for s in ("train", "valid", "test"))).hexdigest()
+    good = CorpusParams(source="local", files=LocalFiles(**{k: str(v) for k, v in files.items()}), sha256=expected)
+    fetch_corpus(good, tmp_path / "raw", tmp_path / "cache")
+    wrong = good.model_copy(update={"sha256": "0" * 64})
+    with pytest.raises(DownloadError, match=f"corpus.files: sha256 of train\\+valid\\+test mismatch: expected {'0' * 64}, "
+                                            f"got {expected} \\(fix corpus.sha256\\)"):
+        fetch_corpus(wrong, tmp_path / "raw2", tmp_path / "cache")
+    assert not (tmp_path / "raw2").exists()

@@ -75,3 +75,27 @@ def test_diversity_numbers():
     assert stats["distinct_1"] == pytest.approx(3 / 6)
     assert stats["distinct_2"] == pytest.approx(3 / 4)  # (1,2) (2,1) (1,2) (3,3)
     assert stats["repetition_rate"] == pytest.approx(3 / 6)  # 1, 2 repeat; 3 repeats
+
+
+def test_each_prompt_samples_its_own_stream():
+    """A model that forgets its prompt (a unigram) used to continue every prompt with the same text, because each
+    prompt restarted one random stream; now every (prompt position) has its own, still reproducible from the seed."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from lmpipe.config import EvaluateParams
+    from lmpipe.samples import sample_all
+
+    class Unigram:
+        def next_token_distribution(self, context):
+            return np.full(26, 1 / 26)
+
+    vocab = {chr(ord("a") + i): i for i in range(26)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="a"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    params = EvaluateParams(prompts=["b", "c", "d"], strategies=["top-k", "sample"], max_new_tokens=12, seed=3)
+    first = sample_all({"unigram": Unigram()}, tokenizer, 0, params)
+    again = sample_all({"unigram": Unigram()}, tokenizer, 0, params)
+    for strategy in params.strategies:
+        continuations = [s["tokens"] for s in first["unigram"][strategy]["samples"]]
+        assert len({tuple(c) for c in continuations}) == 3  # independent prompts
+        assert continuations == [s["tokens"] for s in again["unigram"][strategy]["samples"]]  # reproducible

@@ -18,14 +18,17 @@ def fixture_study(root, with_weat=True):
                                          "sha256": {}})
     write(root / "metrics/validation.json", {"success": True, "evaluated": 12, "failed": 0})
     write(root / "metrics/tokenize.json", {"vocab_size": 8192, "tokens": {"train": 1700}, "words": {"train": 1000}})
-    result = lambda p: {"ppl": p, "word_ppl": p * 3, "bpb": 2.0, "loss": 5.0}  # noqa: E731
+    result = lambda p, bpb: {"ppl": p, "word_ppl": p * 3, "bpb": bpb, "loss": 5.0}  # noqa: E731
     write(root / "metrics/eval.json", {"models": {
-        "ngram": {"valid": result(260), "test": result(240), "n_params": 1000},
-        "lstm": {"valid": result(300), "test": result(280), "n_params": 4_000_000},
-        "transformer": {"valid": result(200), "test": result(190), "n_params": 5_000_000},
+        "ngram": {"valid": result(260, 2.1), "test": result(240, 2.0), "n_params": 1000},
+        "lstm": {"valid": result(300, 2.2), "test": result(280, 2.1), "n_params": 4_000_000},
+        "transformer": {"valid": result(200, 1.9), "test": result(190, 1.8), "n_params": 5_000_000},
     }})
-    write(root / "plots/train/lstm.csv", "epoch,valid_ppl\n1,900\n2,300\n")
-    write(root / "plots/train/transformer.csv", "epoch,valid_ppl\n1,700\n2,200\n")
+    for name in ("lstm", "transformer"):
+        write(root / f"metrics/train/{name}.json", {"n_params_non_embedding": 1_000_000, "tokens_seen": 1_200_000,
+                                                    "epochs": 2.0, "train_flops": 3.4e13, "seconds": 250.0})
+    write(root / "plots/train/lstm.csv", "epoch,flops,valid_bpb\n1,1e13,2.6\n2,2e13,2.2\n")
+    write(root / "plots/train/transformer.csv", "epoch,flops,valid_bpb\n1,1.5e13,2.4\n2,3e13,1.9\n")
     write(root / "reports/samples.md", "# Decoding samples\n\n## Diversity per strategy (mean over models)\n\n"
                                        "| strategy | distinct-1 |\n|---|---|\n| greedy | 0.2 |\n\n## lstm\n\n### greedy\n- The history of x\n")
     if with_weat:
@@ -44,7 +47,9 @@ def test_report_has_every_section(tmp_path):
         assert heading in md
     table = md[md.index("## Perplexity"):md.index("## Learning curves")]
     assert table.index("| transformer |") < table.index("| ngram (baseline) |") < table.index("| lstm |")
-    assert "Best neural model: **transformer**, which beats" in md
+    assert "| transformer | 5,000,000 (1,000,000) | 1,200,000 (2.0 ep.) | 3.40e13 | 250 | 1.900 | 1.800 | 570 | -20.8% |" in md
+    assert "Best model: **transformer**, test 1.800 bpb against the KN-5 baseline's 2.000: a test word perplexity " \
+           "20.8% lower than the baseline's. Behind the baseline in bpb: lstm." in md
     assert "1.20 (p=0.010) [8/8/20/20]" in md and "insufficient_coverage [2/8/20/20]" in md
     html = (tmp_path / "reports/study.html").read_text()
     assert html.count("data:image/png;base64,") == 2 and "<table>" in html

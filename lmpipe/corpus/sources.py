@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 from urllib.parse import urlparse
@@ -39,6 +40,17 @@ def _copy_checked(src: Path, dest: Path, field: str, sha256: str | None) -> str:
     return digest
 
 
+def local_sha256(paths: list[Path]) -> str:
+    """What `corpus.sha256` means for a local corpus: the sha256 of train, valid and test concatenated in that order
+    (`cat train.txt valid.txt test.txt | sha256sum`)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()
+
+
 def check_text_file(path: Path, field: str) -> None:
     """A local corpus file must be non-empty UTF-8 text; say which file and what to do otherwise."""
     data = path.read_bytes()
@@ -67,6 +79,11 @@ def _fetch_into(corpus: CorpusParams, out: Path, cache_dir: Path) -> dict:
             digest = _copy_checked(src, out / f"{split}.txt", f"corpus.files.{split}", None)
             check_text_file(src, f"corpus.files.{split}")
             files[f"{split}.txt"] = (getattr(corpus.files, split), digest)
+        if corpus.sha256:
+            together = local_sha256([out / f"{split}.txt" for split in SPLITS])
+            if together != corpus.sha256.lower():
+                raise DownloadError(f"corpus.files: sha256 of train+valid+test mismatch: expected {corpus.sha256}, "
+                                    f"got {together} (fix corpus.sha256)")
     else:
         location = corpus.url or WIKITEXT_URLS[corpus.source]
         name = Path(urlparse(location).path).name or "dump"

@@ -1,0 +1,128 @@
+"""sweep flow: tune one model's settings on the current corpus and tokenizer, every trial an MLflow child run.
+
+    lmpipe sweep --model gru --trials 40          (= python -m flows.sweep --model gru --trials 40)
+
+Reads params.yaml (the model's settings are the starting point), data/tokens and the search space in
+sweeps/space.yaml. Writes, to commit: sweeps/<model>/trials.csv, best.yaml (a profile for `lmpipe profile`),
+seeds.csv (the winner retrained with 3 other seeds), trials.png, and docs/tuning.md over every sweep so far.
+The Optuna study lives in .cache/lmpipe/sweeps/<model>.db: run the same command again and an interrupted
+sweep continues; a changed space, budget, corpus or model starts a new study in the same file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import shutil
+from pathlib import Path
+
+import optuna
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from flows._stage import CACHE_DIR, PARAMS_FILE, main
+from lmpipe import sweep as sw
+from lmpipe import tracking
+from lmpipe.config import load_params
+from lmpipe.errors import ConfigError
+from lmpipe.io import write_text
+from lmpipe.splits import load_tokens
+from lmpipe.train import Trainer
+
+SWEEPS_DIR, DOC = Path("sweeps"), Path("docs/tuning.md")
+WORK = Path(CACHE_DIR) / "sweeps"
+
+
+def train_trial(model, settings, common, data, ckpt, on_eval=None) -> dict:
+    """One training run at the trial budget; its checkpoints go with it."""
+    try:
+        return Trainer(model, settings, common, data, ckpt, on_eval=on_eval, progress_bar=False).run().metrics
+    finally:
+        shutil.rmtree(ckpt, ignore_errors=True)
+
+
+def objective_for(model, space, base, common, data, experiment, parent_id, name):
+    def objective(trial: optuna.Trial) -> float:
+        overrides = sw.suggest(trial, space)
+        settings = sw.apply(base, overrides, space.budget)
+        with tracking.run(experiment, f"{model} trial {trial.number}", overrides, parent_run_id=parent_id,
+                          tags={"lmpipe.role": "trial", "lmpipe.model": model, "lmpipe.sweep": name}) as run:
+            evaluations = itertools.count(1)
+
+            def on_eval(record):  # Hyperband's resource: evaluations so far
+                tracking.log_metrics({k: v for k, v in record.items() if k != "step"}, step=record["step"],
+                                     run_id=run.info.run_id)
+                trial.report(record["valid_bpb"], next(evaluations))
+                if trial.should_prune():
+                    tracking.log_metrics({"pruned_at_tokens": record["tokens"]}, run_id=run.info.run_id)
+                    raise optuna.TrialPruned()
+
+            metrics = train_trial(model, settings, common, data, WORK / name / f"trial-{trial.number}", on_eval)
+            for key in ("evaluations", "tokens_seen", "train_flops", "seconds"):
+                trial.set_user_attr(key, metrics[key])
+            tracking.log_metrics(metrics, run_id=run.info.run_id)
+        return metrics["valid_bpb"]
+    return objective
+
+
+@task(cache_policy=NO_CACHE)
+def seed_runs(model, settings, common, data, seeds, experiment, parent_id, name) -> list[dict]:
+    """The winner retrained with `seeds` other seeds at the same budget: how much of its lead is luck."""
+    rows = []
+    for k in range(1, seeds + 1):
+        seeded = common.model_copy(update={"seed": common.seed + k})
+        with tracking.run(experiment, f"{model} best, seed {seeded.seed}", {"train.seed": seeded.seed},
+                          parent_run_id=parent_id, tags={"lmpipe.role": "seed", "lmpipe.model": model}) as run:
+            metrics = train_trial(model, settings, seeded, data, WORK / name / f"seed-{seeded.seed}")
+            tracking.log_metrics(metrics, run_id=run.info.run_id)
+        rows.append({"seed": seeded.seed, "valid_bpb": metrics["valid_bpb"], "valid_ppl": metrics["valid_ppl"],
+                     "seconds": metrics["seconds"]})
+    return rows
+
+
+@flow(name="sweep", flow_run_name="sweep@{model}")
+def sweep(model: str, trials: int = 20, seeds: int = 3, space_file: str = sw.SPACE_FILE) -> dict:
+    params, data = load_params(PARAMS_FILE), load_tokens()
+    if model not in params.models:
+        raise ConfigError(f"{PARAMS_FILE}: models has no entry {model!r} (have: {', '.join(params.models)})")
+    base, space = params.models[model], sw.load_space(space_file, model)
+    common = params.train.model_copy(update={"evals_per_epoch": space.evals_per_epoch})
+    name = sw.study_name(space, base, data.fingerprint, params.train.seed)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name=name, storage=sw.storage(WORK / f"{model}.db"), direction="minimize",
+                                pruner=optuna.pruners.HyperbandPruner(min_resource=1, reduction_factor=3),
+                                load_if_exists=True)
+    experiment = params.tracking.experiment
+    with tracking.run(experiment, f"sweep {model}", {"trials": trials, "budget": space.budget, "space_file": space_file},
+                      tags={"lmpipe.role": "sweep", "lmpipe.model": model, "lmpipe.sweep": name}) as parent:
+        objective = objective_for(model, space, base, common, data, experiment, parent.info.run_id, name)
+        out = SWEEPS_DIR / model
+        out.mkdir(parents=True, exist_ok=True)
+
+        def on_trial(t):  # the table so far, so an interrupted sweep's progress can be read (and committed)
+            print(f"{model} trial {t.number}: {t.state.name.lower()}, valid bpb {t.value}", flush=True)
+            write_text(out / "trials.csv", sw.csv_text(sw.trials_table(study)))
+
+        sw.run_sweep(study, trials, params.train.seed, objective, on_trial)
+        best, rows = study.best_trial, sw.trials_table(study)
+        write_text(out / "best.yaml", sw.profile_yaml(model, best, space, name))
+        seed_rows = seed_runs(model, sw.apply(base, best.params, space.budget), common, data, seeds, experiment,
+                              parent.info.run_id, name) if seeds else []
+        write_text(out / "seeds.csv", sw.csv_text(seed_rows))
+        sw.trials_figure(rows, model, out / "trials.png")
+        write_text(DOC, sw.tuning_markdown(SWEEPS_DIR, params))
+        spread = sw.seed_spread([best.value] + [r["valid_bpb"] for r in seed_rows])
+        tracking.log_metrics({"best_valid_bpb": best.value, "best_trial": best.number,
+                              **{f"seed_{k}": v for k, v in spread.items()}})
+        tracking.log_artifacts(out, f"sweeps/{model}")
+    return {"study": name, "best": best.params, "valid_bpb": best.value, "seeds": spread}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="tune one model of params.yaml with Optuna")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--seeds", type=int, default=3, help="retrain the winner with this many other seeds")
+    parser.add_argument("--space", default=sw.SPACE_FILE, help="the search space file")
+    args = parser.parse_args()
+    main(sweep, model=args.model, trials=args.trials, seeds=args.seeds, space_file=args.space)

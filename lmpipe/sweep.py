@@ -1,0 +1,262 @@
+"""Hyperparameter sweeps: Optuna (seeded TPE, Hyperband pruning) drives the project's own Trainer.
+
+A search space is a YAML file (`sweeps/space.yaml`), one entry per model of params.yaml:
+
+    gru:
+      budget: {flops: 2.0e13}            # every trial trains for exactly this much compute
+      space:
+        optim.lr: {low: 1.0e-3, high: 1.0e-2, log: true}     # float (log scale)
+        arch.dropout: {low: 0.0, high: 0.4}                   # float
+        arch.layers: {low: 1, high: 3}                        # int (both bounds whole numbers)
+        batch_size: {choices: [16, 32, 64]}                   # categorical
+
+Keys are dotted paths into `models.<model>`; everything not searched keeps its params.yaml value.
+Trials are bounded by tokens or FLOPs, never by seconds, so a sweep is reproducible: each trial's
+sampler is seeded from (seed, trial number) and training is deterministic on CPU, so the same space,
+budget, data and seed give the same trials, also after an interrupted sweep resumes from its SQLite
+study. Each trial reports its validation bpb at every evaluation; Hyperband stops the poor ones early.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+from lmpipe.config import ModelParams, params_hash
+from lmpipe.errors import ConfigError
+
+SPACE_FILE = "sweeps/space.yaml"
+RANDOM_TRIALS = 6  # TPE samples at random until this many trials exist (fixed, so a longer sweep extends a shorter one)
+
+
+@dataclass(frozen=True)
+class Space:
+    model: str
+    budget: dict  # {"tokens": N} or {"flops": F}
+    params: dict  # dotted key -> {low, high[, log]} | {choices}
+    evals_per_epoch: int = 4  # validation points per epoch: what the pruner compares trials at
+
+
+def load_space(path: str | Path, model: str) -> Space:
+    """The search space of one model, checked: one-line errors name the file, the key and the fix."""
+    path = Path(path)
+    try:
+        spaces = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: not found (create it, see lmpipe/sweep.py for the format)") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: malformed YAML ({type(exc).__name__}; fix the syntax)") from None
+    if model not in spaces:
+        raise ConfigError(f"{path}: no search space for {model!r} (have: {', '.join(spaces) or 'none'})")
+    entry = spaces[model] or {}
+    budget, params = entry.get("budget"), entry.get("space")
+    if not isinstance(budget, dict) or len(budget) != 1 or next(iter(budget)) not in ("tokens", "flops"):
+        raise ConfigError(f"{path}: {model}.budget must be {{tokens: N}} or {{flops: F}} (a trial's fixed length)")
+    if not isinstance(params, dict) or not params:
+        raise ConfigError(f"{path}: {model}.space must map settings (e.g. optim.lr) to ranges or choices")
+    for key, spec in params.items():
+        if not isinstance(spec, dict) or not ({"low", "high"} <= set(spec) or "choices" in spec):
+            raise ConfigError(f"{path}: {model}.space.{key} needs low and high, or choices")
+    return Space(model, {k: float(v) if k == "flops" else int(v) for k, v in budget.items()}, params,
+                 int(entry.get("evals_per_epoch", 4)))
+
+
+def suggest(trial, space: Space) -> dict:
+    """One point of the space, as dotted overrides of the model's settings."""
+    chosen = {}
+    for key, spec in space.params.items():
+        if "choices" in spec:
+            chosen[key] = trial.suggest_categorical(key, spec["choices"])
+        elif isinstance(spec["low"], int) and isinstance(spec["high"], int):
+            chosen[key] = trial.suggest_int(key, spec["low"], spec["high"], log=spec.get("log", False))
+        else:
+            chosen[key] = trial.suggest_float(key, float(spec["low"]), float(spec["high"]), log=spec.get("log", False))
+    return chosen
+
+
+def nested(overrides: dict, tree: dict | None = None) -> dict:
+    """Dotted settings written into a (copy of a) nested tree: {"optim.lr": 1} -> {"optim": {"lr": 1}}."""
+    tree = copy.deepcopy(tree) if tree is not None else {}
+    for key, value in overrides.items():
+        *path, last = key.split(".")
+        node = tree
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return tree
+
+
+def apply(base: ModelParams, overrides: dict, budget: dict | None = None) -> ModelParams:
+    """`base` with dotted overrides (and a budget) applied, validated as params.yaml would be."""
+    tree = nested(overrides, base.model_dump(mode="json"))
+    if budget is not None:
+        tree["budget"] = budget
+    try:
+        return ModelParams.model_validate(tree)
+    except Exception as exc:
+        raise ConfigError(f"sweep settings {overrides}: {exc}".splitlines()[0]) from None
+
+
+def study_name(space: Space, base: ModelParams, data_fingerprint: str, seed: int) -> str:
+    """Keys the Optuna study to everything that decides its trials: a changed space or corpus starts a new one."""
+    return f"{space.model}-" + params_hash({"space": space.params, "budget": space.budget,
+                                             "base": base.model_dump(mode="json"), "data": data_fingerprint,
+                                             "seed": seed})
+
+
+def storage(path: str | Path):
+    """The Optuna study's SQLite file. Heartbeats let a later run see trials whose process died (SIGKILL) as failed."""
+    import optuna
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():  # heartbeats are experimental in Optuna 5
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(f"sqlite:///{Path(path).resolve()}", heartbeat_interval=15, grace_period=45)
+
+
+def run_sweep(study, trials: int, seed: int, objective: Callable, on_trial: Callable | None = None) -> None:
+    """Run trials until the study holds `trials` finished ones (complete or pruned); resumable.
+
+    A trial that failed (Ctrl-C, or a process that died) is tried again once with the same settings. The sampler
+    is re-seeded from (seed, trial number) before every trial, so a resumed sweep draws from the same streams.
+    """
+    import optuna
+
+    states = optuna.trial.TrialState
+    with warnings.catch_warnings():  # experimental in Optuna 5: the documented way to see dead trials
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    retried = {t.user_attrs.get("retry_of") for t in study.get_trials(deepcopy=False)}
+    for failed in study.get_trials(deepcopy=False, states=(states.FAIL,)):
+        if failed.number not in retried:
+            study.enqueue_trial(failed.params, user_attrs={"retry_of": failed.number})
+    while len(study.get_trials(deepcopy=False, states=(states.COMPLETE, states.PRUNED))) < trials:
+        study.sampler = optuna.samplers.TPESampler(seed=seed + len(study.trials), n_startup_trials=RANDOM_TRIALS)
+        study.optimize(objective, n_trials=1, catch=())
+        if on_trial:
+            on_trial(study.trials[-1])
+
+
+def trials_table(study) -> list[dict]:
+    """One row per trial: number, state, best valid bpb, the settings tried and what the trial cost."""
+    rows = []
+    for t in study.trials:
+        rows.append({"number": t.number, "state": t.state.name, "valid_bpb": t.value,
+                     **{k: t.params.get(k) for k in sorted(t.distributions)},
+                     **{k: t.user_attrs.get(k) for k in ("evaluations", "tokens_seen", "train_flops", "seconds")}})
+    return rows
+
+
+def best_profile(model: str, overrides: dict) -> dict:
+    """The winner as a profile (the format `lmpipe profile` reads): nested `models.<model>` settings."""
+    return {"models": {model: nested(overrides)}}
+
+
+def seed_spread(values: list[float]) -> dict:
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))
+    return {"mean": mean, "std": std, "min": min(values), "max": max(values), "n": len(values)}
+
+
+def csv_text(rows: list[dict]) -> str:
+    import csv
+    import io
+
+    out = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return out.getvalue()
+
+
+def profile_yaml(model: str, best, space: Space, name: str) -> str:
+    header = (f"# Best of sweep {name}: trial {best.number}, valid bpb {best.value:.4f} at a budget of {space.budget}.\n"
+              f"# Use it with:  dvc exp run $(lmpipe profile sweeps/{model}/best.yaml)\n")
+    return header + yaml.safe_dump(best_profile(model, best.params), sort_keys=True)
+
+
+def trials_figure(rows: list[dict], model: str, out: str | Path) -> None:
+    """Valid bpb of every trial in order; pruned trials at the value they were stopped at, the best so far as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if r["valid_bpb"] is not None]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    for state, marker, colour in (("COMPLETE", "o", "tab:blue"), ("PRUNED", "x", "tab:gray")):
+        pts = [r for r in done if r["state"] == state]
+        ax.scatter([r["number"] for r in pts], [r["valid_bpb"] for r in pts], marker=marker, color=colour,
+                   label=state.lower())
+    complete = sorted((r for r in done if r["state"] == "COMPLETE"), key=lambda r: r["number"])
+    best, line = float("inf"), []
+    for r in complete:
+        best = min(best, r["valid_bpb"])
+        line.append((r["number"], best))
+    if line:
+        ax.step(*zip(*line), where="post", color="tab:orange", label="best so far")
+    ax.set(xlabel="trial", ylabel="valid bits per byte (lower is better)", title=f"Sweep of {model}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _read_csv(path: Path) -> list[dict]:
+    import csv
+
+    if not path.exists():
+        return []
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def tuning_markdown(sweeps_dir: str | Path, params) -> str:
+    """docs/tuning.md: per swept model its space, trials, the best settings and the seed spread of the winner."""
+    sweeps_dir = Path(sweeps_dir)
+    lines = ["# Tuning", "",
+             "Written by `lmpipe sweep` (flows/sweep.py) from the committed outcome of each sweep in `sweeps/<model>/`.",
+             "Each trial trains one model of `params.yaml` with some settings drawn from `sweeps/space.yaml` by Optuna's",
+             "TPE sampler (seeded from the trial number), for a fixed budget of tokens or training FLOPs - never seconds -",
+             "so a sweep re-runs to the same trials. Hyperband stops trials whose validation bits per byte (bpb) trail",
+             "at an evaluation. The winner is retrained with other seeds at the same budget: its spread says how much",
+             "of a margin between settings is noise.", ""]
+    for model_dir in sorted(p for p in sweeps_dir.iterdir() if (p / "trials.csv").exists()):
+        model = model_dir.name
+        rows = _read_csv(model_dir / "trials.csv")
+        seeds = _read_csv(model_dir / "seeds.csv")
+        best_yaml = (model_dir / "best.yaml").read_text() if (model_dir / "best.yaml").exists() else ""
+        space = yaml.safe_load(Path(SPACE_FILE).read_text()).get(model, {}) if Path(SPACE_FILE).exists() else {}
+        states = [r["state"] for r in rows]
+        complete = [r for r in rows if r["state"] == "COMPLETE"]
+        best = min(complete, key=lambda r: float(r["valid_bpb"])) if complete else None
+        lines += [f"## {model}", "",
+                  f"{len(rows)} trials ({states.count('COMPLETE')} complete, {states.count('PRUNED')} pruned), "
+                  f"budget {space.get('budget')} per trial.", "", "| setting | searched |", "|---|---|"]
+        lines += [f"| `{k}` | {_describe_range(v)} |" for k, v in (space.get("space") or {}).items()]
+        if best:
+            lines += ["", f"Best: trial {best['number']}, valid bpb **{float(best['valid_bpb']):.4f}**.", "",
+                      "```yaml", best_yaml.strip(), "```"]
+        if seeds:
+            values = [float(best["valid_bpb"])] + [float(r["valid_bpb"]) for r in seeds]
+            spread = seed_spread(values)
+            lines += ["", f"Seed spread of the winner ({spread['n']} seeds: {', '.join(f'{v:.4f}' for v in values)}): "
+                          f"mean {spread['mean']:.4f}, standard deviation {spread['std']:.4f}, "
+                          f"range {spread['max'] - spread['min']:.4f} bpb."]
+        if (model_dir / "trials.png").exists():
+            lines += ["", f"![valid bpb per trial of {model}](../sweeps/{model}/trials.png)"]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _describe_range(spec: dict) -> str:
+    if "choices" in spec:
+        return "one of " + ", ".join(str(c) for c in spec["choices"])
+    return f"{spec['low']} to {spec['high']}" + (" (log scale)" if spec.get("log") else "")

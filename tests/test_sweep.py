@@ -1,0 +1,177 @@
+"""Sweeps: the search space file, seeded and resumable Optuna studies, and the sweep flow end to end."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pytest
+import yaml
+
+from lmpipe import sweep as sw
+from lmpipe.config import ModelParams
+from lmpipe.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+SPACE = {"m": {"budget": {"tokens": 1000}, "space": {
+    "optim.lr": {"low": 1e-3, "high": 1e-1, "log": True},
+    "arch.layers": {"low": 1, "high": 3},
+    "batch_size": {"choices": [8, 16]}}}}
+
+
+def write_space(tmp_path, spaces=SPACE) -> Path:
+    path = tmp_path / "space.yaml"
+    path.write_text(yaml.safe_dump(spaces))
+    return path
+
+
+@pytest.mark.parametrize("spaces, message", [
+    ({"other": SPACE["m"]}, "no search space for 'm' (have: other)"),
+    ({"m": {"budget": {"seconds": 60}, "space": SPACE["m"]["space"]}}, "m.budget must be {tokens: N} or {flops: F}"),
+    ({"m": {"budget": {"tokens": 10}, "space": {"optim.lr": {"low": 1}}}}, "m.space.optim.lr needs low and high"),
+])
+def test_bad_space_is_one_line_naming_file_and_key(tmp_path, spaces, message):
+    path = write_space(tmp_path, spaces)
+    with pytest.raises(ConfigError) as error:
+        sw.load_space(path, "m")
+    assert str(error.value).startswith(f"{path}: ") and message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_suggested_points_become_valid_model_settings(tmp_path):
+    space = sw.load_space(write_space(tmp_path), "m")
+    trial = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0)).ask()
+    chosen = sw.suggest(trial, space)
+    assert set(chosen) == {"optim.lr", "arch.layers", "batch_size"}
+    assert isinstance(chosen["arch.layers"], int) and 1e-3 <= chosen["optim.lr"] <= 1e-1
+    base = ModelParams(family="rnn", arch={"cell": "gru", "emb": 8}, epochs=3)
+    settings = sw.apply(base, chosen, space.budget)
+    assert settings.arch == {"cell": "gru", "emb": 8, "layers": chosen["arch.layers"]}
+    assert settings.optim.lr == chosen["optim.lr"] and settings.budget.tokens == 1000
+    assert sw.best_profile("m", {"optim.lr": 0.01, "batch_size": 8}) == {
+        "models": {"m": {"optim": {"lr": 0.01}, "batch_size": 8}}}
+    with pytest.raises(ConfigError, match="sweep settings"):
+        sw.apply(base, {"arch.nonsense": 1})
+
+
+def bowl(trial):
+    """A cheap objective with a known minimum, reported in steps so the pruner has something to compare."""
+    x, k = trial.suggest_float("x", -3, 3), trial.suggest_int("k", 0, 4)
+    for step in range(1, 4):
+        trial.report((x - 1) ** 2 + (k - 2) ** 2 + 1 / step, step)
+        if trial.should_prune():
+            raise optuna.TrialPruned()
+    return (x - 1) ** 2 + (k - 2) ** 2
+
+
+def new_study(db: Path, name="s"):
+    return optuna.create_study(study_name=name, storage=sw.storage(db), direction="minimize",
+                               pruner=optuna.pruners.HyperbandPruner(min_resource=1, max_resource=3),
+                               load_if_exists=True)
+
+
+def test_same_seed_same_trials_and_an_interrupted_sweep_resumes_to_the_same(tmp_path):
+    whole = new_study(tmp_path / "a.db")
+    sw.run_sweep(whole, 12, seed=5, objective=bowl)
+    interrupted = new_study(tmp_path / "b.db")
+    sw.run_sweep(interrupted, 5, seed=5, objective=bowl)
+    sw.run_sweep(new_study(tmp_path / "b.db"), 12, seed=5, objective=bowl)  # the same command again, more trials
+    params = lambda s: [(t.params, t.state) for t in s.trials]  # noqa: E731
+    assert params(new_study(tmp_path / "b.db")) == params(whole)
+    assert len(whole.trials) >= 12 and whole.best_value < 1.0
+
+
+def test_a_trial_that_died_is_run_again(tmp_path):
+    study = new_study(tmp_path / "c.db")
+
+    def dies(trial):
+        trial.suggest_float("x", -3, 3)
+        trial.suggest_int("k", 0, 4)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sw.run_sweep(study, 3, seed=1, objective=dies)
+    sw.run_sweep(new_study(tmp_path / "c.db"), 3, seed=1, objective=bowl)
+    trials = new_study(tmp_path / "c.db").trials
+    assert trials[0].state == optuna.trial.TrialState.FAIL
+    assert trials[1].params == trials[0].params and trials[1].user_attrs["retry_of"] == 0
+
+
+V = 40
+
+
+@pytest.fixture()
+def tiny_project(tmp_path):
+    """A project folder with a synthetic token stream, one tiny model and its search space."""
+    rng = np.random.default_rng(0)
+    tokens = tmp_path / "data" / "tokens"
+    tokens.mkdir(parents=True)
+    for name, n in (("train", 4000), ("valid", 600), ("test", 600)):
+        t, out = 1, []
+        for _ in range(n):
+            t = (t * 7 + 3) % (V - 1) + 1 if rng.random() < 0.9 else int(rng.integers(1, V))
+            out.append(t)
+        np.save(tokens / f"{name}.npy", np.array(out, dtype=np.uint16))
+    counts = {"vocab_size": V, "boundary_id": 0, "words": {s: 500 for s in ("train", "valid", "test")},
+              "bytes": {s: 2500 for s in ("train", "valid", "test")}}
+    (tokens / "counts.json").write_text(json.dumps(counts))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump({
+        "train": {"seed": 3, "log_every": 5, "eval_chunk": 50},
+        "models": {"tiny": {"family": "nplm", "arch": {"context": 3, "emb": 8, "hidden": 16},
+                            "batch_size": 8, "seq_len": 16, "epochs": 1}}}))
+    (tmp_path / "sweeps").mkdir()
+    write_space(tmp_path / "sweeps", {"tiny": {"budget": {"tokens": 3000}, "evals_per_epoch": 8, "space": {
+        "optim.lr": {"low": 1e-3, "high": 3e-2, "log": True}, "arch.hidden": {"choices": [8, 16, 32]}}}})
+    return tmp_path
+
+
+def sweep(project: Path, env: dict, trials: int) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "flows.sweep", "--model", "tiny", "--trials", str(trials),
+                           "--seeds", "2"], cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.e2e
+def test_sweep_flow_records_trials_in_mlflow_and_writes_its_outcome(tiny_project, prefect_api):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tiny_project / 'mlflow.db'}"
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": uri,
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    (tiny_project / "docs").mkdir()
+    sweep(tiny_project, env, 4)
+    with open(tiny_project / "sweeps/tiny/trials.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and {r["state"] for r in rows} <= {"COMPLETE", "PRUNED"}
+    assert all(int(r["tokens_seen"]) >= 3000 for r in rows if r["state"] == "COMPLETE")
+    best = yaml.safe_load((tiny_project / "sweeps/tiny/best.yaml").read_text())
+    winner = min((r for r in rows if r["state"] == "COMPLETE"), key=lambda r: float(r["valid_bpb"]))
+    assert best["models"]["tiny"]["optim"]["lr"] == pytest.approx(float(winner["optim.lr"]))
+    with open(tiny_project / "sweeps/tiny/seeds.csv") as f:
+        assert [int(r["seed"]) for r in csv.DictReader(f)] == [4, 5]
+    doc = (tiny_project / "docs/tuning.md").read_text()
+    assert "## tiny" in doc and "Seed spread of the winner (3 seeds" in doc and "trials.png" in doc
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("lmpipe")
+    parents = client.search_runs([experiment.experiment_id], "tags.`lmpipe.role` = 'sweep'")
+    assert len(parents) == 1 and parents[0].data.metrics["best_valid_bpb"] == pytest.approx(float(winner["valid_bpb"]))
+    children = client.search_runs([experiment.experiment_id],
+                                  f"tags.`mlflow.parentRunId` = '{parents[0].info.run_id}'")
+    roles = sorted(c.data.tags["lmpipe.role"] for c in children)
+    assert roles == ["seed", "seed", "trial", "trial", "trial", "trial"]
+    trial_run = next(c for c in children if c.data.tags["lmpipe.role"] == "trial")
+    assert "optim.lr" in trial_run.data.params
+    assert len(client.get_metric_history(trial_run.info.run_id, "valid_bpb")) >= 1
+
+    sweep(tiny_project, env, 6)  # the same command with more trials continues the study
+    with open(tiny_project / "sweeps/tiny/trials.csv") as f:
+        more = list(csv.DictReader(f))
+    assert len(more) == 6 and more[:4] == rows
