@@ -50,7 +50,8 @@ class _OneLineUserErrors(logging.Filter):
 def main(flow: Callable, **flow_kwargs) -> None:
     """Run a stage flow as a script: check params first, then run; exit 1 with one line on a user error."""
     try:
-        load_params(PARAMS_FILE)
+        params = load_params(PARAMS_FILE)
+        tracking.check_store(params.tracking.timeout_seconds)
     except LmpipeError as exc:
         sys.exit(f"error: {exc}")
     for handler in logging.getLogger("prefect").handlers + logging.getLogger().handlers:

@@ -181,6 +181,7 @@ class RetrainParams(_Section):
 
 class TrackingParams(_Section):
     experiment: str = Field("lmpipe", min_length=1)
+    timeout_seconds: float = Field(10, gt=0, description="how long a stage waits for the tracking server at its start")
 
 
 class OrchestrationParams(_Section):

@@ -19,3 +19,7 @@ class DownloadError(LmpipeError):
 
 class ValidationFailed(LmpipeError):
     """The corpus failed a Great Expectations expectation."""
+
+
+class TrackingError(LmpipeError):
+    """The MLflow tracking store cannot be reached or created where MLFLOW_TRACKING_URI points."""

@@ -18,6 +18,8 @@ from typing import Iterator, Mapping
 import mlflow
 from mlflow.tracking import MlflowClient
 
+from lmpipe.errors import TrackingError
+
 ROLE, STUDY_KEY = "lmpipe.role", "lmpipe.study_key"
 
 
@@ -28,6 +30,30 @@ def project_root() -> Path:
 
 def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
+
+
+def check_store(timeout: float) -> None:
+    """Fail fast, in one line, when the tracking store is unusable: a server that does not answer within `timeout`
+    seconds, or a SQLite path in a directory that does not exist. A new SQLite store gets its schema here, under a
+    file lock, so two pipelines starting at once on the same new store do not race in MLflow's migrations."""
+    import requests
+    from filelock import FileLock
+
+    uri = tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        try:
+            requests.get(f"{uri.rstrip('/')}/health", timeout=timeout).raise_for_status()
+        except requests.RequestException as exc:
+            raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: no MLflow server answered within {timeout:g} s "
+                                f"({type(exc).__name__}); start the server, or unset MLFLOW_TRACKING_URI to use "
+                                f"the project's mlflow.db") from None
+    elif uri.startswith("sqlite:///"):
+        path = Path(uri.removeprefix("sqlite:///"))
+        if not path.parent.is_dir():
+            raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: {path.parent} is not an existing directory "
+                                f"(create it, or fix the URI)")
+        with FileLock(f"{path}.lock", timeout=300):
+            MlflowClient(uri).search_experiments(max_results=1)  # creates or migrates the schema, one process at a time
 
 
 def _artifact_location(uri: str) -> str | None:

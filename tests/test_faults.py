@@ -1,0 +1,66 @@
+"""Faults a user meets, injected on purpose: each must end in one clear line, or be survived, never a silent wrong result.
+
+(Kill-and-resume with identical curves, changed data never resuming and unreadable checkpoints are in test_train.py;
+a wrong corpus sha256 in test_corpus.py and test_download.py.)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lmpipe import tracking
+from lmpipe.errors import TrackingError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_unreachable_tracking_server_fails_in_one_line_within_the_timeout(monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:9")
+    started = time.monotonic()
+    with pytest.raises(TrackingError, match=r"MLFLOW_TRACKING_URI=http://127.0.0.1:9: no MLflow server answered "
+                                            r"within 2 s .*unset MLFLOW_TRACKING_URI"):
+        tracking.check_store(timeout=2)
+    assert time.monotonic() - started < 5
+
+
+def test_sqlite_store_in_a_missing_directory_is_refused_not_created(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/nonexistent/dir/x.db")
+    with pytest.raises(TrackingError, match="nonexistent/dir is not an existing directory"):
+        tracking.check_store(timeout=2)
+    assert not (tmp_path / "nonexistent").exists()
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/file/x.db")  # its "directory" is a file
+    with pytest.raises(TrackingError, match="file is not an existing directory"):
+        tracking.check_store(timeout=2)
+
+
+STAGE = """
+import sys
+from lmpipe import tracking
+tracking.check_store(30)
+with tracking.stage_run(sys.argv[1], "exp", {"x": {"y": 1}}, "h", params_file=sys.argv[2]):
+    tracking.log_metrics({"done": 1})
+"""
+
+
+def test_two_first_runs_on_one_new_store_are_both_recorded(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'new.db'}"
+    (tmp_path / "params.yaml").write_text("corpus: {source: enwiki-sample}\n")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    env.pop("LMPIPE_PARENT_RUN_ID", None)
+    runs = [subprocess.Popen([sys.executable, "-c", STAGE, f"stage{i}", str(tmp_path / "params.yaml")], env=env,
+                             cwd=ROOT, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for process in runs:
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err[-2000:]
+    client = MlflowClient(uri)
+    recorded = client.search_runs([client.get_experiment_by_name("exp").experiment_id], "tags.`lmpipe.role` = 'stage'")
+    assert sorted(r.data.tags["lmpipe.stage"] for r in recorded) == ["stage0", "stage1"]
