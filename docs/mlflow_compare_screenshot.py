@@ -26,12 +26,16 @@ sys.path.insert(0, str(ROOT))
 
 
 def model_runs(root: Path = ROOT) -> tuple[str, list[str]]:
-    """(experiment id, run ids) of the runs that trained the current models: models/<name>/mlflow_run.json."""
+    """(experiment id, run ids) of the runs that trained the current models, found by their outputs' content hash."""
+    from lmpipe import tracking
+    from lmpipe.config import load_params
+
     evaluated = json.loads((root / "metrics/eval.json").read_text())["models"]  # the LMs, not word2vec
-    found = [json.loads((root / f"models/{name}/mlflow_run.json").read_text()) for name in evaluated]
-    if not found:
-        sys.exit("no trained models here: run dvc repro first")
-    return found[0]["experiment_id"], [run["run_id"] for run in found]
+    experiment = load_params(root / "params.yaml").tracking.experiment
+    found = [tracking.run_of_output(experiment, root / f"models/{name}") for name in evaluated]
+    if not all(found):
+        sys.exit("no MLflow run for some of the models here: run dvc repro first")
+    return tracking.experiment_id(experiment), found
 
 
 def main() -> None:

@@ -56,7 +56,11 @@ def main(flow: Callable, **flow_kwargs) -> None:
         sys.exit(f"error: {exc}")
     for handler in logging.getLogger("prefect").handlers + logging.getLogger().handlers:
         handler.addFilter(_OneLineUserErrors())
-    state = flow(**flow_kwargs, return_state=True)
+    try:
+        state = flow(**flow_kwargs, return_state=True)
+    except KeyboardInterrupt:
+        sys.exit("interrupted: nothing was written to this stage's outputs; training stages keep their last "
+                 "checkpoint, so `dvc repro` resumes them")
     if state.is_failed():
         exc = state.result(raise_on_failure=False)
         if isinstance(exc, LmpipeError):

@@ -4,7 +4,6 @@ Outputs metrics/weat.json, plots/weat/heatmap.png, data/embeddings/<name>.txt (t
 word2vec text format, keyed by the word as listed). Each model's MLflow run gets weat_<test>_d/_p.
 """
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -67,9 +66,9 @@ def audit_flow() -> dict:
             metrics = {f"weat_{t}_{k}": r[v] for t, r in by_test.items() if r["status"] == "ok"
                        for k, v in (("d", "effect_size"), ("p", "p_value"))}
             tracking.log_metrics({f"{name}.{k}": v for k, v in metrics.items()})
-            run_file = Path(f"models/{name}/mlflow_run.json")
-            if run_file.exists() and metrics:
-                tracking.log_metrics(metrics, run_id=json.loads(run_file.read_text())["run_id"])
+            run_id = tracking.run_of_output(params.tracking.experiment, f"models/{name}")
+            if run_id and metrics:
+                tracking.log_metrics(metrics, run_id=run_id)
     return results
 
 

@@ -1,13 +1,11 @@
 """evaluate stage: one perplexity table for every model (n-gram included) and decoding samples.
 
 Outputs metrics/eval.json, reports/samples.md, plots/eval/perplexity.csv; each model's MLflow run
-(named in models/<model>/mlflow_run.json) gets its test_* metrics, so the MLflow UI compares all.
+(found by the content hash of models/<model>, tracking.run_of_output) gets its test_* metrics, so the MLflow UI compares all.
 """
 
 import csv
 import io
-import json
-from pathlib import Path
 
 from prefect import flow, task
 from tokenizers import Tokenizer
@@ -57,9 +55,8 @@ def evaluate() -> dict:
         write_text(PLOT, perplexity_csv(results))
         for name, r in results.items():
             tracking.log_metrics({f"{name}.{split}_{key}": r[split][key] for split in ("valid", "test") for key in r[split]})
-            run_file = Path(f"models/{name}/mlflow_run.json")
-            if run_file.exists():  # the model's own run carries its test numbers too
-                run_id = json.loads(run_file.read_text())["run_id"]
+            run_id = tracking.run_of_output(params.tracking.experiment, f"models/{name}")
+            if run_id:  # the model's own run carries its test numbers too
                 tracking.log_metrics({f"test_{k}": v for k, v in r["test"].items()} | {"n_params": r["n_params"]},
                                      run_id=run_id)
         tracking.log_artifacts(METRICS)

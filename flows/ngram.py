@@ -2,7 +2,6 @@
 
 import resource
 import time
-from pathlib import Path
 
 from prefect import flow, task
 
@@ -40,10 +39,9 @@ def build_and_score(params) -> dict:
 @flow(name="ngram")
 def ngram() -> dict:
     params = load_params(PARAMS_FILE)
-    with stage_run("ngram", params, ["ngram"], model="ngram") as run:
+    with stage_run("ngram", params, ["ngram"], model="ngram"):
         metrics = build_and_score(params.ngram)
-        write_json(Path(MODEL_DIR) / "mlflow_run.json",
-                   {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id})
+        tracking.mark_output(MODEL_DIR)
         write_json(METRICS, metrics)
         tracking.log_metrics({
             "valid_ppl": metrics["valid"]["ppl"], "test_ppl": metrics["test"]["ppl"],

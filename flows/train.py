@@ -1,6 +1,7 @@
 """train@<model> stage: one neural LM from `models.<model>` in params.yaml.
 
-Outputs: models/<model>/ (model.pt, mlflow_run.json), metrics/train/<model>.json, plots/train/<model>.csv.
+Outputs: models/<model>/model.pt, metrics/train/<model>.json, plots/train/<model>.csv; the MLflow run that trained
+the model is tagged with the folder's content hash (evaluate and audit find it from there).
 Resumable checkpoints live in .cache/lmpipe/ckpt/<model>-<hash>/ (outside DVC's outputs, which DVC
 deletes before a re-run), keyed by params, training code and the token data, so a change never resumes
 a stale run; a finished run deletes its checkpoints, so `dvc repro -f` trains again from scratch.
@@ -53,7 +54,7 @@ def train(model: str) -> dict:
         with atomic_path(f"models/{model}") as tmp:
             tmp.mkdir()
             save_model(result.model, settings.family, settings.arch, tmp / "model.pt")
-            write_json(tmp / "mlflow_run.json", {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id})
+        tracking.mark_output(f"models/{model}")
         write_json(f"metrics/train/{model}.json", result.metrics)
         write_text(f"plots/train/{model}.csv", history_csv(result.history))
         tracking.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})

@@ -7,7 +7,7 @@ from prefect import flow, task
 from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import tracking
 from lmpipe.config import load_params
-from lmpipe.io import atomic_path, write_json
+from lmpipe.io import atomic_path
 
 TRAIN, OUT_DIR = "data/clean/train.txt", "models/word2vec"
 
@@ -36,9 +36,9 @@ def train_word2vec(params) -> dict:
 @flow(name="word2vec")
 def word2vec() -> dict:
     params = load_params(PARAMS_FILE)
-    with stage_run("word2vec", params, {"audit.word2vec": params.audit.word2vec.model_dump()}, model="word2vec") as run:
+    with stage_run("word2vec", params, {"audit.word2vec": params.audit.word2vec.model_dump()}, model="word2vec"):
         info = train_word2vec(params.audit.word2vec)
-        write_json(f"{OUT_DIR}/mlflow_run.json", {"run_id": run.info.run_id, "experiment_id": run.info.experiment_id})
+        tracking.mark_output(OUT_DIR)
         tracking.log_metrics(info)
     return info
 

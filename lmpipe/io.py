@@ -48,3 +48,14 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def sha256_tree(path: str | os.PathLike) -> str:
+    """sha256 of a file, or of a directory's files (names and contents, in sorted order)."""
+    path = Path(path)
+    if path.is_file():
+        return sha256_file(path)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{file.relative_to(path).as_posix()}\0{sha256_file(file)}\n".encode())
+    return digest.hexdigest()

@@ -43,8 +43,14 @@ def load_tokens(tokens_dir: str | Path = "data/tokens") -> TokenData:
     if not counts.exists():
         raise CorpusError(f"{counts}: missing (run the tokenize stage first: dvc repro tokenize)")
     info = json.loads(counts.read_text())
-    splits = {
-        name: Split(name, np.load(Path(tokens_dir) / f"{name}.npy"), info["words"][name], info["bytes"][name])
-        for name in ("train", "valid", "test")
-    }
+    splits = {name: Split(name, _stream(Path(tokens_dir) / f"{name}.npy"), info["words"][name], info["bytes"][name])
+              for name in ("train", "valid", "test")}
     return TokenData(info["vocab_size"], info["boundary_id"], splits)
+
+
+def _stream(path: Path) -> np.ndarray:
+    try:
+        return np.load(path)
+    except (OSError, ValueError, EOFError) as exc:  # missing, truncated or not a .npy file
+        raise CorpusError(f"{path}: not a readable token stream ({str(exc).splitlines()[0]}); "
+                          f"re-create it with: dvc repro --force tokenize") from None

@@ -19,6 +19,7 @@ import mlflow
 from mlflow.tracking import MlflowClient
 
 from lmpipe.errors import TrackingError
+from lmpipe.io import sha256_tree
 
 ROLE, STUDY_KEY = "lmpipe.role", "lmpipe.study_key"
 
@@ -214,6 +215,23 @@ def log_artifacts(path: str | Path, artifact_path: str | None = None, run_id: st
     else:
         client = MlflowClient()
         (client.log_artifacts if path.is_dir() else client.log_artifact)(run_id, str(path), artifact_path)
+
+
+OUTPUT = "lmpipe.output_sha256"
+
+
+def mark_output(path: str | Path, run_id: str | None = None) -> None:
+    """Tag the run that produced `path` (a model folder) with the output's content hash. Later stages find the run
+    from the output itself (`run_of_output`), so no run id is stored inside a DVC output: an identical re-run writes
+    identical files and leaves the stages downstream up to date."""
+    MlflowClient().set_tag(run_id or mlflow.active_run().info.run_id, OUTPUT, sha256_tree(path))
+
+
+def run_of_output(experiment: str, path: str | Path) -> str | None:
+    """The newest run that produced exactly the files now at `path` (None when no run did: a hand-made model)."""
+    found = MlflowClient().search_runs([experiment_id(experiment)], f"tags.`{OUTPUT}` = '{sha256_tree(path)}'",
+                                       order_by=["attributes.start_time DESC"], max_results=1)
+    return found[0].info.run_id if found else None
 
 
 def parent_run_id(run) -> str | None:

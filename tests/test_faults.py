@@ -64,3 +64,22 @@ def test_two_first_runs_on_one_new_store_are_both_recorded(tmp_path):
     client = MlflowClient(uri)
     recorded = client.search_runs([client.get_experiment_by_name("exp").experiment_id], "tags.`lmpipe.role` = 'stage'")
     assert sorted(r.data.tags["lmpipe.stage"] for r in recorded) == ["stage0", "stage1"]
+
+
+def test_truncated_token_stream_names_the_file_and_the_fix(tmp_path):
+    import json
+
+    import numpy as np
+
+    from lmpipe.errors import CorpusError
+    from lmpipe.splits import load_tokens
+
+    for name in ("train", "valid", "test"):
+        np.save(tmp_path / f"{name}.npy", np.arange(1000, dtype=np.uint16))
+    (tmp_path / "counts.json").write_text(json.dumps({"vocab_size": 1000, "boundary_id": 0,
+                                                      "words": dict.fromkeys(("train", "valid", "test"), 1),
+                                                      "bytes": dict.fromkeys(("train", "valid", "test"), 1)}))
+    whole = (tmp_path / "train.npy").read_bytes()
+    (tmp_path / "train.npy").write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(CorpusError, match=r"train.npy: not a readable token stream .*dvc repro --force tokenize"):
+        load_tokens(tmp_path)

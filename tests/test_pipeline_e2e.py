@@ -17,6 +17,8 @@ import requests
 import yaml
 from mlflow.tracking import MlflowClient
 
+from lmpipe.io import sha256_tree
+
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
@@ -178,8 +180,8 @@ def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_ap
     assert stages["prepare"].data.params["corpus.max_articles"] == "12"
     assert stages["tokenize"].data.metrics["vocab_size"] == 600
     assert stages["validate"].data.metrics["passed"] == 1
-    run_file = json.loads((copy / "models/ngram/mlflow_run.json").read_text())
-    assert run_file["run_id"] == stages["ngram"].info.run_id
+    assert not list(copy.glob("models/*/mlflow_run.json"))  # no run ids inside DVC outputs
+    assert stages["ngram"].data.tags["lmpipe.output_sha256"] == sha256_tree(copy / "models/ngram")
     assert stages["ngram"].data.tags["lmpipe.model"] == "ngram"
     assert {"valid_ppl", "test_ppl", "test_word_ppl", "test_bpb", "n_params", "tokens_per_sec"} <= set(
         stages["ngram"].data.metrics)  # the names every model's run shares, for MLflow's compare view
@@ -188,7 +190,7 @@ def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_ap
         assert trained.data.tags["lmpipe.model"] == model
         assert {"valid_ppl", "tokens_per_sec", "n_params", "train_loss", "valid_word_ppl", "grad_norm", "lr"} <= set(
             trained.data.metrics)
-        assert json.loads((copy / f"models/{model}/mlflow_run.json").read_text())["run_id"] == trained.info.run_id
+        assert trained.data.tags["lmpipe.output_sha256"] == sha256_tree(copy / f"models/{model}")
         versions = client.search_model_versions(f"name = 'lmpipe-{model}'")
         assert [v.run_id for v in versions] == [trained.info.run_id]
         assert {"test_ppl", "test_word_ppl", "test_bpb", "test_loss", "valid_ppl", "tokens_per_sec",
