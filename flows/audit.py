@@ -1,6 +1,7 @@
 """audit stage: WEAT on every neural model's embeddings and on the word2vec reference.
 
-Outputs metrics/weat.json, plots/weat/heatmap.png, data/embeddings/<name>.txt (the audited vectors in
+Outputs metrics/weat.json (the numbers: effect size, p-value, words per set), reports/weat_words.json (each
+test's title and which words it kept or dropped, with their training counts), plots/weat/heatmap.png, data/embeddings/<name>.txt (the audited vectors in
 word2vec text format, keyed by the word as listed). Each model's MLflow run gets weat_<test>_d/_p.
 """
 
@@ -19,6 +20,8 @@ from lmpipe.models import load_model
 from lmpipe.report import weat_heatmap
 
 METRICS, HEATMAP, EMBEDDINGS = "metrics/weat.json", "plots/weat/heatmap.png", "data/embeddings"
+DETAILS = "reports/weat_words.json"  # which words each test kept or dropped, with their training counts
+DETAIL_KEYS = ("title", "coverage", "dropped", "frequency")  # too bulky for `dvc metrics show`
 
 
 def lookups(params) -> dict:
@@ -57,10 +60,16 @@ def audit_flow() -> dict:
     with stage_run("audit", params, ["audit"]):
         results = run_audit(params)
         form = "leading-space BPE form (' word'), mean of piece embeddings; word2vec: whole words"
-        write_json(METRICS, {"models": results, "word_form": form, "embedding": params.audit.embedding})
+        numbers = {m: {t: {k: v for k, v in r.items() if k not in DETAIL_KEYS} for t, r in tests.items()}
+                   for m, tests in results.items()}
+        details = {m: {t: {k: r[k] for k in DETAIL_KEYS if k in r} for t, r in tests.items()}
+                   for m, tests in results.items()}
+        write_json(METRICS, {"models": numbers, "word_form": form, "embedding": params.audit.embedding})
+        write_json(DETAILS, {"models": details})
         Path(HEATMAP).parent.mkdir(parents=True, exist_ok=True)
         weat_heatmap(results, HEATMAP)
         tracking.log_artifacts(METRICS)
+        tracking.log_artifacts(DETAILS)
         tracking.log_artifacts(HEATMAP)
         for name, by_test in results.items():
             metrics = {f"weat_{t}_{k}": r[v] for t, r in by_test.items() if r["status"] == "ok"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
+from tqdm.auto import tqdm
 
 from flows._stage import CACHE_DIR, PARAMS_FILE, main, stage_run
 from lmpipe import distributed, tracking
@@ -37,12 +38,29 @@ def history_csv(history: list[dict]) -> str:
     return out.getvalue()
 
 
+def progress_line(name: str, record: dict, epochs: float) -> str:
+    """One persistent line per evaluation: where training is and how it goes."""
+    minutes, seconds = divmod(int(record["elapsed_seconds"]), 60)
+    return (f"{name} epoch {record['epoch']:.2f}/{epochs:g}  valid ppl {record['valid_ppl']:.1f}  "
+            f"bpb {record['valid_bpb']:.4f}  {record['tokens_per_sec'] / 1000:.1f}k tok/s  {minutes}m{seconds:02d}s")
+
+
 @task(cache_policy=NO_CACHE)  # its inputs (token streams) are not worth hashing; DVC decides what re-runs
 def fit(name, settings, common, data, ckpt_dir, run_id):
-    def on_eval(record):  # live learning curve in the model's MLflow run
-        tracking.log_metrics({k: v for k, v in record.items() if k != "step"}, step=record["step"], run_id=run_id)
+    elapsed = []
 
-    return Trainer(name, settings, common, data, ckpt_dir, on_eval=on_eval).run()
+    def on_eval(record):  # live learning curve in the model's MLflow run, and a line on the console
+        tracking.log_metrics({k: v for k, v in record.items() if k != "step"}, step=record["step"], run_id=run_id)
+        elapsed.append(record["train_seconds"])
+        tqdm.write(progress_line(name, {**record, "elapsed_seconds": sum(elapsed)},
+                                 trainer.total_steps / trainer.steps_per_epoch))
+
+    trainer = Trainer(name, settings, common, data, ckpt_dir, on_eval=on_eval)
+    result = trainer.run()
+    m = result.metrics
+    print(f"{name}: best valid bpb {m['valid_bpb']:.4f} (ppl {m['valid_ppl']:.1f}) at epoch {m['best_epoch']:g}; "
+          f"{m['tokens_seen']:,} tokens, {m['train_flops']:.2e} FLOPs, {m['seconds']:.0f} s", flush=True)
+    return result
 
 
 @flow(name="train", flow_run_name="train@{model}")

@@ -147,24 +147,28 @@ def _perplexity_section(evaluation, trained: dict) -> list[str]:
     return lines
 
 
-def _weat_section(weat) -> list[str]:
+def _weat_section(weat, details=None) -> list[str]:
+    """One row per test (named), one column per model: narrow enough for a page."""
     lines = ["## Bias audit (WEAT)", ""]
     if not weat:
         return lines + ["The audit stage has not run yet."]
+    models = list(weat["models"])
     tests = sorted({t for m in weat["models"].values() for t in m}, key=lambda t: (len(t), t))
-    lines += ["Effect size d (one-sided permutation p) and words used per set X/Y/A/B; a test runs only when "
-              "every set keeps enough words of the training text.", "",
-              "| model | " + " | ".join(tests) + " |", "|---" * (len(tests) + 1) + "|"]
-    for name, results in weat["models"].items():
+    some = (details or {}).get("models", {}).get(models[0], {})
+    lines += ["Effect size d with its one-sided permutation p-value; where a test could not run, the words each set "
+              "X/Y/A/B kept in the training text (a set needs `audit.min_words`). Which words were kept or dropped, "
+              "with their counts: `reports/weat_words.json`.", "",
+              "| test | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
+    for t in tests:
         cells = []
-        for t in tests:
-            r = results.get(t, {})
-            used = "/".join(str(r.get(f"{role}_words", "?")) for role in "xyab")
+        for name in models:
+            r = weat["models"][name].get(t, {})
             if r.get("effect_size") is not None:
-                cells.append(f"{r['effect_size']:.2f} (p={r['p_value']:.3f}) [{used}]")
+                cells.append(f"{r['effect_size']:.2f} (p={r['p_value']:.3f})")
             else:
-                cells.append(f"{r.get('status', 'n/a')} [{used}]")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+                cells.append("n/a [" + "/".join(str(r.get(f"{role}_words", "?")) for role in "xyab") + "]")
+        title = some.get(t, {}).get("title")
+        lines.append(f"| {t}" + (f": {title}" if title else "") + " | " + " | ".join(cells) + " |")
     if weat.get("word_form"):
         lines += ["", f"Word vectors: {weat['word_form']}."]
     return lines
@@ -177,7 +181,7 @@ def build_report(root: str | Path, out_dir: str | Path) -> Path:
     figures.mkdir(parents=True, exist_ok=True)
     corpus, validation = _read_json(root / "metrics/corpus.json"), _read_json(root / "metrics/validation.json")
     tokenize, evaluation = _read_json(root / "metrics/tokenize.json"), _read_json(root / "metrics/eval.json")
-    weat = _read_json(root / "metrics/weat.json")
+    weat, weat_words = _read_json(root / "metrics/weat.json"), _read_json(root / "reports/weat_words.json")
     curves = _curves(root / "plots/train")
     trained = {p.stem: _read_json(p) for p in sorted((root / "metrics/train").glob("*.json"))}
     lines = ["# lmpipe study", ""] + _corpus_section(corpus, validation, tokenize) + [""]
@@ -194,7 +198,7 @@ def build_report(root: str | Path, out_dir: str | Path) -> Path:
     samples = root / "reports/samples.md"
     if samples.exists():
         lines += [re.sub(r"^(#+) ", r"#\1 ", samples.read_text(), flags=re.M)]  # one level down
-    lines += _weat_section(weat)
+    lines += _weat_section(weat, weat_words)
     heatmap = root / "plots/weat/heatmap.png"
     if weat and heatmap.exists():
         (figures / "weat.png").write_bytes(heatmap.read_bytes())

@@ -253,6 +253,9 @@ def tuning_markdown(sweeps_dir: str | Path, params) -> str:
         if (model_dir / "trials.png").exists():
             lines += ["", f"![valid bpb per trial of {model}](../sweeps/{model}/trials.png)"]
         lines.append("")
+    notes = sweeps_dir / "notes.md"  # hand-kept: single runs outside sweeps, and why the defaults are what they are
+    if notes.exists():
+        lines += [notes.read_text().strip(), ""]
     return "\n".join(lines) + "\n"
 
 

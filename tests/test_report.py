@@ -37,6 +37,8 @@ def fixture_study(root, with_weat=True):
                                 "b_words": 20},
             "math_arts": {"effect_size": None, "p_value": None, "status": "insufficient_coverage", "x_words": 2,
                           "y_words": 8, "a_words": 20, "b_words": 20}}}})
+        write(root / "reports/weat_words.json", {"models": {"lstm": {"flowers_insects": {"title": "Flowers vs insects"},
+                                                                      "math_arts": {}}}})
 
 
 def test_report_has_every_section(tmp_path):
@@ -50,7 +52,7 @@ def test_report_has_every_section(tmp_path):
     assert "| transformer | 5,000,000 (1,000,000) | 1,200,000 (2.0 ep.) | 3.40e13 | 250 | 1.900 | 1.800 | 570 | -20.8% |" in md
     assert "Best model: **transformer**, test 1.800 bpb against the KN-5 baseline's 2.000: a test word perplexity " \
            "20.8% lower than the baseline's. Behind the baseline in bpb: lstm." in md
-    assert "1.20 (p=0.010) [8/8/20/20]" in md and "insufficient_coverage [2/8/20/20]" in md
+    assert "| flowers_insects: Flowers vs insects | 1.20 (p=0.010) |" in md and "| math_arts | n/a [2/8/20/20] |" in md
     html = (tmp_path / "reports/study.html").read_text()
     assert html.count("data:image/png;base64,") == 2 and "<table>" in html
     assert (tmp_path / "reports/figures/learning_curves.png").stat().st_size > 1000
