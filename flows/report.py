@@ -1,5 +1,8 @@
 """report stage: reports/study.md and a self-contained reports/study.html, logged to the study's MLflow run."""
 
+import json
+from pathlib import Path
+
 from prefect import flow, task
 
 from flows._stage import PARAMS_FILE, main, stage_run
@@ -8,6 +11,20 @@ from lmpipe.config import load_params
 from lmpipe.report import build_report
 
 OUT_DIR = "reports"  # study.md, study.html, figures/ (beside validation/ and samples.md of earlier stages)
+
+
+EVAL = "metrics/eval.json"
+
+
+def headline(models: dict) -> dict:
+    """Each model's test bpb and word perplexity, and the best neural model's margin over the n-gram baseline."""
+    out = {f"{name}.test_{key}": r["test"][key] for name, r in models.items() for key in ("bpb", "word_ppl")}
+    neural = [n for n in models if n != "ngram"]
+    if "ngram" in models and neural:
+        best = min(neural, key=lambda n: models[n]["test"]["bpb"])
+        out["best_neural_test_bpb"] = models[best]["test"]["bpb"]
+        out["best_neural_vs_ngram_word_ppl"] = models[best]["test"]["word_ppl"] / models["ngram"]["test"]["word_ppl"]
+    return out
 
 
 @task
@@ -24,6 +41,8 @@ def report() -> str:
         for run_id in [None] + ([study] if study else []):  # the report stage's run, and the study run where a study is compared
             for name, where in (("study.md", "report"), ("study.html", "report"), ("figures", "report/figures")):
                 tracking.log_artifacts(f"{OUT_DIR}/{name}", where, run_id=run_id)
+        if study:  # the study's headline numbers on its parent run, where the MLflow UI opens
+            tracking.log_metrics(headline(json.loads(Path(EVAL).read_text())["models"]), run_id=study)
     return path
 
 

@@ -403,7 +403,8 @@ class Trainer:
             self.optimizer = _optimizer(self.model, optim, self.device, asgd=True)
         elif optim.schedule == "plateau" and not improved and not p.asgd:
             p.base_lr *= 0.5  # halve on plateau
-        self.on_eval(record)  # before the sums reset: a crash here repeats this point on resume
+        if self.ranks.main:
+            self.on_eval(record)  # before the sums reset: a crash here repeats this point on resume
         p.reset_sums(self.device)
         self._save()
 
