@@ -110,7 +110,7 @@ def sweep(model: str, trials: int = 20, seeds: int = 3, space_file: str = sw.SPA
                               parent.info.run_id, name) if seeds else []
         write_text(out / "seeds.csv", sw.csv_text(seed_rows))
         sw.trials_figure(rows, model, out / "trials.png")
-        write_text(DOC, sw.tuning_markdown(SWEEPS_DIR, params))
+        write_text(DOC, sw.tuning_markdown(SWEEPS_DIR))
         spread = sw.seed_spread([best.value] + [r["valid_bpb"] for r in seed_rows])
         tracking.log_metrics({"best_valid_bpb": best.value, "best_trial": best.number,
                               **{f"seed_{k}": v for k, v in spread.items()}})

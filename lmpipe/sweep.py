@@ -218,7 +218,7 @@ def _read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def tuning_markdown(sweeps_dir: str | Path, params) -> str:
+def tuning_markdown(sweeps_dir: str | Path) -> str:
     """docs/tuning.md: per swept model its space, trials, the best settings and the seed spread of the winner."""
     sweeps_dir = Path(sweeps_dir)
     lines = ["# Tuning", "",
@@ -238,8 +238,9 @@ def tuning_markdown(sweeps_dir: str | Path, params) -> str:
         complete = [r for r in rows if r["state"] == "COMPLETE"]
         best = min(complete, key=lambda r: float(r["valid_bpb"])) if complete else None
         lines += [f"## {model}", "",
-                  f"{len(rows)} trials ({states.count('COMPLETE')} complete, {states.count('PRUNED')} pruned), "
-                  f"budget {space.get('budget')} per trial.", "", "| setting | searched |", "|---|---|"]
+                  f"{len(rows)} trials ({states.count('COMPLETE')} complete, {states.count('PRUNED')} pruned); "
+                  f"budget per trial: {_describe_budget(space.get('budget') or {})}.", "",
+                  "| setting | searched |", "|---|---|"]
         lines += [f"| `{k}` | {_describe_range(v)} |" for k, v in (space.get("space") or {}).items()]
         if best:
             lines += ["", f"Best: trial {best['number']}, valid bpb **{float(best['valid_bpb']):.4f}**.", "",
@@ -257,6 +258,10 @@ def tuning_markdown(sweeps_dir: str | Path, params) -> str:
     if notes.exists():
         lines += [notes.read_text().strip(), ""]
     return "\n".join(lines) + "\n"
+
+
+def _describe_budget(budget: dict) -> str:
+    return ", ".join(f"{float(v):.3g} training {k}" for k, v in budget.items()) or "not given"
 
 
 def _describe_range(spec: dict) -> str:

@@ -388,8 +388,7 @@ def test_torchrun_runs_a_train_stage_on_two_processes_and_dvc_commit_records_it(
     env = {**env, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "flows.train",
          "--model", "gru"], copy, env)
-    assert sorted(p.name for p in (copy / ".cache/lmpipe/ckpt").glob("gru-*-x2/*")) == ["best.pt", "last.pt",
-                                                                                         "last.rank1.pt"]
+    assert not list((copy / ".cache/lmpipe/ckpt").glob("gru-*-x2"))  # a finished run drops its checkpoints
     run(["dvc", "commit", "--force", "train@gru"], copy, env)
     assert "train@gru" not in json.loads(run(["dvc", "status", "--json"], copy, env).stdout)
     flow_runs = requests.post(f"{prefect_api}/flow_runs/filter", json={
