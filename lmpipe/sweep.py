@@ -20,7 +20,7 @@ study. Each trial reports its validation bpb at every evaluation; Hyperband stop
 from __future__ import annotations
 
 import copy
-import math
+import statistics
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,9 +159,9 @@ def best_profile(model: str, overrides: dict) -> dict:
 
 
 def seed_spread(values: list[float]) -> dict:
-    mean = sum(values) / len(values)
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / max(len(values) - 1, 1))
-    return {"mean": mean, "std": std, "min": min(values), "max": max(values), "n": len(values)}
+    """Mean, sample standard deviation (0 for one value) and range of one setting's results over seeds."""
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return {"mean": statistics.fmean(values), "std": std, "min": min(values), "max": max(values), "n": len(values)}
 
 
 def csv_text(rows: list[dict]) -> str:
