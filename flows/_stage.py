@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import sys
 from typing import Callable, Iterator
 
@@ -11,7 +12,7 @@ from prefect import runtime
 
 from lmpipe import tracking
 from lmpipe.config import Params, load_params, params_hash
-from lmpipe.errors import LmpipeError
+from lmpipe.errors import Interrupted, LmpipeError
 
 PARAMS_FILE = "params.yaml"
 CACHE_DIR = ".cache/lmpipe"
@@ -39,12 +40,22 @@ def stage_run(stage: str, params: Params, sections: list[str] | dict, model: str
 
 
 class _OneLineUserErrors(logging.Filter):
-    """Prefect logs a failed task with its traceback; for a user mistake the message alone is the point."""
+    """Prefect logs a failed task with its traceback; for a user mistake the message alone is the point, and an
+    interrupt is said once, by `main`, not as Prefect's crash reports."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
+            return False
+        if "aborted by an interrupt signal" in record.getMessage():
+            return False
         if record.exc_info and isinstance(record.exc_info[1], LmpipeError):
             record.exc_info, record.exc_text = None, None
         return True
+
+
+def _terminated(signum, frame):
+    """SIGTERM (a scheduler, `kill`) ends a stage as Ctrl-C does: runs closed, checkpoint kept."""
+    raise KeyboardInterrupt
 
 
 def main(flow: Callable, **flow_kwargs) -> None:
@@ -56,8 +67,11 @@ def main(flow: Callable, **flow_kwargs) -> None:
         sys.exit(f"error: {exc}")
     for handler in logging.getLogger("prefect").handlers + logging.getLogger().handlers:
         handler.addFilter(_OneLineUserErrors())
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         state = flow(**flow_kwargs, return_state=True)
+    except Interrupted as exc:
+        sys.exit(str(exc))
     except KeyboardInterrupt:
         sys.exit("interrupted: nothing was written to this stage's outputs; training stages keep their last "
                  "checkpoint, so `dvc repro` resumes them")

@@ -25,7 +25,7 @@ from lmpipe import sweep as sw
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.errors import ConfigError
-from lmpipe.io import write_text
+from lmpipe.io import csv_text, write_text
 from lmpipe.splits import load_tokens
 from lmpipe.train import Trainer
 
@@ -101,14 +101,14 @@ def sweep(model: str, trials: int = 20, seeds: int = 3, space_file: str = sw.SPA
 
         def on_trial(t):  # the table so far, so an interrupted sweep's progress can be read (and committed)
             print(f"{model} trial {t.number}: {t.state.name.lower()}, valid bpb {t.value}", flush=True)
-            write_text(out / "trials.csv", sw.csv_text(sw.trials_table(study)))
+            write_text(out / "trials.csv", csv_text(sw.trials_table(study)))
 
         sw.run_sweep(study, trials, params.train.seed, objective, on_trial)
         best, rows = study.best_trial, sw.trials_table(study)
         write_text(out / "best.yaml", sw.profile_yaml(model, best, space, name))
         seed_rows = seed_runs(model, sw.apply(base, best.params, space.budget), common, data, seeds, experiment,
                               parent.info.run_id, name) if seeds else []
-        write_text(out / "seeds.csv", sw.csv_text(seed_rows))
+        write_text(out / "seeds.csv", csv_text(seed_rows))
         sw.trials_figure(rows, model, out / "trials.png")
         write_text(DOC, sw.tuning_markdown(SWEEPS_DIR))
         spread = sw.seed_spread([best.value] + [r["valid_bpb"] for r in seed_rows])

@@ -11,8 +11,6 @@ tracked flow and the others train alongside it untracked (DDP in lmpipe.train), 
 """
 
 import argparse
-import csv
-import io
 from pathlib import Path
 
 from prefect import flow, task
@@ -22,20 +20,12 @@ from tqdm.auto import tqdm
 from flows._stage import CACHE_DIR, PARAMS_FILE, main, stage_run
 from lmpipe import distributed, tracking
 from lmpipe.config import load_params
-from lmpipe.io import atomic_path, write_json, write_text
+from lmpipe.io import atomic_path, csv_text, write_json, write_text
 from lmpipe.models import NextTokenLogits, save_model
 from lmpipe.splits import load_tokens
 from lmpipe.train import Trainer, run_settings
 
 CKPT_ROOT = Path(CACHE_DIR) / "ckpt"
-
-
-def history_csv(history: list[dict]) -> str:
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(history[0]))
-    writer.writeheader()
-    writer.writerows(history)
-    return out.getvalue()
 
 
 def progress_line(name: str, record: dict, epochs: float) -> str:
@@ -74,7 +64,7 @@ def train(model: str) -> dict:
             save_model(result.model, settings.family, settings.arch, tmp / "model.pt")
         tracking.mark_output(f"models/{model}")
         write_json(f"metrics/train/{model}.json", result.metrics)
-        write_text(f"plots/train/{model}.csv", history_csv(result.history))
+        write_text(f"plots/train/{model}.csv", csv_text(result.history))
         tracking.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
         tracking.log_artifacts(f"plots/train/{model}.csv")
         tracking.log_torch_model(NextTokenLogits(result.model.cpu().eval()), "model", f"lmpipe-{model}",

@@ -90,8 +90,10 @@ class OptimParams(_Section):
     weight_decay: float = Field(0.0, ge=0)
     momentum: float = Field(0.0, ge=0, lt=1)
     clip: float = Field(1.0, gt=0, description="gradient-norm clipping")
-    schedule: Literal["constant", "cosine", "plateau"] = "cosine"
+    schedule: Literal["constant", "cosine", "wsd", "plateau"] = Field(
+        "cosine", description="wsd: warmup, stable, then a linear decay to 0 over the last decay_fraction of steps")
     warmup_steps: int = Field(0, ge=0)
+    decay_fraction: float = Field(0.2, gt=0, le=1, description="wsd: the share of the run spent decaying")
     nt_asgd: bool = Field(False, description="sgd only: switch to averaged SGD when valid stops improving")
     nonmono: int = Field(2, ge=1, description="NT-ASGD: checks without improvement before averaging starts")
 
@@ -219,15 +221,20 @@ def _merge(old, new):
 
 
 def apply_overrides(tree: dict, overrides: list[str]) -> dict:
-    """Apply `dotted.key=yaml value` overrides as `dvc exp run -S` does (a dict value merges into the old one)."""
+    """Apply `dotted.key=yaml value` overrides as `dvc exp run -S` does."""
     for item in overrides:
         key, value = item.split("=", 1)
-        *path, last = key.split(".")
-        node = tree
-        for part in path:
-            node = node.setdefault(part, {})
-        node[last] = _merge(node.get(last), yaml.safe_load(value))
+        set_dotted(tree, key, yaml.safe_load(value))
     return tree
+
+
+def set_dotted(tree: dict, key: str, value) -> None:
+    """tree["a"]["b"] = value for the key "a.b", levels created as needed; a dict value merges into the old one."""
+    *path, last = key.split(".")
+    node = tree
+    for part in path:
+        node = node.setdefault(part, {})
+    node[last] = _merge(node.get(last), value)
 
 
 def params_hash(*sections: dict) -> str:
@@ -257,11 +264,18 @@ def load_params(path: str | Path = "params.yaml") -> Params:
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text (save it as UTF-8)") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "syntax error"
-        raise ConfigError(f"{path}: malformed YAML{where}: {problem} (fix the syntax)") from None
+        raise ConfigError(f"{path}: malformed YAML{yaml_error_place(exc)} (fix the syntax)") from None
     return parse_params(raw, path)
+
+
+def yaml_error_place(exc: yaml.YAMLError) -> str:
+    """' at line L, column C: problem'. A scanner error (a key without ':', an unclosed quote) is only noticed on
+    a later line; the token it was reading starts on the line to fix, so that line is named."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or "syntax error"
+    if isinstance(exc, yaml.scanner.ScannerError) and exc.context_mark is not None:
+        mark, problem = exc.context_mark, f"{problem} ({exc.context})"
+    return f" at line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else f": {problem}"
 
 
 def parse_params(raw, source: str | Path = "params") -> Params:

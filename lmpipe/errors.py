@@ -23,3 +23,7 @@ class ValidationFailed(LmpipeError):
 
 class TrackingError(LmpipeError):
     """The MLflow tracking store cannot be reached or created where MLFLOW_TRACKING_URI points."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped a stage; the message says what was kept (e.g. the checkpoint of step N)."""

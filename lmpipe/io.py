@@ -1,13 +1,15 @@
-"""Atomic file output and hashing: a failed stage never leaves a half-written file behind."""
+"""Atomic file output, CSV text and hashing: a failed stage never leaves a half-written file behind."""
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+from io import StringIO
 from pathlib import Path
 from typing import Iterator
 
@@ -59,3 +61,13 @@ def sha256_tree(path: str | os.PathLike) -> str:
     for file in sorted(p for p in path.rglob("*") if p.is_file()):
         digest.update(f"{file.relative_to(path).as_posix()}\0{sha256_file(file)}\n".encode())
     return digest.hexdigest()
+
+
+def csv_text(rows: list[dict]) -> str:
+    """Rows of one shape as CSV text, the header from the first row's keys ('' when there are none)."""
+    out = StringIO()
+    if rows:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return out.getvalue()

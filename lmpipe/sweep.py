@@ -28,7 +28,7 @@ from typing import Callable
 
 import yaml
 
-from lmpipe.config import ModelParams, params_hash
+from lmpipe.config import ModelParams, params_hash, set_dotted, yaml_error_place
 from lmpipe.errors import ConfigError
 
 SPACE_FILE = "sweeps/space.yaml"
@@ -51,7 +51,7 @@ def load_space(path: str | Path, model: str) -> Space:
     except FileNotFoundError:
         raise ConfigError(f"{path}: not found (create it, see lmpipe/sweep.py for the format)") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: malformed YAML ({type(exc).__name__}; fix the syntax)") from None
+        raise ConfigError(f"{path}: malformed YAML{yaml_error_place(exc)} (fix the syntax)") from None
     if model not in spaces:
         raise ConfigError(f"{path}: no search space for {model!r} (have: {', '.join(spaces) or 'none'})")
     entry = spaces[model] or {}
@@ -84,11 +84,7 @@ def nested(overrides: dict, tree: dict | None = None) -> dict:
     """Dotted settings written into a (copy of a) nested tree: {"optim.lr": 1} -> {"optim": {"lr": 1}}."""
     tree = copy.deepcopy(tree) if tree is not None else {}
     for key, value in overrides.items():
-        *path, last = key.split(".")
-        node = tree
-        for part in path:
-            node = node.setdefault(part, {})
-        node[last] = value
+        set_dotted(tree, key, value)
     return tree
 
 
@@ -162,18 +158,6 @@ def seed_spread(values: list[float]) -> dict:
     """Mean, sample standard deviation (0 for one value) and range of one setting's results over seeds."""
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     return {"mean": statistics.fmean(values), "std": std, "min": min(values), "max": max(values), "n": len(values)}
-
-
-def csv_text(rows: list[dict]) -> str:
-    import csv
-    import io
-
-    out = io.StringIO()
-    if rows:
-        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return out.getvalue()
 
 
 def profile_yaml(model: str, best, space: Space, name: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import socket
 import subprocess
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -22,6 +23,7 @@ from lmpipe.errors import TrackingError
 from lmpipe.io import sha256_tree
 
 ROLE, STUDY_KEY = "lmpipe.role", "lmpipe.study_key"
+HOST, PID = "lmpipe.host", "lmpipe.pid"  # which process owns a RUNNING run
 
 
 def project_root() -> Path:
@@ -156,19 +158,54 @@ def stage_run(
         **({"lmpipe.model": model} if model else {}),
         **(tags or {}),
     }
-    with mlflow.start_run(experiment_id=experiment_id(experiment), run_name=stage,
-                          parent_run_id=parent, tags=run_tags) as run:
+    with _closing(experiment, run_name=stage, parent_run_id=parent, tags=run_tags) as run:
         flat = {k: ("null" if v is None else v) for k, v in flatten(params).items()}
         mlflow.log_params(flat)
         yield run
 
 
 @contextlib.contextmanager
+def _closing(experiment: str, **start) -> Iterator[mlflow.ActiveRun]:
+    """mlflow.start_run that never leaves a ghost: an interrupt ends the run KILLED (an error: FAILED), and runs
+    left RUNNING by processes of this host that died without a word (SIGKILL, power) are ended FAILED first."""
+    end_ghost_runs(experiment)
+    tags = {**start.pop("tags", {}), HOST: socket.gethostname(), PID: str(os.getpid())}
+    with mlflow.start_run(experiment_id=experiment_id(experiment), tags=tags, **start) as active:
+        try:
+            yield active
+        except KeyboardInterrupt:
+            mlflow.end_run("KILLED")
+            raise
+
+
+def end_ghost_runs(experiment: str) -> list[str]:
+    """End FAILED the RUNNING runs started on this host by a process that no longer exists; their ids."""
+    client = MlflowClient()
+    running = client.search_runs([experiment_id(experiment)], f"attributes.status = 'RUNNING' and tags.`{HOST}` = "
+                                 f"'{socket.gethostname()}'", max_results=1000)
+    ghosts = [r.info.run_id for r in running if not _alive(int(r.data.tags.get(PID, 0)))]
+    for run_id in ghosts:
+        client.set_tag(run_id, "lmpipe.ended", "its process died; ended by the next stage")
+        client.set_terminated(run_id, "FAILED")
+    return ghosts
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return pid > 0
+
+
+@contextlib.contextmanager
 def run(experiment: str, name: str, params: Mapping | None = None, tags: Mapping[str, str] | None = None,
         parent_run_id: str | None = None) -> Iterator[mlflow.ActiveRun]:
     """A run outside the stage graph (a sweep, one of its trials), optionally nested under `parent_run_id`."""
-    with mlflow.start_run(experiment_id=experiment_id(experiment), run_name=name, parent_run_id=parent_run_id,
-                          nested=parent_run_id is not None, tags=dict(tags or {})) as active:
+    with _closing(experiment, run_name=name, parent_run_id=parent_run_id, nested=parent_run_id is not None,
+                  tags=dict(tags or {})) as active:
         if params:
             mlflow.log_params({k: ("null" if v is None else v) for k, v in flatten(params).items()})
         yield active

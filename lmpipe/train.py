@@ -15,7 +15,9 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +30,7 @@ from tqdm.auto import tqdm
 
 from lmpipe import distributed
 from lmpipe.config import ModelParams, TrainParams
-from lmpipe.errors import ConfigError
+from lmpipe.errors import ConfigError, Interrupted
 from lmpipe.evaluate import perplexities, stream_nll
 from lmpipe.flops import train_flops_per_token
 from lmpipe.models import (StreamLM, arch_with_defaults, build_model, count_non_embedding_parameters,
@@ -137,7 +139,35 @@ def _lr_factor(optim, step: int, total: int) -> float:
     if optim.schedule == "cosine":
         progress = (step - optim.warmup_steps) / max(1, total - optim.warmup_steps)
         return 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    if optim.schedule == "wsd":  # Hu et al. 2024 (MiniCPM): the rate stays high for longer than under cosine
+        decay_steps = max(1, round(optim.decay_fraction * total))
+        return min(1.0, max(0.0, (total - step) / decay_steps))
     return 1.0
+
+
+class _StopRequest:
+    """Ctrl-C or SIGTERM while training: finish the step, save a checkpoint, then stop (a second Ctrl-C stops at
+    once). Only in the main thread of a single process: DDP ranks would stop at different steps."""
+
+    def __init__(self, active: bool):
+        self.active = active and threading.current_thread() is threading.main_thread()
+        self.requested, self.previous = False, {}
+
+    def __enter__(self):
+        if self.active:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(sig) not in (signal.SIG_IGN, None):  # a background job ignores Ctrl-C: keep that
+                    self.previous[sig] = signal.signal(sig, self._request)
+        return self
+
+    def _request(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 class _Averaged:
@@ -291,6 +321,10 @@ class Trainer:
         `on_step(step)` is called after every optimiser step (tests interrupt a run from there).
         """
         self._resume()
+        with _StopRequest(active=self.ranks.world == 1) as stop:
+            return self._loop(stop, on_step)
+
+    def _loop(self, stop: _StopRequest, on_step: Callable[[int], None] | None) -> TrainResult:
         p = self.progress
         while not self._done():
             plan = self._epoch_plan(p.epoch)
@@ -322,6 +356,11 @@ class Trainer:
                     started = time.perf_counter()
                 if on_step:
                     on_step(p.step)
+                if stop.requested:
+                    p.seconds += time.perf_counter() - started
+                    self._save()
+                    bar.close()
+                    raise Interrupted(f"{self.name} interrupted at step {p.step}; checkpoint saved; `dvc repro` resumes")
             bar.close()
         return self._finish()
 

@@ -75,7 +75,8 @@ def expectations(params: ValidateParams) -> dict[str, list]:
     lines = [E.ExpectColumnValuesToNotMatchRegex(column="text", regex=re.escape(r), meta={"why": f"no markup residue {r!r}"})
              for r in MARKUP_RESIDUE]
     lines += [
-        E.ExpectColumnValuesToBeBetween(column="chars", min_value=params.min_line_chars, max_value=params.max_line_chars),
+        E.ExpectColumnValuesToBeBetween(column="chars", min_value=params.min_line_chars, max_value=params.max_line_chars,
+                                        meta={"setting": "validate.min_line_chars / validate.max_line_chars"}),
         E.ExpectColumnValuesToBeInSet(column="utf8_ok", value_set=[True]),
     ]
     return {
@@ -83,8 +84,10 @@ def expectations(params: ValidateParams) -> dict[str, list]:
         "articles": [E.ExpectColumnValuesToBeUnique(column="title", meta={"why": "splits disjoint by article"})],
         "splits": [
             E.ExpectColumnDistinctValuesToEqualSet(column="split", value_set=list(SPLITS)),
-            E.ExpectColumnValuesToBeBetween(column="words", min_value=params.min_words),
-            E.ExpectColumnValuesToBeBetween(column="oov_rate", min_value=0, max_value=params.max_oov_rate),
+            E.ExpectColumnValuesToBeBetween(column="words", min_value=params.min_words,
+                                            meta={"setting": "validate.min_words"}),
+            E.ExpectColumnValuesToBeBetween(column="oov_rate", min_value=0, max_value=params.max_oov_rate,
+                                            meta={"setting": "validate.max_oov_rate"}),
         ],
     }
 
@@ -93,15 +96,26 @@ def _describe(table: str, result) -> str:
     """One human line: what was expected, on which table and column, how many rows broke it, where."""
     config = result.expectation_config
     detail = result.result or {}
-    bounds = {k: v for k, v in config.kwargs.items() if k in ("min_value", "max_value", "value_set")}
-    what = (config.meta or {}).get("why") or f"{config.type.removeprefix('expect_column_')} {bounds}".rstrip(" {}")
+    meta = config.meta or {}
+    what = meta.get("why") or _expected(config.kwargs)
     count, total = detail.get("unexpected_count"), detail.get("element_count")
     badly = f"{count} of {total} rows" if count is not None else f"observed {detail.get('observed_value')}"
     where = Counter(row.get("split") for row in detail.get("unexpected_index_list") or [])
     per_split = ", ".join(f"{split}: {n}" for split, n in sorted(where.items(), key=lambda kv: str(kv[0])))
     examples = [str(v)[:60] for v in (detail.get("partial_unexpected_list") or [])[:3]]
+    fix = f" (change {meta['setting']} in params.yaml, or fix the corpus)" if meta.get("setting") else ""
     return (f"{table}.{config.kwargs.get('column')}: {what}: {badly}"
-            + (f" [{per_split}]" if per_split else "") + (f" e.g. {examples}" if examples else ""))
+            + (f" [{per_split}]" if per_split else "") + (f" e.g. {examples}" if examples else "") + fix)
+
+
+def _expected(kwargs: dict) -> str:
+    """An expectation's bounds in words: 'values in [0, 0.2]', 'values >= 1000', 'values in {...}'."""
+    low, high = kwargs.get("min_value"), kwargs.get("max_value")
+    if "value_set" in kwargs:
+        return f"values in {sorted(kwargs['value_set'], key=str)}"
+    if low is not None and high is not None:
+        return f"values in [{low:g}, {high:g}]"
+    return f"values >= {low:g}" if low is not None else f"values <= {high:g}"
 
 
 def validate_corpus(clean_dir: str | Path, params: ValidateParams, docs_dir: str | Path) -> dict:

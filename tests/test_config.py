@@ -31,6 +31,8 @@ def test_project_params_load_with_defaults():
     ("corpus: {sha256: abc}", "corpus.sha256: String should match pattern"),
     ("validate: {min_words: 0}", "validate.min_words: Input should be greater than or equal to 1"),
     ("corpus: [source", "malformed YAML at line 1"),
+    ("train:\n  seed: 1\n  device cpu\n  threads: 0\n", "malformed YAML at line 3, column 3: could not find expected ':'"),
+    ("evaluate:\n  prompts: ['The history of\n  seed: 0\n", "malformed YAML at line 2, column 13: found unexpected end"),
     ("- a\n- b\n", "must be a mapping of sections"),
 ])
 def test_bad_params_give_one_line_naming_the_key(tmp_path, text, expected):

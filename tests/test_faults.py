@@ -83,3 +83,42 @@ def test_truncated_token_stream_names_the_file_and_the_fix(tmp_path):
     (tmp_path / "train.npy").write_bytes(whole[: len(whole) // 2])
     with pytest.raises(CorpusError, match=r"train.npy: not a readable token stream .*dvc repro --force tokenize"):
         load_tokens(tmp_path)
+
+
+GHOST = """
+import os, signal, sys
+from lmpipe import tracking
+with tracking.stage_run("train@gru", "exp", {"x": {"y": 1}}, "h", params_file=sys.argv[1]):
+    if sys.argv[2] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)  # dies without a word: its run stays RUNNING
+    raise KeyboardInterrupt
+"""
+
+
+def test_runs_of_dead_stages_never_stay_running(tmp_path, monkeypatch):
+    """SIGKILL leaves a RUNNING run behind: the next stage ends it FAILED. Ctrl-C ends its own run KILLED.
+    A run whose process lives (this one) is left alone."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (tmp_path / "params.yaml").write_text("corpus: {source: enwiki-sample}\n")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    env.pop("LMPIPE_PARENT_RUN_ID", None)
+    client = MlflowClient(uri)
+
+    def stages():
+        experiment = client.get_experiment_by_name("exp").experiment_id
+        return sorted(r.info.status for r in client.search_runs([experiment], "tags.`lmpipe.role` = 'stage'"))
+
+    def stage(how):
+        subprocess.run([sys.executable, "-c", GHOST, str(tmp_path / "params.yaml"), how], env=env, cwd=ROOT,
+                       capture_output=True, timeout=300)
+        return stages()
+
+    assert stage("kill") == ["RUNNING"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with tracking.run("exp", "alive") as alive:  # any run's start ends the ghost...
+        assert stages() == ["FAILED"]
+        assert tracking.end_ghost_runs("exp") == []  # ...but not a run whose process lives
+        assert client.get_run(alive.info.run_id).info.status == "RUNNING"
+    assert stage("interrupt") == ["FAILED", "KILLED"]

@@ -311,6 +311,19 @@ def test_404_in_the_flow_is_one_clear_line_and_not_retried(project):
         httpd.shutdown()
 
 
+def created_flow_run(url: str, patience: float = 60.0) -> str:
+    """POST create_flow_run until the server accepts it: a busy SQLite server answers 5xx for a moment."""
+    import time
+
+    deadline = time.monotonic() + patience
+    while True:
+        answer = requests.post(url, json={}, timeout=10)
+        if answer.ok or time.monotonic() > deadline:
+            assert answer.ok, f"{answer.status_code}: {answer.text[:500]}"
+            return answer.json()["id"]
+        time.sleep(2)
+
+
 def test_scheduled_retrain_deployment_registers_and_runs(project, prefect_api):
     import time
 
@@ -326,8 +339,7 @@ def test_scheduled_retrain_deployment_registers_and_runs(project, prefect_api):
             deployment = found[0] if found else time.sleep(1)
         assert deployment, (copy / "schedule.log").read_text()[-2000:]
         assert [s["schedule"]["cron"] for s in deployment["schedules"]] == ["0 3 * * 1"]
-        run_id = requests.post(f"{prefect_api}/deployments/{deployment['id']}/create_flow_run", json={},
-                               timeout=10).json()["id"]
+        run_id = created_flow_run(f"{prefect_api}/deployments/{deployment['id']}/create_flow_run")
         deadline, state = time.monotonic() + 400, None
         while time.monotonic() < deadline:
             state = requests.get(f"{prefect_api}/flow_runs/{run_id}", timeout=10).json()["state_type"]

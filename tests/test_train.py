@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 import numpy as np
 import pytest
 import torch
 
 from lmpipe.config import ModelParams, TrainParams
+from lmpipe.errors import Interrupted
 from lmpipe.splits import Split, TokenData
 from lmpipe.train import Trainer, checkpoint_dir, prune_checkpoints, stream_plan, window_plan
 
@@ -100,6 +104,30 @@ def test_kill_and_resume_gives_identical_weights_and_curve(tmp_path, name, step)
     assert drop_timings(resumed.history) == drop_timings(whole.history)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_finishes_the_step_saves_it_and_says_so_in_one_line(tmp_path, signum):
+    """Ctrl-C (or SIGTERM) at step 11, between the checkpoints of steps 7 and 14: the stop comes after step 11,
+    whose checkpoint is saved, so the resumed run repeats nothing and still ends exactly as an uninterrupted one."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as a stage has it: a handler to take over
+    try:
+        def ctrl_c(step):
+            if step == 11:
+                os.kill(os.getpid(), signum)
+        with pytest.raises(Interrupted, match=r"^lstm interrupted at step 11; checkpoint saved; `dvc repro` resumes$"):
+            train(tmp_path / "stopped", "lstm", on_step=ctrl_c)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handlers are given back
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        saved = torch.load(tmp_path / "stopped" / "lstm" / "last.pt", weights_only=False)
+        assert saved["progress"]["step"] == 11
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    whole = train(tmp_path / "whole", "lstm")
+    resumed = train(tmp_path / "stopped", "lstm")
+    for (key, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items()):
+        assert torch.equal(a, b), key
+    assert drop_timings(resumed.history) == drop_timings(whole.history)
+
+
 def test_finished_run_leaves_no_checkpoint_so_a_rerun_trains_again(tmp_path):
     first = train(tmp_path, "nplm")
     assert not (tmp_path / "nplm").exists()
@@ -161,6 +189,19 @@ def test_budget_in_tokens_sets_the_run_length_and_the_schedule_anneals_to_it(tmp
     assert result.history[-1]["lr"] < 0.01 * settings.optim.lr  # cosine annealed to ~0 at the budget's end
     steps = [h["step"] for h in result.history]
     assert steps == sorted(steps) and len(steps) >= 3 and steps[-1] == 30
+
+
+def test_wsd_schedule_warms_up_holds_then_decays_linearly_to_zero():
+    from lmpipe.config import OptimParams
+    from lmpipe.train import _lr_factor
+
+    optim = OptimParams(schedule="wsd", warmup_steps=10, decay_fraction=0.25)
+    factors = [_lr_factor(optim, step, 100) for step in range(100)]
+    assert factors[0] == 0.1 and factors[9] == 1.0  # warmup
+    assert set(factors[10:76]) == {1.0}  # stable
+    assert factors[76:] == [(100 - s) / 25 for s in range(76, 100)]  # linear decay, 0.04 at the last step
+    cosine = [_lr_factor(optim.model_copy(update={"schedule": "cosine"}), step, 100) for step in range(100)]
+    assert sum(factors) > sum(cosine)  # more steps at a high rate for the same run length
 
 
 def test_budget_in_flops_matches_the_same_budget_in_tokens(tmp_path):

@@ -54,7 +54,9 @@ def test_small_split_and_bad_utf8_fail(clean_dir, tmp_path):
     (clean_dir / "test.txt").write_bytes(" = Tiny = \ntoo few words \xff\xfe here\n\n".encode("latin-1"))
     report = validate_corpus(clean_dir, PARAMS, tmp_path / "docs")
     text = " | ".join(report["failures"])
-    assert "splits.words" in text and "test" in text
+    words = next(f for f in report["failures"] if f.startswith("splits.words"))
+    assert words.startswith("splits.words: values >= 100: 1 of 3 rows [test: 1]")
+    assert words.endswith("(change validate.min_words in params.yaml, or fix the corpus)")
     assert "lines.utf8_ok" in text and "[test: 1]" in text
 
 
