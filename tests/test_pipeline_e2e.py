@@ -281,6 +281,38 @@ def test_malformed_params_fail_in_one_line(project):
         params.write_text(saved)
 
 
+def test_ctrl_c_stops_a_training_stage_in_one_line_and_its_run_ends_killed(project):
+    import re
+    import signal
+    import time
+
+    copy, env, _ = project
+    params = copy / "params.yaml"
+    saved = params.read_text()
+    try:
+        endless = yaml.safe_load(saved)
+        endless["models"]["gru"]["epochs"] = 100000
+        params.write_text(yaml.safe_dump(endless, sort_keys=False))
+        stage = subprocess.Popen([sys.executable, "-m", "flows.train", "--model", "gru"], cwd=copy, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+        deadline = time.monotonic() + 180
+        while not list((copy / ".cache/lmpipe/ckpt").glob("gru-*/last.pt")) and time.monotonic() < deadline:
+            time.sleep(0.5)  # training has reached its first checkpoint
+        stage.send_signal(signal.SIGINT)
+        out, err = stage.communicate(timeout=60)
+        assert stage.returncode == 1
+        assert "Traceback" not in out + err and "Crash detected" not in out + err
+        assert re.fullmatch(r"gru interrupted at step \d+; checkpoint saved; `dvc repro` resumes",
+                            err.strip().splitlines()[-1]), err[-2000:]
+        client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
+        newest = client.search_runs([client.get_experiment_by_name("lmpipe").experiment_id],
+                                    "tags.`lmpipe.stage` = 'train@gru'", order_by=["attributes.start_time DESC"])[0]
+        assert newest.info.status == "KILLED"
+    finally:
+        params.write_text(saved)
+
+
 class NotFound(http.server.BaseHTTPRequestHandler):
     hits = 0
 
