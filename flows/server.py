@@ -8,11 +8,14 @@ server at 127.0.0.1:4200 when one answers, else Prefect's ephemeral server (the 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from lmpipe.errors import LmpipeError
 
 HOST, PORT = "127.0.0.1", 4200
 
@@ -44,9 +47,12 @@ def start(port: int = PORT, log_dir: str | Path = ".cache/lmpipe", timeout: floa
     url = api_url(port)
     if healthy(url):
         return url, None
+    if not _free(port):
+        raise LmpipeError(f"{HOST}:{port} is taken by another program (choose another: lmpipe server --port N)")
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": os.environ.get("PREFECT_UI_ENABLED", "true")}
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": os.environ.get("PREFECT_UI_ENABLED", "true"),
+           "PREFECT_UI_API_URL": url}  # the UI reads this server, not 4200's
     env.pop("PREFECT_API_URL", None)
     with open(log_dir / f"prefect-server-{port}.log", "ab") as log:
         process = subprocess.Popen(
@@ -63,6 +69,15 @@ def start(port: int = PORT, log_dir: str | Path = ".cache/lmpipe", timeout: floa
         time.sleep(0.5)
     process.terminate()
     raise RuntimeError(f"prefect server did not answer on {url} within {timeout:.0f} s; see {log_dir}/prefect-server-{port}.log")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((HOST, port))
+        except OSError:
+            return False
+    return True
 
 
 def stop(port: int = PORT, log_dir: str | Path = ".cache/lmpipe") -> bool:

@@ -6,6 +6,7 @@ import argparse
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 from lmpipe.errors import LmpipeError
@@ -19,8 +20,12 @@ def _server(args) -> int:
         return 0
     url, process = server.start(args.port)
     print(("started " if process else "already running: ") + url)
-    print(f"stages find it on 127.0.0.1:{server.PORT} by themselves; elsewhere: export PREFECT_API_URL={url}")
-    print(f"Prefect UI: {url.removesuffix('/api')}   stop with: lmpipe server --stop")
+    port = "" if args.port == server.PORT else f" --port {args.port}"
+    if port:
+        print(f"stages find it with: export PREFECT_API_URL={url}")
+    else:
+        print(f"stages find it on {server.HOST}:{server.PORT} by themselves; elsewhere: export PREFECT_API_URL={url}")
+    print(f"Prefect UI: {url.removesuffix('/api')}   stop with: lmpipe server --stop{port}")
     return 0
 
 
@@ -112,7 +117,11 @@ def _generate(args) -> int:
         from lmpipe.tracking import tracking_uri
 
         mlflow.set_tracking_uri(tracking_uri())
-        model = mlflow.pytorch.load_model(args.model, map_location="cpu").lm.eval()  # NextTokenLogits(lm)
+        try:
+            model = mlflow.pytorch.load_model(args.model, map_location="cpu").lm.eval()  # NextTokenLogits(lm)
+        except mlflow.exceptions.MlflowException as exc:
+            raise LmpipeError(f"{args.model}: not in the MLflow model registry at {tracking_uri()} "
+                              f"({exc.error_code}; see the versions with `lmpipe ui`, Models)") from None
     else:
         directory = Path("models") / args.model
         if not directory.exists():
@@ -137,7 +146,13 @@ def _schedule(args) -> int:
 
     print(f"serving deployment 'retrain/{args.name}' on cron '{args.cron}' via {os.environ['PREFECT_API_URL']}"
           " (Ctrl-C stops it)")
-    retrain.serve(name=args.name, cron=args.cron, print_starting_message=False)
+    # Prefect 3.8's runner stops on SIGTERM through a coroutine it never awaits; the shutdown is clean all the same
+    warnings.filterwarnings("ignore", message="coroutine 'Runner.astop' was never awaited")
+    try:
+        retrain.serve(name=args.name, cron=args.cron, print_starting_message=False)
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (the runner exits 0 after pausing the schedule)
+        pass
+    print(f"stopped serving 'retrain/{args.name}'", flush=True)
     return 0
 
 

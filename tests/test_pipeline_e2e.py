@@ -224,6 +224,10 @@ print(json.dumps({"signature": info.signature.to_dict(), "shape": list(logits.sh
     done = run(["lmpipe", "generate", "--model", "models:/lmpipe-lstm/1", "--prompt", "The history of",
                 "--max-new-tokens", "5"], copy, env)
     assert done.stdout.startswith("The history of")
+    missing = run(["lmpipe", "generate", "--model", "models:/lmpipe-lstm/99", "--prompt", "The"], copy, env, check=False)
+    assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [
+        f"error: models:/lmpipe-lstm/99: not in the MLflow model registry at sqlite:///{copy}/mlflow.db "
+        "(RESOURCE_DOES_NOT_EXIST; see the versions with `lmpipe ui`, Models)"]
 
 
 def test_mlflow_server_serves_every_stage_run(project):
@@ -387,6 +391,8 @@ def test_scheduled_retrain_deployment_registers_and_runs(project, prefect_api):
     finally:
         stop(serve)
         log.close()
+    served = (copy / "schedule.log").read_text()
+    assert "stopped serving 'retrain/e2e-retrain'" in served and "never awaited" not in served, served[-2000:]
 
 
 @pytest.mark.parametrize("runner", ["dask", "ray"])

@@ -1,0 +1,26 @@
+# Two commands: `make study` sets up .venv (once) and runs the whole study; `make test` runs the tests.
+# Both are idempotent: a second `make study` finds everything up to date. The long form is in the README.
+VENV := .venv
+READY := $(VENV)/.installed
+export PATH := $(abspath $(VENV)/bin):$(PATH)
+
+.PHONY: study test server stop
+
+study: $(READY) server
+	dvc repro
+	@echo "report: reports/study.html   numbers: dvc metrics show   MLflow: lmpipe ui   (tools in $(VENV)/bin)"
+
+test: $(READY)
+	python -m pytest -q
+
+server: $(READY)
+	lmpipe server
+
+stop:
+	lmpipe server --stop
+
+# (Re)installed when the pins or the package's metadata change.
+$(READY): pyproject.toml constraints.txt
+	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
+	pip install -q -c constraints.txt -e ".[dev]"
+	touch $@
