@@ -1,4 +1,5 @@
-"""report stage: reports/study.md and a self-contained reports/study.html, logged to the study's MLflow run."""
+"""report stage: reports/study.md and a self-contained reports/study.html, logged to the study's MLflow run;
+metrics/models/<model>.json (what `dvc metrics show` lists) and the offline page of `dvc plots show`."""
 
 import json
 from pathlib import Path
@@ -8,12 +9,14 @@ from prefect import flow, task
 from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import tracking
 from lmpipe.config import load_params
-from lmpipe.report import build_report
+from lmpipe.io import write_text
+from lmpipe.report import build_report, dvc_plots_template
 
 OUT_DIR = "reports"  # study.md, study.html, figures/ (beside validation/ and samples.md of earlier stages)
 
 
 EVAL = "metrics/eval.json"
+PLOTS_TEMPLATE = "reports/plots_template.html"  # .dvc/config points `dvc plots show` at it
 
 
 def headline(models: dict) -> dict:
@@ -29,6 +32,7 @@ def headline(models: dict) -> dict:
 
 @task
 def write_report() -> str:
+    write_text(PLOTS_TEMPLATE, dvc_plots_template())
     return str(build_report(".", OUT_DIR))
 
 

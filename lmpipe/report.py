@@ -14,7 +14,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import markdown  # noqa: E402
 
+from lmpipe.io import atomic_path  # noqa: E402
+
 BASELINE = "ngram"
+SUMMARIES = "metrics/models"  # one small file per model: what `dvc metrics show` lists
 
 
 def _read_json(path: Path):
@@ -147,6 +150,29 @@ def _perplexity_section(evaluation, trained: dict) -> list[str]:
     return lines
 
 
+def model_summaries(evaluation: dict, trained: dict, weat: dict | None) -> dict[str, dict]:
+    """metrics/models/<model>.json: the few numbers a user compares across models and experiments, rounded so that
+    `dvc metrics show` gives one narrow row per model (the full detail stays in metrics/eval.json and the others):
+    test bpb and word perplexity, the change in word perplexity against KN-5, parameters (millions), training
+    compute (PFLOPs) and seconds, and the mean |effect size| over the WEAT tests the model could run."""
+    models, summaries = evaluation["models"], {}
+    kn = models.get(BASELINE)
+    for name, r in models.items():
+        row = {"test_bpb": round(r["test"]["bpb"], 4), "word_ppl": round(r["test"]["word_ppl"], 1)}
+        if kn:
+            row["vs_kn5"] = round(r["test"]["word_ppl"] / kn["test"]["word_ppl"] - 1, 4)
+        row["params_m"] = round(r["n_params"] / 1e6, 3)
+        t = trained.get(name) or {}
+        if "train_flops" in t:
+            row |= {"pflop": round(t["train_flops"] / 1e15, 2), "train_s": round(t["seconds"])}
+        effects = [abs(v["effect_size"]) for v in ((weat or {}).get("models", {}).get(name) or {}).values()
+                   if v.get("effect_size") is not None]
+        if effects:
+            row["weat_d"] = round(sum(effects) / len(effects), 3)
+        summaries[name] = row
+    return summaries
+
+
 def _weat_section(weat, details=None) -> list[str]:
     """One row per test (named), one column per model: narrow enough for a page."""
     lines = ["## Bias audit (WEAT)", ""]
@@ -174,8 +200,19 @@ def _weat_section(weat, details=None) -> list[str]:
     return lines
 
 
+def dvc_plots_template(vega_lite: str = "5.21") -> str:
+    """The page `dvc plots show` fills (`.dvc/config` plots.html_template) with Vega, Vega-Lite and vega-embed inlined
+    from vl-convert's bundle (BSD-3-Clause), so every plot draws offline; DVC's own page loads them from a CDN."""
+    import vl_convert
+
+    bundle = vl_convert.javascript_bundle(vl_version=vega_lite)  # sets window.vegaEmbed, which DVC's plot divs call
+    return ("<!DOCTYPE html>\n<html>\n<head>\n<meta charset=\"utf-8\">\n{refresh_tag}\n<title>lmpipe plots</title>\n"
+            f"<script>{bundle}</script>\n<style>table {{ border-spacing: 15px; }}</style>\n</head>\n"
+            "<body>\n{plot_divs}\n</body>\n</html>\n")
+
+
 def build_report(root: str | Path, out_dir: str | Path) -> Path:
-    """Write study.md, study.html and figures/ under `out_dir` from the metrics under `root`."""
+    """Write study.md, study.html and figures/ under `out_dir`, and metrics/models/, from the metrics under `root`."""
     root, out_dir = Path(root), Path(out_dir)
     figures = out_dir / "figures"
     figures.mkdir(parents=True, exist_ok=True)
@@ -203,6 +240,12 @@ def build_report(root: str | Path, out_dir: str | Path) -> Path:
     if weat and heatmap.exists():
         (figures / "weat.png").write_bytes(heatmap.read_bytes())
         lines += ["", "![WEAT heatmap](figures/weat.png)"]
+    if evaluation:
+        summaries = root / SUMMARIES
+        with atomic_path(summaries) as tmp:
+            tmp.mkdir()
+            for name, row in model_summaries(evaluation, trained, weat).items():
+                (tmp / f"{name}.json").write_text(json.dumps(row, indent=2) + "\n")
     text = "\n".join(lines) + "\n"
     (out_dir / "study.md").write_text(text, encoding="utf-8")
     html = markdown.markdown(text, extensions=["tables"])

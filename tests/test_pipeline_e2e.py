@@ -138,9 +138,31 @@ def test_repro_runs_every_stage_and_writes_contract_outputs(project):
     assert all(set(r) == {f"weat{i}" for i in range(1, 11)} for r in weat["models"].values())
     assert all(t["status"] in ("ok", "insufficient_coverage") for r in weat["models"].values() for t in r.values())
     assert (copy / "plots/weat/heatmap.png").stat().st_size > 1000
+    shown = run(["dvc", "metrics", "show", "--md"], copy, env).stdout.splitlines()
+    assert sorted(line.split()[1] for line in shown if line.startswith("| metrics/")) == [
+        f"metrics/models/{m}.json" for m in sorted(("ngram", *MODELS))]  # a row per model, nothing else
+    assert max(map(len, shown)) < 120, "\n".join(shown)
     assert (copy / "data/embeddings/word2vec.txt").exists() and "## Bias audit (WEAT)" in study
     lock = yaml.safe_load((copy / "dvc.lock").read_text())
     assert set(lock["stages"]) == set(STAGES)
+
+
+def test_dvc_plots_show_draws_every_plot_offline(project):
+    """`dvc plots show` fills the report's page (.dvc/config): no CDN, and every Vega-Lite spec in it compiles and
+    renders with the inlined Vega-Lite version (vl-convert renders it here as a browser would, offline)."""
+    import re
+
+    import vl_convert
+
+    copy, env, _ = project
+    run(["dvc", "plots", "show", "--out", "dvc_plots"], copy, env)
+    page = (copy / "dvc_plots/index.html").read_text()
+    assert "cdn.jsdelivr" not in page and not re.search(r"<script[^>]+src=", page) and "window.vegaEmbed=" in page
+    specs = [json.loads(s) for s in re.findall(r"var spec = (\{.*?\});\s*vegaEmbed", page, re.S)]
+    assert len(specs) == len(MODELS) + 1  # a learning curve per model, the perplexity bars
+    for spec in specs:
+        assert "<svg" in vl_convert.vegalite_to_svg(spec, vl_version="5.21")
+    assert "heatmap.png" in page  # the WEAT heatmap, an image DVC embeds
 
 
 def test_second_repro_does_nothing(project):

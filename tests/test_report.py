@@ -62,3 +62,34 @@ def test_report_without_audit_says_so(tmp_path):
     fixture_study(tmp_path, with_weat=False)
     md = build_report(tmp_path, tmp_path / "reports").read_text()
     assert "The audit stage has not run yet." in md
+
+
+def test_one_small_metrics_file_per_model(tmp_path):
+    """metrics/models/<model>.json: the numbers `dvc metrics show` lists, one narrow row per model."""
+    fixture_study(tmp_path)
+    build_report(tmp_path, tmp_path / "reports")
+    rows = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "metrics/models").glob("*.json")}
+    assert rows == {
+        "ngram": {"test_bpb": 2.0, "word_ppl": 720.0, "vs_kn5": 0.0, "params_m": 0.001},
+        "lstm": {"test_bpb": 2.1, "word_ppl": 840.0, "vs_kn5": 0.1667, "params_m": 4.0, "pflop": 0.03, "train_s": 250,
+                 "weat_d": 1.2},
+        "transformer": {"test_bpb": 1.8, "word_ppl": 570.0, "vs_kn5": -0.2083, "params_m": 5.0, "pflop": 0.03,
+                        "train_s": 250},
+    }
+
+
+def test_dvc_plots_page_draws_offline():
+    """The page carries Vega, Vega-Lite and vega-embed itself: no script from a CDN, vegaEmbed defined globally."""
+    import re
+
+    import vl_convert
+
+    from lmpipe.report import dvc_plots_template
+
+    page = dvc_plots_template()
+    assert "{plot_divs}" in page and "window.vegaEmbed=" in page
+    assert not re.search(r"<script[^>]+src=", page) and "cdn.jsdelivr" not in page
+    spec = {"$schema": "https://vega.github.io/schema/vega-lite/v5.json", "data": {"values": [{"x": 1, "y": 2}]},
+            "mark": "line", "encoding": {"x": {"field": "x", "type": "quantitative"},
+                                         "y": {"field": "y", "type": "quantitative"}}}
+    assert "<svg" in vl_convert.vegalite_to_svg(spec, vl_version="5.21")  # the inlined version compiles DVC's v5 specs
