@@ -154,7 +154,7 @@ def model_summaries(evaluation: dict, trained: dict, weat: dict | None) -> dict[
     """metrics/models/<model>.json: the few numbers a user compares across models and experiments, rounded so that
     `dvc metrics show` gives one narrow row per model (the full detail stays in metrics/eval.json and the others):
     test bpb and word perplexity, the change in word perplexity against KN-5, parameters (millions), training
-    compute (PFLOPs) and seconds, and the mean |effect size| over the WEAT tests the model could run."""
+    compute (TFLOPs) and seconds, and the mean |effect size| over the WEAT tests the model could run."""
     models, summaries = evaluation["models"], {}
     kn = models.get(BASELINE)
     for name, r in models.items():
@@ -164,7 +164,7 @@ def model_summaries(evaluation: dict, trained: dict, weat: dict | None) -> dict[
         row["params_m"] = round(r["n_params"] / 1e6, 3)
         t = trained.get(name) or {}
         if "train_flops" in t:
-            row |= {"pflop": round(t["train_flops"] / 1e15, 2), "train_s": round(t["seconds"])}
+            row |= {"tflop": round(t["train_flops"] / 1e12, 1), "train_s": round(t["seconds"])}
         effects = [abs(v["effect_size"]) for v in ((weat or {}).get("models", {}).get(name) or {}).values()
                    if v.get("effect_size") is not None]
         if effects:

@@ -71,9 +71,9 @@ def test_one_small_metrics_file_per_model(tmp_path):
     rows = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "metrics/models").glob("*.json")}
     assert rows == {
         "ngram": {"test_bpb": 2.0, "word_ppl": 720.0, "vs_kn5": 0.0, "params_m": 0.001},
-        "lstm": {"test_bpb": 2.1, "word_ppl": 840.0, "vs_kn5": 0.1667, "params_m": 4.0, "pflop": 0.03, "train_s": 250,
+        "lstm": {"test_bpb": 2.1, "word_ppl": 840.0, "vs_kn5": 0.1667, "params_m": 4.0, "tflop": 34.0, "train_s": 250,
                  "weat_d": 1.2},
-        "transformer": {"test_bpb": 1.8, "word_ppl": 570.0, "vs_kn5": -0.2083, "params_m": 5.0, "pflop": 0.03,
+        "transformer": {"test_bpb": 1.8, "word_ppl": 570.0, "vs_kn5": -0.2083, "params_m": 5.0, "tflop": 34.0,
                         "train_s": 250},
     }
 
