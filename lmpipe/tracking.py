@@ -218,17 +218,25 @@ def log_metrics(metrics: Mapping, step: int | None = None, run_id: str | None = 
     mlflow.log_metrics(numeric, step=step, run_id=run_id)
 
 
-def pinned_requirements(lock_file: str | Path = "constraints.txt") -> list[str] | None:
-    """The lock file's pins, so a logged model records the exact environment (inferring costs ~8 s)."""
+MODEL_REQUIREMENTS = ("torch", "numpy")  # all a pickled lmpipe LM needs besides lmpipe's own code, which goes with it
+
+
+def pinned_requirements(names=MODEL_REQUIREMENTS, lock_file: str | Path = "constraints.txt") -> list[str]:
+    """The lock file's pins of `names` (inferring requirements costs ~8 s and lists far more); bare names without it."""
     path = project_root() / lock_file
-    if not path.exists():
-        return None
-    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    pins = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            name = line.split("==")[0].strip().lower()
+            if "==" in line and not line.startswith("#"):
+                pins[name] = line.strip()
+    return [pins.get(name, name) for name in names]
 
 
 def log_torch_model(model, name: str, registered_name: str, vocab_size: int) -> None:
     """Log a PyTorch LM (pickle format keeps its methods) and register it with its signature:
-    int64 token ids (batch, time) -> float32 logits (batch, time, vocab_size)."""
+    int64 token ids (batch, time) -> float32 logits (batch, time, vocab_size). The model carries lmpipe's code
+    (`code_paths`) and requires only torch and numpy, so loading it elsewhere warns of nothing it does not need."""
     import mlflow.pytorch
     import numpy as np
     from mlflow.models import ModelSignature
@@ -236,8 +244,27 @@ def log_torch_model(model, name: str, registered_name: str, vocab_size: int) -> 
 
     signature = ModelSignature(Schema([TensorSpec(np.dtype(np.int64), (-1, -1))]),
                                Schema([TensorSpec(np.dtype(np.float32), (-1, -1, vocab_size))]))
-    mlflow.pytorch.log_model(model, name=name, serialization_format="pickle", signature=signature,
-                             pip_requirements=pinned_requirements(), registered_model_name=registered_name)
+    with _quiet("mlflow.pytorch", "Pickle or CloudPickle"):  # on purpose: pt2 needs a signature and loses methods
+        mlflow.pytorch.log_model(model, name=name, serialization_format="pickle", signature=signature,
+                                 pip_requirements=pinned_requirements(), code_paths=[str(Path(__file__).parent)],
+                                 registered_model_name=registered_name)
+
+
+@contextlib.contextmanager
+def _quiet(logger: str, text: str) -> Iterator[None]:
+    """Drop one known, already-answered warning of a library logger for the duration of a call."""
+    import logging
+
+    class Drop(logging.Filter):
+        def filter(self, record):
+            return text not in record.getMessage()
+
+    drop = Drop()
+    logging.getLogger(logger).addFilter(drop)
+    try:
+        yield
+    finally:
+        logging.getLogger(logger).removeFilter(drop)
 
 
 def log_dict(obj, artifact_file: str) -> None:
