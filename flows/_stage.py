@@ -8,6 +8,7 @@ import signal
 import sys
 from typing import Callable, Iterator
 
+import prefect
 from prefect import runtime
 
 from lmpipe import tracking
@@ -68,8 +69,12 @@ def main(flow: Callable, **flow_kwargs) -> None:
     for handler in logging.getLogger("prefect").handlers + logging.getLogger().handlers:
         handler.addFilter(_OneLineUserErrors())
     signal.signal(signal.SIGTERM, _terminated)
+    if flow.flow_run_name is None:  # a flow run named after its stage, not a random pair of words
+        flow = flow.with_options(flow_run_name=flow.name)
+    key = tracking.study_key(PARAMS_FILE)
     try:
-        state = flow(**flow_kwargs, return_state=True)
+        with prefect.tags(f"commit:{key.split(':')[0][:12]}", f"study:{key}"):
+            state = flow(**flow_kwargs, return_state=True)
     except Interrupted as exc:
         sys.exit(str(exc))
     except KeyboardInterrupt:

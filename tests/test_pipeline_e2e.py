@@ -225,8 +225,8 @@ def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_ap
         assert flow_run.json()["state_type"] == "COMPLETED"
         flow = requests.get(f"{prefect_api}/flows/{flow_run.json()['flow_id']}", timeout=10).json()
         assert flow["name"] == stage.split("@")[0]
-        if "@" in stage:
-            assert flow_run.json()["name"] == stage  # train@<model> runs are named after their stage
+        assert flow_run.json()["name"] == stage  # every flow run is named after its stage (train@<model> too)
+        assert f"study:{mlflow_run.data.tags['lmpipe.study_key']}" in flow_run.json()["tags"]
 
 
 def test_registered_models_carry_a_signature_and_serve_through_pyfunc(project):
