@@ -96,7 +96,7 @@ def project(tmp_path_factory, prefect_api):
 
 
 def test_repro_runs_every_stage_and_writes_contract_outputs(project):
-    copy, _, first = project
+    copy, env, first = project
     for stage in STAGES:
         assert f"Running stage '{stage}'" in first.stdout
     corpus = json.loads((copy / "metrics/corpus.json").read_text())

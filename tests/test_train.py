@@ -108,7 +108,8 @@ def test_kill_and_resume_gives_identical_weights_and_curve(tmp_path, name, step)
 def test_ctrl_c_finishes_the_step_saves_it_and_says_so_in_one_line(tmp_path, signum):
     """Ctrl-C (or SIGTERM) at step 11, between the checkpoints of steps 7 and 14: the stop comes after step 11,
     whose checkpoint is saved, so the resumed run repeats nothing and still ends exactly as an uninterrupted one."""
-    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as a stage has it: a handler to take over
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),  # as in a terminal, also
+                signal.SIGTERM: signal.signal(signal.SIGTERM, signal.SIG_DFL)}  # when pytest runs as a background job
     try:
         def ctrl_c(step):
             if step == 11:
@@ -120,7 +121,8 @@ def test_ctrl_c_finishes_the_step_saves_it_and_says_so_in_one_line(tmp_path, sig
         saved = torch.load(tmp_path / "stopped" / "lstm" / "last.pt", weights_only=False)
         assert saved["progress"]["step"] == 11
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     whole = train(tmp_path / "whole", "lstm")
     resumed = train(tmp_path / "stopped", "lstm")
     for (key, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items()):
