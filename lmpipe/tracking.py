@@ -180,8 +180,9 @@ def _closing(experiment: str, **start) -> Iterator[mlflow.ActiveRun]:
 
 def end_ghost_runs(experiment: str) -> list[str]:
     """End FAILED the RUNNING runs started on this host by a process that no longer exists; their ids."""
-    client = MlflowClient()
-    running = client.search_runs([experiment_id(experiment)], f"attributes.status = 'RUNNING' and tags.`{HOST}` = "
+    exp_id = experiment_id(experiment)  # first: it points mlflow at this process's store
+    client = MlflowClient(tracking_uri())
+    running = client.search_runs([exp_id], f"attributes.status = 'RUNNING' and tags.`{HOST}` = "
                                  f"'{socket.gethostname()}'", max_results=1000)
     ghosts = [r.info.run_id for r in running if not _alive(int(r.data.tags.get(PID, 0)))]
     for run_id in ghosts:
