@@ -168,9 +168,10 @@ def stage_run(
 def _closing(experiment: str, **start) -> Iterator[mlflow.ActiveRun]:
     """mlflow.start_run that never leaves a ghost: an interrupt ends the run KILLED (an error: FAILED), and runs
     left RUNNING by processes of this host that died without a word (SIGKILL, power) are ended FAILED first."""
-    end_ghost_runs(experiment)
+    exp_id = experiment_id(experiment)
+    _end_ghosts(exp_id)
     tags = {**start.pop("tags", {}), HOST: socket.gethostname(), PID: str(os.getpid())}
-    with mlflow.start_run(experiment_id=experiment_id(experiment), tags=tags, **start) as active:
+    with mlflow.start_run(experiment_id=exp_id, tags=tags, **start) as active:
         try:
             yield active
         except KeyboardInterrupt:
@@ -180,7 +181,10 @@ def _closing(experiment: str, **start) -> Iterator[mlflow.ActiveRun]:
 
 def end_ghost_runs(experiment: str) -> list[str]:
     """End FAILED the RUNNING runs started on this host by a process that no longer exists; their ids."""
-    exp_id = experiment_id(experiment)  # first: it points mlflow at this process's store
+    return _end_ghosts(experiment_id(experiment))  # experiment_id first: it points mlflow at this process's store
+
+
+def _end_ghosts(exp_id: str) -> list[str]:
     client = MlflowClient(tracking_uri())
     running = client.search_runs([exp_id], f"attributes.status = 'RUNNING' and tags.`{HOST}` = "
                                  f"'{socket.gethostname()}'", max_results=1000)
@@ -225,12 +229,8 @@ MODEL_REQUIREMENTS = ("torch", "numpy")  # all a pickled lmpipe LM needs besides
 def pinned_requirements(names=MODEL_REQUIREMENTS, lock_file: str | Path = "constraints.txt") -> list[str]:
     """The lock file's pins of `names` (inferring requirements costs ~8 s and lists far more); bare names without it."""
     path = project_root() / lock_file
-    pins = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            name = line.split("==")[0].strip().lower()
-            if "==" in line and not line.startswith("#"):
-                pins[name] = line.strip()
+    lines = path.read_text().splitlines() if path.exists() else []
+    pins = {line.split("==")[0].strip().lower(): line.strip() for line in lines if "==" in line and not line.startswith("#")}
     return [pins.get(name, name) for name in names]
 
 

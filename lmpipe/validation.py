@@ -109,7 +109,7 @@ def _describe(table: str, result) -> str:
 
 
 def _expected(kwargs: dict) -> str:
-    """An expectation's bounds in words: 'values in [0, 0.2]', 'values >= 1000', 'values in {...}'."""
+    """An expectation's bounds in words: 'values in [0, 0.2]', 'values >= 1000', 'values in ['test', 'train']'."""
     low, high = kwargs.get("min_value"), kwargs.get("max_value")
     if "value_set" in kwargs:
         return f"values in {sorted(kwargs['value_set'], key=str)}"
