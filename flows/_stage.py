@@ -35,7 +35,7 @@ def stage_run(stage: str, params: Params, sections: list[str] | dict, model: str
     """An MLflow run for this stage with its params (section names, or the values) logged and the Prefect flow run linked."""
     chosen = sections if isinstance(sections, dict) else {name: params.section(name) for name in sections}
     tags = {"prefect.flow_run_id": str(runtime.flow_run.id or ""), "prefect.flow_run_name": str(runtime.flow_run.name or "")}
-    with tracking.stage_run(stage, params.tracking.experiment, chosen, params_hash(chosen),
+    with tracking.open_stage_run(stage, params.tracking.experiment, chosen, params_hash(chosen),
                             model=model, tags=tags, params_file=PARAMS_FILE) as run:
         yield run
 
@@ -73,7 +73,7 @@ def main(flow: Callable, **flow_kwargs) -> None:
         flow = flow.with_options(flow_run_name=flow.name)
     key = tracking.study_key(PARAMS_FILE)
     try:
-        with prefect.tags(f"commit:{key.split(':')[0][:12]}", f"study:{key}"):
+        with prefect.tags(f"commit:{key.commit[:12]}", f"study:{key}"):
             state = flow(**flow_kwargs, return_state=True)
     except Interrupted as exc:
         sys.exit(str(exc))

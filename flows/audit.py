@@ -8,7 +8,7 @@ word2vec text format, keyed by the word as listed). Each model's MLflow run gets
 from pathlib import Path
 
 import numpy as np
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from tokenizers import Tokenizer
 
 from flows._stage import PARAMS_FILE, main, stage_run
@@ -51,6 +51,9 @@ def run_audit(params) -> dict:
             results[name], used = audit(lookup, counts, tests, params.audit.min_count, params.audit.min_words,
                                         params.audit.max_permutations, params.audit.seed)
             write_word2vec_text(used, tmp / f"{name}.txt")
+            sizes = [abs(r["effect_size"]) for r in results[name].values() if r["status"] == "ok"]
+            get_run_logger().info(f"{name}: {len(sizes)} of {len(tests)} tests with enough words"
+                                  + (f", mean |d| {sum(sizes) / len(sizes):.2f}" if sizes else ""))
     return results
 
 

@@ -6,8 +6,10 @@ Outputs metrics/eval.json, reports/samples.md, plots/eval/perplexity.csv; each m
 
 import csv
 import io
+import time
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_table_artifact
 from tokenizers import Tokenizer
 
 from flows._stage import PARAMS_FILE, main, stage_run
@@ -28,9 +30,16 @@ def model_names(params) -> list[str]:
 @task
 def score_and_sample(names: list[str], params) -> tuple[dict, dict]:
     """Perplexities and decoding samples, loading the token streams and every model once."""
-    data = load_tokens()
+    logger, data = get_run_logger(), load_tokens()
     models = {name: load_lm(f"models/{name}") for name in names}
-    results = {name: evaluate_lm(model, data, params.chunk) for name, model in models.items()}
+    results = {}
+    for name, model in models.items():  # a line per model: scoring every split takes a while
+        started = time.perf_counter()
+        results[name] = evaluate_lm(model, data, params.chunk)
+        test = results[name]["test"]
+        logger.info(f"{name}: test bpb {test['bpb']:.4f}, word ppl {test['word_ppl']:,.0f} "
+                    f"({time.perf_counter() - started:.0f} s)")
+    logger.info(f"decoding: {len(params.strategies)} strategies x {len(params.prompts)} prompts x {len(models)} models")
     samples = sample_all(models, Tokenizer.from_file("data/tokens/tokenizer.json"), data.boundary, params)
     return results, samples
 
@@ -53,6 +62,9 @@ def evaluate() -> dict:
         write_json(METRICS, {"models": results, "decoding": strategy_table(samples)})
         write_text(SAMPLES, samples_markdown(samples, params.evaluate))
         write_text(PLOT, perplexity_csv(results))
+        create_table_artifact([{"model": name, **{f"test_{k}": r["test"][k] for k in ("bpb", "word_ppl", "ppl")}}
+                               for name, r in sorted(results.items(), key=lambda kv: kv[1]["test"]["bpb"])],
+                              key="test-perplexity", description="every model on the test split, best first")
         for name, r in results.items():
             tracking.log_metrics({f"{name}.{split}_{key}": r[split][key] for split in ("valid", "test") for key in r[split]})
             run_id = tracking.run_of_output(params.tracking.experiment, f"models/{name}")

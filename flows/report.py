@@ -47,6 +47,7 @@ def report() -> str:
                 tracking.log_artifacts(f"{OUT_DIR}/{name}", where, run_id=run_id)
         if study:  # the study's headline numbers on its parent run, where the MLflow UI opens
             tracking.log_metrics(headline(json.loads(Path(EVAL).read_text())["models"]), run_id=study)
+            tracking.end_study_run(study)  # the last stage: the parent's duration is the study's
     return path
 
 

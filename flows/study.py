@@ -79,9 +79,19 @@ def task_runner(settings: OrchestrationParams):
     return RayTaskRunner(init_kwargs={"num_cpus": settings.workers, "include_dashboard": False})
 
 
+def stages_before_training(dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
+    """The stages whose outputs the train stages read, from dvc.yaml (the graph is written there, not here)."""
+    import yaml
+
+    stages = yaml.safe_load(Path(dvc_yaml).read_text())["stages"]
+    reads = set(stages["train"]["do"]["deps"])
+    return [name for name, stage in stages.items()
+            if any((out if isinstance(out, str) else next(iter(out))) in reads for out in stage.get("outs", []))]
+
+
 def stale_train_stages(env: dict) -> list[str]:
     """The models whose train stage DVC would run now (once the stages before them are done)."""
-    status = json.loads(dvc(["status", "--json"], env) or "{}")
+    status = json.loads(dvc(["status", "--json", "dvc.yaml"], env) or "{}")
     return [name.split("@", 1)[1] for name in status if name.startswith("train@")]
 
 
@@ -98,7 +108,7 @@ def repro(settings: OrchestrationParams, env: dict) -> str:
     """`dvc repro`, with the stale train stages run in parallel on the task runner when one is chosen."""
     if settings.task_runner == "sequential":
         return dvc(["repro"], env)
-    log = dvc(["repro", "tokenize"], env)
+    log = dvc(["repro", *stages_before_training()], env)
     stale = stale_train_stages(env)
     if stale:
         workers = env if settings.address else {**env, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // settings.workers))}
@@ -114,6 +124,9 @@ def study(overrides: list[str] | None = None) -> str:
     if overrides and settings.task_runner != "sequential":
         raise ConfigError(f"{PARAMS_FILE}: orchestration.task_runner {settings.task_runner!r} runs the study in the "
                           "workspace; set the values in params.yaml instead of passing overrides")
+    if not overrides and not json.loads(dvc(["status", "--json", "dvc.yaml"], dict(os.environ)) or "{}"):
+        print("Data and pipelines are up to date: no stage to run, no new study run")  # no empty parent in MLflow
+        return ""
     env = _stage_env(tracking.start_study_run(params.tracking.experiment, PARAMS_FILE, "study"))
     if overrides:
         return dvc(["exp", "run", *[a for o in overrides for a in ("-S", o)]], env)

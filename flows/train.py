@@ -13,9 +13,9 @@ tracked flow and the others train alongside it untracked (DDP in lmpipe.train), 
 import argparse
 from pathlib import Path
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
+from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
-from tqdm.auto import tqdm
 
 from flows._stage import CACHE_DIR, PARAMS_FILE, main, stage_run
 from lmpipe import distributed, tracking
@@ -26,6 +26,7 @@ from lmpipe.splits import load_tokens
 from lmpipe.train import Trainer, run_settings
 
 CKPT_ROOT = Path(CACHE_DIR) / "ckpt"
+CURVE_COLUMNS = ("epoch", "tokens", "flops", "train_loss", "valid_bpb", "valid_ppl", "lr", "tokens_per_sec")
 
 
 def progress_line(name: str, record: dict, epochs: float) -> str:
@@ -39,17 +40,20 @@ def progress_line(name: str, record: dict, epochs: float) -> str:
 def fit(name, settings, common, data, ckpt_dir, run_id):
     elapsed = []
 
-    def on_eval(record):  # live learning curve in the model's MLflow run, and a line on the console
+    def on_eval(record):  # live learning curve in the model's MLflow run, and a line in the log
         tracking.log_metrics({k: v for k, v in record.items() if k != "step"}, step=record["step"], run_id=run_id)
         elapsed.append(record["train_seconds"])
-        tqdm.write(progress_line(name, {**record, "elapsed_seconds": sum(elapsed)},
-                                 trainer.total_steps / trainer.steps_per_epoch))
+        line = progress_line(name, {**record, "elapsed_seconds": sum(elapsed)}, trainer.total_steps / trainer.steps_per_epoch)
+        logger.info(line)  # the console and the flow run's page in the Prefect UI
 
+    logger = get_run_logger()
     trainer = Trainer(name, settings, common, data, ckpt_dir, on_eval=on_eval)
     result = trainer.run()
     m = result.metrics
-    print(f"{name}: best valid bpb {m['valid_bpb']:.4f} (ppl {m['valid_ppl']:.1f}) at epoch {m['best_epoch']:g}; "
-          f"{m['tokens_seen']:,} tokens, {m['train_flops']:.2e} FLOPs, {m['seconds']:.0f} s", flush=True)
+    create_table_artifact([{k: r[k] for k in CURVE_COLUMNS} for r in result.history], key=f"learning-curve-{name}",
+                          description=f"{name}: validation at every evaluation (bits per byte, perplexity, speed)")
+    logger.info(f"{name}: best valid bpb {m['valid_bpb']:.4f} (ppl {m['valid_ppl']:.1f}) at epoch {m['best_epoch']:g}; "
+                f"{m['tokens_seen']:,} tokens, {m['train_flops']:.2e} FLOPs, {m['seconds']:.0f} s")
     return result
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -144,10 +144,14 @@ class ModelParams(_Section):
         return self
 
 
+Strategy = Literal["greedy", "beam", "top-k", "top-p", "typical", "sample"]
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+
+
 class EvaluateParams(_Section):
     chunk: int = Field(128, ge=1, description="tokens per step; the transformer's sliding-window stride")
     prompts: list[str] = Field(default_factory=lambda: ["The history of", "In 1999, the", "Anarchism is"])
-    strategies: list[Literal["greedy", "beam", "top-k", "top-p", "typical", "sample"]] = Field(
+    strategies: list[Strategy] = Field(
         default_factory=lambda: ["greedy", "beam", "top-k", "top-p", "typical"])
     max_new_tokens: int = Field(40, ge=1)
     temperature: float = Field(1.0, gt=0)
@@ -193,6 +197,29 @@ class OrchestrationParams(_Section):
     workers: int = Field(2, ge=1, description="local cluster: worker processes (one model each at a time)")
 
 
+class ScalingFitParams(_Section):
+    bootstrap: int = Field(200, ge=0, description="resamplings of the runs for the fitted constants' intervals")
+    seed: int = 0
+    huber_delta: float = Field(1e-3, gt=0, description="Huber loss threshold on log-loss (Hoffmann et al.: 1e-3)")
+
+
+class ScalingParams(_Section):
+    """The scaling-law grid (scaling/dvc.yaml): every size of each listed model at every compute budget."""
+
+    models: dict[str, list[dict]] = Field(
+        default_factory=dict, description="an entry of `models` -> its sizes, each a dict of arch overrides")
+    budgets: list[float] = Field(default_factory=list, description="training FLOPs of each run")
+    overrides: dict = Field(default_factory=dict, description="dotted settings for every run, e.g. batch_size: 16")
+    evals_per_epoch: int = Field(1, ge=1)
+    fit: ScalingFitParams = ScalingFitParams()
+
+    @model_validator(mode="after")
+    def _budgets_positive(self):
+        if any(b <= 0 for b in self.budgets):
+            raise ValueError("budgets must be positive FLOP counts")
+        return self
+
+
 class Params(_Section):
     corpus: CorpusParams = CorpusParams()
     split: SplitParams = SplitParams()
@@ -206,8 +233,16 @@ class Params(_Section):
     retrain: RetrainParams = RetrainParams()
     tracking: TrackingParams = TrackingParams()
     orchestration: OrchestrationParams = OrchestrationParams()
+    scaling: ScalingParams = ScalingParams()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _scaling_models_exist(self):
+        missing = [m for m in self.scaling.models if m not in self.models]
+        if missing:
+            raise ValueError(f"scaling.models names {missing}, not entries of `models` (have: {', '.join(self.models)})")
+        return self
 
     def section(self, name: str) -> dict:
         """One params section as plain data, as DVC sees it (for logging and hashing)."""
@@ -243,7 +278,8 @@ def params_hash(*sections: dict) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def _describe(error: dict) -> str:
+def describe_error(error: dict) -> str:
+    """One pydantic error as `key: message (got value)`."""
     key = ".".join(str(p) for p in error["loc"] if not str(p).startswith("function-after")) or "(top level)"
     key = key.replace("validate_", "validate")
     if error["type"] == "extra_forbidden":
@@ -289,4 +325,4 @@ def parse_params(raw, source: str | Path = "params") -> Params:
     except ValidationError as exc:
         errors = exc.errors()
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ConfigError(f"{source}: {_describe(errors[0])}{more}") from None
+        raise ConfigError(f"{source}: {describe_error(errors[0])}{more}") from None

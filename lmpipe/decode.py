@@ -6,27 +6,36 @@ temperature, top-k, top-p (nucleus) or locally typical filtering. Sampling is se
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal, Sequence
+from dataclasses import dataclass, fields
+from typing import Sequence
 
 import numpy as np
 
-Strategy = Literal["greedy", "beam", "top-k", "top-p", "typical", "sample"]
-STRATEGIES: tuple[str, ...] = ("greedy", "beam", "top-k", "top-p", "typical", "sample")
+from lmpipe.config import EvaluateParams, Strategy
+
+_PARAMS = EvaluateParams()  # the defaults of params.yaml's `evaluate`: written once, in lmpipe.config
 
 
 @dataclass(frozen=True)
 class DecodeSettings:
+    """One generation call's settings; those shared with params.yaml's `evaluate` default to its defaults."""
+
     strategy: Strategy = "top-p"
-    max_new_tokens: int = 60
-    temperature: float = 1.0
-    top_k: int = 40
-    top_p: float = 0.9
-    typical_p: float = 0.9
-    beam_size: int = 5
+    max_new_tokens: int = _PARAMS.max_new_tokens
+    temperature: float = _PARAMS.temperature
+    top_k: int = _PARAMS.top_k
+    top_p: float = _PARAMS.top_p
+    typical_p: float = _PARAMS.typical_p
+    beam_size: int = _PARAMS.beam_size
     length_penalty: float = 1.0  # beam: score / length**alpha
     stop_at_boundary: bool = False  # end at the boundary token (end of line)
-    seed: int | tuple[int, ...] = 0  # numpy seed entropy: one number, or several (e.g. seed and prompt position)
+    seed: int | tuple[int, ...] = _PARAMS.seed  # numpy seed entropy: one number, or several (seed, prompt position)
+
+    @classmethod
+    def from_params(cls, params: EvaluateParams, **changes) -> "DecodeSettings":
+        """The settings `params` (an `evaluate` section) gives, with `changes` on top."""
+        shared = {f.name: getattr(params, f.name) for f in fields(cls) if f.name in type(params).model_fields}
+        return cls(**{**shared, **changes})
 
 
 def distributions(model, contexts: Sequence[Sequence[int]]) -> np.ndarray:

@@ -43,3 +43,23 @@ def forward_flops_per_token(family: str, arch: dict, vocab_size: int, seq_len: i
 def train_flops_per_token(family: str, arch: dict, vocab_size: int, seq_len: int) -> int:
     """Forward plus backward: three times the forward matmuls."""
     return 3 * forward_flops_per_token(family, arch, vocab_size, seq_len)
+
+
+# Dense bf16 tensor-core peak FLOP/s by device (vendor datasheets, without sparsity); the first key found in
+# torch.cuda.get_device_name() wins, so the more specific names come first.
+PEAK_BF16_FLOPS = {
+    "H200": 989e12,
+    "H100 NVL": 835e12,
+    "H100 PCIe": 756e12,
+    "H100": 989e12,  # SXM ("NVIDIA H100 80GB HBM3")
+    "GH200": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10": 125e12,
+}
+
+
+def peak_flops(device_name: str) -> float | None:
+    """The device's bf16 peak, or None for a device not in the table (a CPU, an older GPU)."""
+    return next((peak for key, peak in PEAK_BF16_FLOPS.items() if key in device_name), None)

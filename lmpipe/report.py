@@ -248,10 +248,15 @@ def build_report(root: str | Path, out_dir: str | Path) -> Path:
                 (tmp / f"{name}.json").write_text(json.dumps(row, indent=2) + "\n")
     text = "\n".join(lines) + "\n"
     (out_dir / "study.md").write_text(text, encoding="utf-8")
-    html = markdown.markdown(text, extensions=["tables"])
-    html = re.sub(r'src="(figures/[^"]+\.png)"', lambda m: 'src="data:image/png;base64,'
-                  + base64.b64encode((out_dir / m.group(1)).read_bytes()).decode() + '"', html)
-    style = "body{font-family:sans-serif;max-width:960px;margin:2em auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}"
-    (out_dir / "study.html").write_text(f"<!doctype html><meta charset='utf-8'><title>lmpipe study</title>"
-                                        f"<style>{style}</style>{html}", encoding="utf-8")
+    (out_dir / "study.html").write_text(html_page(text, out_dir, "lmpipe study"), encoding="utf-8")
     return out_dir / "study.md"
+
+
+def html_page(text: str, out_dir: Path, title: str) -> str:
+    """A report's Markdown as one self-contained HTML page: its PNG figures (paths relative to `out_dir`) inlined."""
+    html = markdown.markdown(text, extensions=["tables"])
+    html = re.sub(r'src="([^":]+\.png)"', lambda m: 'src="data:image/png;base64,'
+                  + base64.b64encode((out_dir / m.group(1)).read_bytes()).decode() + '"', html)
+    style = ("body{font-family:sans-serif;max-width:960px;margin:2em auto}img{max-width:100%;height:auto}"
+             "table{border-collapse:collapse;display:block;overflow-x:auto}td,th{border:1px solid #ccc;padding:2px 6px}")
+    return f"<!doctype html><meta charset='utf-8'><title>{title}</title><style>{style}</style>{html}"

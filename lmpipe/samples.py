@@ -11,14 +11,9 @@ from lmpipe.decode import DecodeSettings, diversity, generate, surprisals
 from lmpipe.tokenize import decode_stream
 
 
-def settings_from(params) -> DecodeSettings:
-    return DecodeSettings(max_new_tokens=params.max_new_tokens, temperature=params.temperature, top_k=params.top_k,
-                          top_p=params.top_p, typical_p=params.typical_p, beam_size=params.beam_size, seed=params.seed)
-
-
 def sample_all(models: dict, tokenizer: Tokenizer, boundary: int, params) -> dict:
     """{model: {strategy: {"samples": [{prompt, text, tokens}], "distinct_1", ..., "mean_surprisal"}}}."""
-    base = settings_from(params)
+    base = DecodeSettings.from_params(params)
     out = {}
     for name, model in models.items():
         out[name] = {}

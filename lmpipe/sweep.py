@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
+from pydantic import ValidationError
 
-from lmpipe.config import ModelParams, params_hash, set_dotted, yaml_error_place
+from lmpipe.config import ModelParams, describe_error, params_hash, set_dotted, yaml_error_place
 from lmpipe.errors import ConfigError
 
 SPACE_FILE = "sweeps/space.yaml"
@@ -95,8 +96,8 @@ def apply(base: ModelParams, overrides: dict, budget: dict | None = None) -> Mod
         tree["budget"] = budget
     try:
         return ModelParams.model_validate(tree)
-    except Exception as exc:
-        raise ConfigError(f"sweep settings {overrides}: {exc}".splitlines()[0]) from None
+    except ValidationError as exc:
+        raise ConfigError(f"settings {overrides}: {describe_error(exc.errors()[0])}") from None
 
 
 def study_name(space: Space, base: ModelParams, data_fingerprint: str, seed: int) -> str:
@@ -162,7 +163,7 @@ def seed_spread(values: list[float]) -> dict:
 
 def profile_yaml(model: str, best, space: Space, name: str) -> str:
     header = (f"# Best of sweep {name}: trial {best.number}, valid bpb {best.value:.4f} at a budget of {space.budget}.\n"
-              f"# Use it with:  dvc exp run $(lmpipe profile sweeps/{model}/best.yaml)\n")
+              f"# Use it with:  eval \"dvc exp run $(lmpipe profile sweeps/{model}/best.yaml)\"\n")
     return header + yaml.safe_dump(best_profile(model, best.params), sort_keys=True)
 
 

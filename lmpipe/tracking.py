@@ -13,6 +13,7 @@ import hashlib
 import os
 import socket
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
@@ -75,12 +76,28 @@ def git_commit(root: Path | None = None) -> str:
         return "unknown"
 
 
-def study_key(params_file: str | Path = "params.yaml") -> str:
-    digest = hashlib.sha256(Path(params_file).read_bytes()).hexdigest()[:12]
-    return f"{git_commit()}:{digest}"
+@dataclass(frozen=True)
+class StudyKey:
+    """What makes one study: the code (git commit) and the settings (a hash of params.yaml)."""
+
+    commit: str
+    params_digest: str
+
+    @classmethod
+    def of(cls, params_file: str | Path = "params.yaml") -> "StudyKey":
+        return cls(git_commit(), hashlib.sha256(Path(params_file).read_bytes()).hexdigest()[:12])
+
+    def __str__(self) -> str:  # the tag value on MLflow runs and Prefect flow runs
+        return f"{self.commit}:{self.params_digest}"
+
+
+def study_key(params_file: str | Path = "params.yaml") -> StudyKey:
+    return StudyKey.of(params_file)
 
 
 def experiment_id(name: str) -> str:
+    """The experiment's id in this project's store (created when new). Points the mlflow module at that store:
+    every run this module starts or finds goes there."""
     uri = tracking_uri()
     mlflow.set_tracking_uri(uri)
     experiment = mlflow.get_experiment_by_name(name)
@@ -89,37 +106,42 @@ def experiment_id(name: str) -> str:
     return mlflow.create_experiment(name, artifact_location=_artifact_location(uri))
 
 
-def study_run_id(experiment: str, key: str) -> str:
+def _new_study_run(experiment: str, key: StudyKey, driver: str | None = None) -> str:
+    """A finished parent run for one study; its stages nest under it as they run."""
+    tags = {ROLE: "study", STUDY_KEY: str(key), "mlflow.source.git.commit": key.commit,
+            **({"lmpipe.driver": driver} if driver else {})}
+    exp_id = experiment_id(experiment)  # first: it points the client at this project's store
+    client = MlflowClient()
+    run = client.create_run(exp_id, run_name=f"{driver or 'study'} {key.commit[:8]}", tags=tags)
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
+def study_run_id(experiment: str, key: StudyKey) -> str:
     """The parent run of this study: from LMPIPE_PARENT_RUN_ID, else found by key, else created finished."""
     if os.environ.get("LMPIPE_PARENT_RUN_ID"):
         return os.environ["LMPIPE_PARENT_RUN_ID"]
-    exp_id = experiment_id(experiment)
-    client = MlflowClient()
-    found = client.search_runs(
+    exp_id = experiment_id(experiment)  # first: it points the client at this project's store
+    found = MlflowClient().search_runs(
         [exp_id],
         filter_string=f"tags.`{ROLE}` = 'study' and tags.`{STUDY_KEY}` = '{key}'",
         order_by=["attributes.start_time DESC"],
         max_results=1,
     )
-    if found:
-        return found[0].info.run_id
-    commit = key.split(":")[0]
-    run = client.create_run(exp_id, run_name=f"study {commit[:8]}", tags={
-        ROLE: "study", STUDY_KEY: key, "mlflow.source.git.commit": commit,
-    })
-    client.set_terminated(run.info.run_id, "FINISHED")
-    return run.info.run_id
+    return found[0].info.run_id if found else _new_study_run(experiment, key)
+
+
+def end_study_run(run_id: str) -> None:
+    """Mark a study's parent run ended now (it is created ended, at its first stage): its duration is the study's."""
+    import time
+
+    client = MlflowClient()
+    client.set_terminated(run_id, client.get_run(run_id).info.status, end_time=int(time.time() * 1000))
 
 
 def start_study_run(experiment: str, params_file: str | Path = "params.yaml", name: str = "study") -> str:
     """A new parent run for a pipeline execution driven by a flow; its id goes to the stages in LMPIPE_PARENT_RUN_ID."""
-    key = study_key(params_file)
-    commit = key.split(":")[0]
-    client = MlflowClient()
-    run = client.create_run(experiment_id(experiment), run_name=f"{name} {commit[:8]}", tags={
-        ROLE: "study", STUDY_KEY: key, "mlflow.source.git.commit": commit, "lmpipe.driver": name})
-    client.set_terminated(run.info.run_id, "FINISHED")
-    return run.info.run_id
+    return _new_study_run(experiment, study_key(params_file), driver=name)
 
 
 def flatten(tree: Mapping, prefix: str = "") -> dict:
@@ -135,7 +157,7 @@ def flatten(tree: Mapping, prefix: str = "") -> dict:
 
 
 @contextlib.contextmanager
-def stage_run(
+def open_stage_run(
     stage: str,
     experiment: str,
     params: Mapping,
@@ -152,9 +174,9 @@ def stage_run(
         ROLE: "stage",
         "lmpipe.stage": stage,
         "lmpipe.params_hash": params_hash,
-        "lmpipe.git_commit": key.split(":")[0],
-        "mlflow.source.git.commit": key.split(":")[0],
-        STUDY_KEY: key,
+        "lmpipe.git_commit": key.commit,
+        "mlflow.source.git.commit": key.commit,
+        STUDY_KEY: str(key),
         **({"lmpipe.model": model} if model else {}),
         **(tags or {}),
     }
@@ -207,13 +229,24 @@ def _alive(pid: int) -> bool:
 
 @contextlib.contextmanager
 def run(experiment: str, name: str, params: Mapping | None = None, tags: Mapping[str, str] | None = None,
-        parent_run_id: str | None = None) -> Iterator[mlflow.ActiveRun]:
-    """A run outside the stage graph (a sweep, one of its trials), optionally nested under `parent_run_id`."""
+        parent_run_id: str | None = None, resume: Mapping[str, str] | None = None) -> Iterator[mlflow.ActiveRun]:
+    """A run outside the stage graph (a sweep, one of its trials), optionally nested under `parent_run_id`.
+
+    `resume` ({tag: value}): continue the newest run carrying that tag (an interrupted grid) instead of a new one."""
+    found = find_runs(experiment, resume) if resume else []
     with _closing(experiment, run_name=name, parent_run_id=parent_run_id, nested=parent_run_id is not None,
-                  tags=dict(tags or {})) as active:
+                  tags={**(tags or {}), **(resume or {})},
+                  **({"run_id": found[0].info.run_id} if found else {})) as active:
         if params:
             mlflow.log_params({k: ("null" if v is None else v) for k, v in flatten(params).items()})
         yield active
+
+
+def find_runs(experiment: str, tags: Mapping[str, str]) -> list:
+    """The runs carrying all these tag values, newest first."""
+    exp_id = experiment_id(experiment)
+    return MlflowClient().search_runs([exp_id], " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items()),
+                                      order_by=["attributes.start_time DESC"], max_results=1000)
 
 
 def log_metrics(metrics: Mapping, step: int | None = None, run_id: str | None = None) -> None:

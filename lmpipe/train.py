@@ -32,7 +32,7 @@ from lmpipe import distributed
 from lmpipe.config import ModelParams, TrainParams
 from lmpipe.errors import ConfigError, Interrupted
 from lmpipe.evaluate import perplexities, stream_nll
-from lmpipe.flops import train_flops_per_token
+from lmpipe.flops import peak_flops, train_flops_per_token
 from lmpipe.models import (StreamLM, arch_with_defaults, build_model, count_non_embedding_parameters,
                            count_parameters)
 from lmpipe.splits import TokenData
@@ -477,6 +477,10 @@ class Trainer:
             "device": self.device.type,
             "seconds": seconds,
         }
+        if self.device.type == "cuda":  # model FLOPs utilisation: achieved over the device's bf16 peak
+            name = torch.cuda.get_device_name(self.device)
+            peak = peak_flops(name)
+            metrics.update(device_name=name, mfu=metrics["flops_per_sec"] / peak if peak else None)
         return TrainResult(self.model, p.history, metrics, self.device.type)
 
 

@@ -56,20 +56,25 @@ def test_params_hash_is_stable_and_sensitive():
 
 def test_cli_reports_bad_params_without_traceback(tmp_path):
     path = write(tmp_path, "corpus: {source: nonsense}")
-    done = subprocess.run([sys.executable, "-m", "lmpipe.cli", "check-params", str(path)],
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "check-params", str(path)],
                           capture_output=True, text=True)
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
     assert "corpus.source" in done.stderr
 
 
-def test_gpu_profile_is_valid_params_and_becomes_dvc_overrides(tmp_path):
+def test_gpu_profile_is_valid_params_and_becomes_dvc_overrides(tmp_path, capsys):
+    import shlex
+
     import yaml
 
-    from lmpipe.cli import profile_overrides
+    from flows.cli import main, profile_overrides
 
     profile = yaml.safe_load((ROOT / "profiles/wikitext2-gpu.yaml").read_text())
     overrides = profile_overrides(profile)
+    assert main(["profile", str(ROOT / "profiles/wikitext2-gpu.yaml")]) == 0
+    printed = shlex.split(capsys.readouterr().out)  # what `eval "dvc exp run $(lmpipe profile ...)"` passes to dvc
+    assert printed == [word for o in overrides for word in ("-S", o)]
     assert "corpus.source=wikitext-2" in overrides
     assert any(o.startswith("models.lstm.optim={") and "nt_asgd: true" in o for o in overrides)
     merged = apply_overrides(yaml.safe_load((ROOT / "params.yaml").read_text()), overrides)
@@ -89,3 +94,32 @@ def test_overrides_merge_dicts_like_dvc_exp_run():
     apply_overrides(tree, ["models.lstm.arch={emb: 400}", "models.lstm.epochs=100", "corpus.source=wikitext-2"])
     assert tree == {"models": {"lstm": {"arch": {"cell": "lstm", "tie": True, "emb": 400}, "epochs": 100}},
                     "corpus": {"source": "wikitext-2"}}
+
+
+def test_scaling_gpu_profile_is_valid_params():
+    import yaml
+
+    from flows.cli import profile_overrides
+
+    overrides = profile_overrides(yaml.safe_load((ROOT / "profiles/scaling-gpu.yaml").read_text()))
+    params = parse_params(apply_overrides(yaml.safe_load((ROOT / "params.yaml").read_text()), overrides))
+    assert params.corpus.source == "wikitext-103" and params.train.compile
+    assert len(params.scaling.models["transformer"]) == 5 and max(params.scaling.budgets) == 1e17
+    assert params.scaling.overrides["seq_len"] == 512 and params.scaling.overrides["optim.warmup_steps"] == 200
+
+
+def test_the_library_imports_without_prefect_or_the_command_line():
+    """lmpipe is the bottom floor: importable where Prefect is not installed (a blocked import stands for that)."""
+    code = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("prefect", "flows"):
+            raise ImportError(f"blocked: {name}")
+sys.meta_path.insert(0, Block())
+import lmpipe, lmpipe.train, lmpipe.ngram, lmpipe.scaling, lmpipe.sweep, lmpipe.evaluate, lmpipe.config
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("prefect", "flows")))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

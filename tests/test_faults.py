@@ -44,7 +44,7 @@ STAGE = """
 import sys
 from lmpipe import tracking
 tracking.check_store(30)
-with tracking.stage_run(sys.argv[1], "exp", {"x": {"y": 1}}, "h", params_file=sys.argv[2]):
+with tracking.open_stage_run(sys.argv[1], "exp", {"x": {"y": 1}}, "h", params_file=sys.argv[2]):
     tracking.log_metrics({"done": 1})
 """
 
@@ -88,7 +88,7 @@ def test_truncated_token_stream_names_the_file_and_the_fix(tmp_path):
 GHOST = """
 import os, signal, sys
 from lmpipe import tracking
-with tracking.stage_run("train@gru", "exp", {"x": {"y": 1}}, "h", params_file=sys.argv[1]):
+with tracking.open_stage_run("train@gru", "exp", {"x": {"y": 1}}, "h", params_file=sys.argv[1]):
     if sys.argv[2] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)  # dies without a word: its run stays RUNNING
     raise KeyboardInterrupt

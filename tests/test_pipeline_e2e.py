@@ -40,6 +40,13 @@ TINY = {
         "transformer": {"family": "transformer", "arch": {"dim": 16, "layers": 1, "heads": 2, "block_size": 16},
                         **QUICK},
     },
+    "scaling": {  # 2 sizes of 2 families at 4 budgets: enough for every fit (a law needs 5 points), ~2 minutes
+        "models": {"transformer": [{"dim": 8}, {"dim": 16}], "lstm": [{"emb": 8, "hidden": 8}, {"emb": 16, "hidden": 16}]},
+        "budgets": [2e8, 4e8, 8e8, 1.6e9],
+        "overrides": {"max_steps_per_epoch": None},
+        "evals_per_epoch": 1,
+        "fit": {"bootstrap": 5},
+    },
 }
 
 
@@ -65,7 +72,7 @@ def stop(process: subprocess.Popen) -> None:
 def override(path: Path, changes: dict) -> None:
     params = yaml.safe_load(path.read_text())
     for section, values in changes.items():
-        if section == "models":
+        if section in ("models", "scaling"):
             params[section] = values
         else:
             params[section].update(values)
@@ -81,7 +88,7 @@ def project(tmp_path_factory, prefect_api):
         if (ROOT / name).is_file():
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, copy / name)
-    for name in ("dvc.lock",):  # a fresh study: nothing recorded yet
+    for name in ("dvc.lock", "scaling/dvc.lock"):  # a fresh study: nothing recorded yet
         (copy / name).unlink(missing_ok=True)
     override(copy / "params.yaml", TINY)
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
@@ -172,19 +179,67 @@ def test_second_repro_does_nothing(project):
     assert "Data and pipelines are up to date." in again.stdout
 
 
+def test_study_flow_with_nothing_to_do_adds_no_empty_study_run(project):
+    copy, env, _ = project
+    client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("lmpipe").experiment_id
+
+    def studies():
+        return len(client.search_runs([experiment], "tags.`lmpipe.role` = 'study'"))
+
+    before = studies()
+    done = run([sys.executable, "-m", "flows.study"], copy, env)
+    assert "Data and pipelines are up to date" in done.stdout and studies() == before
+
+
+def test_scaling_pipeline_trains_its_grid_to_budget_fits_and_reports(project):
+    """`lmpipe scaling` (= dvc repro scaling/dvc.yaml): every size at every budget as MLflow children of one scaling
+    run, each ending at its FLOP budget; the fits and the report; a second run does nothing."""
+    import csv
+
+    copy, env, _ = project
+    done = run(["lmpipe", "scaling"], copy, env)
+    assert "Running stage 'scaling/dvc.yaml:grid'" in done.stdout and "Running stage 'scaling/dvc.yaml:fit'" in done.stdout
+    with open(copy / "scaling/runs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 16 and {r["model"] for r in rows} == {"transformer", "lstm"}
+    for r in rows:  # each run stops at its budget (in steps: under the LSTM's variable BPTT a step's tokens vary)
+        assert abs(float(r["flops"]) - float(r["budget"])) <= 0.05 * float(r["budget"])
+    summary = json.loads((copy / "metrics/scaling.json").read_text())
+    for family in ("transformer", "lstm"):
+        fit = summary["families"][family]
+        assert fit["runs"] == 8 and len(fit["isoflop"]) == 4 and len(fit["holdout"]["runs"]) == 2
+        assert fit["holdout"]["mean_abs_relative_error"] is not None
+        assert set(fit["law"]) == {"E", "A", "alpha", "B", "beta"} and set(fit["predictions"]) == {"10x", "100x"}
+    report = (copy / "reports/scaling.md").read_text()
+    for heading in ("## Best run at each budget", "## IsoFLOP profiles", "## The fitted law", "## Does the law predict"):
+        assert heading in report
+    assert (copy / "reports/scaling.html").read_text().count("data:image/png;base64,") == 3
+    client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("lmpipe")
+    parents = client.search_runs([experiment.experiment_id], "tags.`lmpipe.role` = 'scaling'")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    children = client.search_runs([experiment.experiment_id],
+                                  f"tags.`mlflow.parentRunId` = '{parents[0].info.run_id}'")
+    assert sorted(c.info.run_name for c in children) == sorted(r["name"] for r in rows)
+    assert "transformer.alpha" in parents[0].data.metrics  # the fits, beside the runs they come from
+    again = run(["dvc", "repro", "scaling/dvc.yaml"], copy, env)
+    assert "Running stage" not in again.stdout
+
+
 def test_changed_params_rerun_only_what_depends_on_them(project):
     copy, env, _ = project
     params = copy / "params.yaml"
     saved = params.read_text()
     try:
         override(params, {"tokenizer": {"vocab_size": 700}})
-        status = run(["dvc", "status", "--json"], copy, env)
+        status = run(["dvc", "status", "--json", "dvc.yaml"], copy, env)
         assert set(json.loads(status.stdout)) == {"tokenize"}  # the rest follows once tokens change
         params.write_text(saved)
         changed = yaml.safe_load(saved)
         changed["models"]["gru"]["arch"]["emb"] = 24
         params.write_text(yaml.safe_dump(changed, sort_keys=False))
-        status = run(["dvc", "status", "--json"], copy, env)
+        status = run(["dvc", "status", "--json", "dvc.yaml"], copy, env)
         assert set(json.loads(status.stdout)) == {"train@gru"}
     finally:
         params.write_text(saved)
@@ -198,6 +253,8 @@ def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_ap
     stages = {r.data.tags["lmpipe.stage"]: r for r in runs if r.data.tags.get("lmpipe.role") == "stage"}
     studies = [r for r in runs if r.data.tags.get("lmpipe.role") == "study"]
     assert set(stages) == set(STAGES) and len(studies) == 1
+    study = studies[0].info  # ended by the report stage, the last: its duration spans the stages
+    assert study.end_time >= max(r.info.end_time for r in stages.values() if r.data.tags["lmpipe.stage"] != "report")
     assert {r.data.tags["mlflow.parentRunId"] for r in stages.values()} == {studies[0].info.run_id}
     assert stages["prepare"].data.params["corpus.max_articles"] == "12"
     assert stages["tokenize"].data.metrics["vocab_size"] == 600
@@ -411,7 +468,7 @@ def test_scheduled_retrain_deployment_registers_and_runs(project, prefect_api):
         artifacts = requests.post(f"{prefect_api}/artifacts/filter",
                                   json={"artifacts": {"flow_run_id": {"any_": [run_id]}}}, timeout=10).json()
         assert any("No model regressed" in (a.get("data") or "") for a in artifacts)
-        assert json.loads(run(["dvc", "status", "--json"], copy, env).stdout) == {}  # nothing left to do
+        assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}  # nothing left to do
     finally:
         stop(serve)
         log.close()
@@ -436,7 +493,7 @@ def test_study_flow_trains_the_models_in_parallel_on_a_local_cluster(project, pr
             shutil.rmtree(copy / f"models/{model}")
         shutil.rmtree(copy / ".cache/lmpipe/ckpt")
         done = run([sys.executable, "-m", "flows.study"], copy, env)
-        assert json.loads(run(["dvc", "status", "--json"], copy, env).stdout) == {}  # dvc.lock records the tasks
+        assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}  # dvc.lock records the tasks
         for model in MODELS:
             after = json.loads((copy / f"metrics/train/{model}.json").read_text())
             assert after["valid_ppl"] == pytest.approx(before[model]["valid_ppl"], rel=1e-4)
@@ -453,7 +510,7 @@ def test_study_flow_trains_the_models_in_parallel_on_a_local_cluster(project, pr
         assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))  # some ran side by side
     finally:
         params.write_text(saved)
-    assert json.loads(run(["dvc", "status", "--json"], copy, env).stdout) == {}  # orchestration is no stage param
+    assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}  # orchestration is no stage param
 
 
 def test_torchrun_runs_a_train_stage_on_two_processes_and_dvc_commit_records_it(project, prefect_api):
@@ -464,9 +521,9 @@ def test_torchrun_runs_a_train_stage_on_two_processes_and_dvc_commit_records_it(
          "--model", "gru"], copy, env)
     assert not list((copy / ".cache/lmpipe/ckpt").glob("gru-*-x2"))  # a finished run drops its checkpoints
     run(["dvc", "commit", "--force", "train@gru"], copy, env)
-    assert "train@gru" not in json.loads(run(["dvc", "status", "--json"], copy, env).stdout)
+    assert "train@gru" not in json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout)
     flow_runs = requests.post(f"{prefect_api}/flow_runs/filter", json={
         "flow_runs": {"name": {"any_": ["train@gru"]}}, "sort": "START_TIME_DESC", "limit": 1}, timeout=10).json()
     assert flow_runs[0]["state_type"] == "COMPLETED"
     run(["dvc", "repro"], copy, env)  # evaluate and the rest follow the new model
-    assert json.loads(run(["dvc", "status", "--json"], copy, env).stdout) == {}
+    assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}

@@ -28,3 +28,10 @@ def test_overrides_with_a_parallel_runner_are_one_clear_error(tmp_path, monkeypa
                                           r"workspace; set the values in params.yaml instead of passing overrides"):
         study.fn(overrides=["models.lstm.epochs=3"])
     assert not (tmp_path / "mlflow.db").exists()  # refused before any run was recorded
+
+
+def test_the_stages_before_training_come_from_dvc_yaml():
+    from flows.study import stages_before_training
+    from tests.conftest import ROOT
+
+    assert stages_before_training(ROOT / "dvc.yaml") == ["tokenize"]  # train@<model> reads data/tokens

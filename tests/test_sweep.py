@@ -56,7 +56,7 @@ def test_suggested_points_become_valid_model_settings(tmp_path):
     assert settings.optim.lr == chosen["optim.lr"] and settings.budget.tokens == 1000
     assert sw.best_profile("m", {"optim.lr": 0.01, "batch_size": 8}) == {
         "models": {"m": {"optim": {"lr": 0.01}, "batch_size": 8}}}
-    with pytest.raises(ConfigError, match="sweep settings"):
+    with pytest.raises(ConfigError, match=r"settings \{.arch.nonsense.: 1\}: .*arch has \[.nonsense.\]"):
         sw.apply(base, {"arch.nonsense": 1})
 
 

@@ -20,9 +20,9 @@ def store(tmp_path, monkeypatch):
 
 def test_stages_nest_under_one_study_run(store):
     uri, params = store
-    with tracking.stage_run("download", "exp", {"corpus": {"source": "x", "url": None}}, "h1", params_file=params):
+    with tracking.open_stage_run("download", "exp", {"corpus": {"source": "x", "url": None}}, "h1", params_file=params):
         tracking.log_metrics({"splits": {"train": {"words": 10}}, "source": "text", "ok": True})
-    with tracking.stage_run("prepare", "exp", {"split": {"seed": 1}}, "h2", params_file=params):
+    with tracking.open_stage_run("prepare", "exp", {"split": {"seed": 1}}, "h2", params_file=params):
         pass
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("exp")
@@ -42,10 +42,10 @@ def test_stages_nest_under_one_study_run(store):
 
 def test_changed_params_start_a_new_study(store):
     uri, params = store
-    with tracking.stage_run("download", "exp", {}, "h", params_file=params):
+    with tracking.open_stage_run("download", "exp", {}, "h", params_file=params):
         pass
     params.write_text("corpus: {source: wikitext-2}\n")
-    with tracking.stage_run("download", "exp", {}, "h", params_file=params):
+    with tracking.open_stage_run("download", "exp", {}, "h", params_file=params):
         pass
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("exp")
@@ -59,7 +59,7 @@ def test_parent_from_environment_wins(store, monkeypatch):
     exp_id = tracking.experiment_id("exp")
     parent = client.create_run(exp_id).info.run_id
     monkeypatch.setenv("LMPIPE_PARENT_RUN_ID", parent)
-    with tracking.stage_run("tokenize", "exp", {}, "h", params_file=params) as run:
+    with tracking.open_stage_run("tokenize", "exp", {}, "h", params_file=params) as run:
         run_id = run.info.run_id
     assert client.get_run(run_id).data.tags["mlflow.parentRunId"] == parent
 
@@ -83,3 +83,20 @@ def test_a_taken_port_is_one_line_not_a_server_that_never_answers():
         with pytest.raises(LmpipeError, match=rf"^127.0.0.1:{port} is taken by another program \(choose another: "
                                               r"lmpipe server --port N\)$"):
             server.start(port, timeout=5)
+
+
+def test_ui_compare_link_holds_the_newest_training_run_of_each_model(store):
+    import json
+    from urllib.parse import parse_qs, urlsplit
+
+    from flows.cli import compare_url
+
+    uri, params = store
+    assert compare_url("http://ui", "exp") is None  # nothing trained yet
+    ids = {}
+    for stage in ("train@gru", "train@lstm", "train@gru", "evaluate"):
+        with tracking.open_stage_run(stage, "exp", {}, "h", params_file=params) as run:
+            ids[stage] = run.info.run_id  # the second train@gru replaces the first
+    query = parse_qs(urlsplit(compare_url("http://ui", "exp")).fragment.split("?", 1)[1])
+    assert sorted(json.loads(query["runs"][0])) == sorted([ids["train@gru"], ids["train@lstm"]])
+    assert json.loads(query["experiments"][0]) == [tracking.experiment_id("exp")]

@@ -1,4 +1,5 @@
-"""`lmpipe` command line: helpers around the pipeline (the pipeline itself is `dvc repro`)."""
+"""`lmpipe` command line, at the top of the house: it drives the flows (flows/) and the library (lmpipe/), which
+never import it; the pipeline itself is `dvc repro`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from lmpipe.config import STRATEGIES, EvaluateParams
 from lmpipe.errors import LmpipeError
 
 
@@ -29,11 +31,37 @@ def _server(args) -> int:
     return 0
 
 
+def compare_url(base: str, experiment: str = "lmpipe") -> str | None:
+    """The MLflow compare view of the newest training run of each model (None when nothing is trained yet)."""
+    import json
+    from urllib.parse import quote
+
+    from mlflow.tracking import MlflowClient
+
+    from lmpipe.tracking import experiment_id
+
+    exp_id = experiment_id(experiment)
+    runs = MlflowClient().search_runs([exp_id], "tags.`lmpipe.role` = 'stage' and attributes.status = 'FINISHED'",
+                                      order_by=["attributes.start_time DESC"], max_results=500)
+    newest = {}
+    for run in runs:
+        stage = run.data.tags.get("lmpipe.stage", "")
+        if stage.startswith("train@") and stage not in newest:
+            newest[stage] = run.info.run_id
+    if not newest:
+        return None
+    ids = json.dumps(sorted(newest.values()), separators=(",", ":"))
+    return f"{base}/#/compare-runs?runs={quote(ids)}&experiments={quote(json.dumps([exp_id]))}"
+
+
 def _ui(args) -> int:
     from lmpipe.tracking import tracking_uri
 
     uri = tracking_uri()
     print(f"MLflow UI on http://127.0.0.1:{args.port} over {uri}")
+    compare = compare_url(f"http://127.0.0.1:{args.port}")
+    if compare:
+        print(f"the trained models side by side: {compare}")
     command = ["mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(args.port)]
     return subprocess.call(command, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
 
@@ -44,6 +72,16 @@ def _sweep(args) -> int:
 
     run_flow(sweep, model=args.model, trials=args.trials, seeds=args.seeds, space_file=args.space)
     return 0
+
+
+def _scaling(args) -> int:
+    """The scaling pipeline through DVC, so it is versioned and re-runs only what changed; this interpreter's
+    environment first on PATH, so its stages run in it even when the venv is not activated."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    code = subprocess.call(["dvc", "repro", "scaling/dvc.yaml", *(["--force"] if args.force else [])], env=env)
+    if code == 0:
+        print("report: reports/scaling.md (and .html); runs: scaling/runs.csv; fits: metrics/scaling.json")
+    return code
 
 
 def _check_params(args) -> int:
@@ -75,7 +113,7 @@ def profile_overrides(tree: dict, prefix: str = "") -> list[str]:
     out = []
     for key, value in tree.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict) and key not in ("arch", "optim"):
+        if isinstance(value, dict) and key not in ("arch", "optim", "overrides"):  # these replace as a whole
             out += profile_overrides(value, f"{name}.")
         else:
             out.append(f"{name}={yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix('...').strip()}")
@@ -95,6 +133,9 @@ def _profile(args) -> int:
     parse_params(merged, f"params.yaml + {args.file}")
     print(" ".join(f"-S {shlex.quote(o)}" for o in overrides))
     return 0
+
+
+DECODE_FLAGS = ("max_new_tokens", "temperature", "top_k", "top_p", "typical_p", "beam_size", "seed")
 
 
 def _generate(args) -> int:
@@ -127,9 +168,8 @@ def _generate(args) -> int:
         if not directory.exists():
             raise LmpipeError(f"{directory}: no trained model '{args.model}' (run: dvc repro, or give models:/lmpipe-<name>/<version>)")
         model = load_lm(directory)
-    settings = DecodeSettings(strategy=args.strategy, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                              top_k=args.top_k, top_p=args.top_p, typical_p=args.typical_p, beam_size=args.beam_size,
-                              seed=args.seed)
+    flags = {name: getattr(args, name) for name in DECODE_FLAGS if getattr(args, name) is not None}
+    settings = DecodeSettings.from_params(params.evaluate, strategy=args.strategy, **flags)
     prompt = tokenizer.encode(args.prompt, add_special_tokens=False).ids
     new = generate(model, prompt, settings, boundary)
     print(args.prompt + decode_stream(tokenizer, np.array(new + [boundary]), boundary)[:-1])
@@ -185,14 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen = commands.add_parser("generate", help="continue a prompt with a trained model")
     gen.add_argument("--model", required=True, help="ngram, a name under models/, or models:/lmpipe-<name>/<version>")
     gen.add_argument("--prompt", default="The history of")
-    gen.add_argument("--strategy", default="top-p", choices=["greedy", "beam", "top-k", "top-p", "typical", "sample"])
-    gen.add_argument("--max-new-tokens", type=int, default=60)
-    gen.add_argument("--temperature", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=40)
-    gen.add_argument("--top-p", type=float, default=0.9)
-    gen.add_argument("--typical-p", type=float, default=0.9)
-    gen.add_argument("--beam-size", type=int, default=5)
-    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--strategy", default="top-p", choices=STRATEGIES)
+    for name in DECODE_FLAGS:  # one definition of each setting: params.yaml's `evaluate` gives the default
+        field = EvaluateParams.model_fields[name]
+        gen.add_argument(f"--{name.replace('_', '-')}", type=field.annotation, default=None,
+                         help=f"default: params.yaml evaluate.{name} ({field.default})")
     gen.add_argument("--tokenizer", default="data/tokens/tokenizer.json")
     gen.set_defaults(run=_generate)
     schedule = commands.add_parser("schedule", help="serve the retraining flow on a cron schedule",
@@ -206,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--seeds", type=int, default=3, help="retrain the winner with this many other seeds")
     tune.add_argument("--space", default="sweeps/space.yaml", help="search spaces, one per model")
     tune.set_defaults(run=_sweep)
+    scaling = commands.add_parser("scaling", help="run the scaling-law grid and its fits (dvc repro scaling/dvc.yaml)")
+    scaling.add_argument("--force", action="store_true", help="retrain every run (dvc repro --force)")
+    scaling.set_defaults(run=_scaling)
     check = commands.add_parser("check-params", help="validate params.yaml and say what is wrong in one line")
     check.add_argument("file", nargs="?", default="params.yaml")
     check.set_defaults(run=_check_params)

@@ -1,0 +1,61 @@
+"""Model FLOPs utilisation of the transformer at a few sizes: lmpipe's Trainer, achieved FLOP/s over the device's peak.
+
+    python benchmarks/mfu.py                 # sizes for the device found (GPU: up to 12 x 768; CPU: small ones)
+    python benchmarks/mfu.py --steps 200 --compile
+
+FLOPs are lmpipe.flops' analytic count (the same the trainer and the scaling grid record); the peak is the
+dense bf16 tensor-core figure of lmpipe.flops.PEAK_BF16_FLOPS for the device's name. On a CPU there is no peak
+in the table, so only FLOP/s is printed. Needs the default corpus tokens (dvc repro tokenize).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lmpipe.config import load_params  # noqa: E402
+from lmpipe.flops import peak_flops  # noqa: E402
+from lmpipe.splits import load_tokens  # noqa: E402
+from lmpipe.sweep import apply  # noqa: E402
+from lmpipe.train import Trainer  # noqa: E402
+
+GPU_SIZES = [(256, 4, 4), (512, 8, 8), (768, 12, 12)]  # (dim, layers, heads)
+CPU_SIZES = [(64, 2, 4), (128, 4, 4), (256, 4, 4)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=100, help="optimiser steps per size")
+    parser.add_argument("--batch", type=int, default=0, help="sequences per step (default: 64 on a GPU, 16 on a CPU)")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (worth it on a GPU)")
+    args = parser.parse_args()
+    params, data = load_params(), load_tokens()
+    gpu = torch.cuda.is_available()
+    name = torch.cuda.get_device_name() if gpu else "cpu"
+    peak = peak_flops(name) if gpu else None
+    batch = args.batch or (64 if gpu else 16)
+    common = params.train.model_copy(update={"compile": args.compile, "evals_per_epoch": 1})
+    print(f"device: {name}; bf16 peak: {f'{peak / 1e12:.0f} TFLOP/s' if peak else 'not in the table'}; "
+          f"batch {batch} x {args.seq_len}, {args.steps} steps, compile {args.compile}")
+    print(f"{'size':>14} {'params':>10} {'tokens/s':>10} {'TFLOP/s':>9} {'MFU':>7}")
+    for dim, layers, heads in GPU_SIZES if gpu else CPU_SIZES:
+        settings = apply(params.models["transformer"],
+                         {"arch.dim": dim, "arch.layers": layers, "arch.heads": heads, "arch.block_size": args.seq_len,
+                          "arch.dropout": 0.0, "batch_size": batch, "seq_len": args.seq_len, "optim.warmup_steps": 0},
+                         {"tokens": args.steps * batch * args.seq_len})
+        with tempfile.TemporaryDirectory() as ckpt:
+            m = Trainer("transformer", settings, common, data, ckpt, progress_bar=False).run().metrics
+        mfu = f"{100 * m['flops_per_sec'] / peak:.1f}%" if peak else "-"
+        print(f"{f'{layers} x {dim}':>14} {m['n_params']:>10,} {m['tokens_per_sec']:>10,.0f} "
+              f"{m['flops_per_sec'] / 1e12:>9.3f} {mfu:>7}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

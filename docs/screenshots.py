@@ -1,0 +1,106 @@
+"""Screenshots of what a user looks at, taken by headless Chromium (Debian's `chromium`) with no network:
+
+    python docs/screenshots.py            # after `make study`, with `lmpipe server` running
+
+docs/screenshots/report.png         reports/study.html, the study report
+docs/screenshots/scaling-report.png reports/scaling.html, the scaling study (when `lmpipe scaling` has run)
+docs/screenshots/dvc-plots.png      `dvc plots show`'s page (drawn offline from reports/plots_template.html)
+docs/screenshots/mlflow-compare.png the MLflow compare view of the runs that trained the current models
+docs/screenshots/prefect-run.png    the Prefect flow run page of the newest evaluate run (its log lines and artifact)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs/screenshots"
+sys.path.insert(0, str(ROOT))
+
+
+def shoot(url: str, out: Path, width: int = 1400, height: int = 2400, wait_ms: int = 20000) -> None:
+    browser = shutil.which("chromium") or sys.exit("needs Debian's chromium: apt-get install chromium")
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    "--no-first-run", "--hide-scrollbars", f"--window-size={width},{height}",
+                    f"--virtual-time-budget={wait_ms}", f"--screenshot={out}", url],
+                   check=True, capture_output=True, timeout=300)
+    print(f"{out.relative_to(ROOT)}: {url[:100]}")
+
+
+def wait_for(url: str, seconds: int = 120) -> None:
+    for _ in range(seconds):
+        try:
+            urllib.request.urlopen(url, timeout=1)
+            return
+        except OSError:
+            time.sleep(1)
+    sys.exit(f"{url} did not answer within {seconds} s")
+
+
+def model_runs() -> tuple[str, list[str]]:
+    """(experiment id, run ids) of the runs that trained the current models, found by their outputs' content hash."""
+    from lmpipe import tracking
+    from lmpipe.config import load_params
+
+    evaluated = json.loads((ROOT / "metrics/eval.json").read_text())["models"]  # the LMs, not word2vec
+    experiment = load_params(ROOT / "params.yaml").tracking.experiment
+    found = [tracking.run_of_output(experiment, ROOT / f"models/{name}") for name in evaluated]
+    if not all(found):
+        sys.exit("no MLflow run for some of the models here: run dvc repro first")
+    return tracking.experiment_id(experiment), found
+
+
+def mlflow_compare(port: int) -> None:
+    experiment_id, runs = model_runs()
+    ui = subprocess.Popen(["lmpipe", "ui", "--port", str(port)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(f"{base}/health")
+        query = urllib.parse.urlencode({"runs": json.dumps(runs), "experiments": json.dumps([experiment_id])})
+        shoot(f"{base}/#/compare-runs?{query}", OUT / "mlflow-compare.png", 2700, 2200)  # wide: 6 runs beside the assistant panel
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+
+
+def prefect_run(api: str) -> None:
+    runs = json.loads(urllib.request.urlopen(urllib.request.Request(
+        f"{api}/flow_runs/filter", method="POST", headers={"Content-Type": "application/json"},
+        data=json.dumps({"flow_runs": {"name": {"any_": ["evaluate"]}, "state": {"type": {"any_": ["COMPLETED"]}}},
+                         "sort": "START_TIME_DESC", "limit": 1}).encode()), timeout=10).read())
+    if not runs:
+        sys.exit(f"no completed evaluate flow run on {api}: run the study with `lmpipe server` running")
+    shoot(f"{api.removesuffix('/api')}/runs/flow-run/{runs[0]['id']}", OUT / "prefect-run.png", 1600, 1400, 30000)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mlflow-port", type=int, default=5055)
+    parser.add_argument("--prefect-api", default=os.environ.get("PREFECT_API_URL", "http://127.0.0.1:4200/api"))
+    args = parser.parse_args()
+    os.chdir(ROOT)
+    OUT.mkdir(exist_ok=True)
+    shoot((ROOT / "reports/study.html").as_uri(), OUT / "report.png", 1200, 5200)
+    if (ROOT / "reports/scaling.html").exists():
+        shoot((ROOT / "reports/scaling.html").as_uri(), OUT / "scaling-report.png", 1200, 4200)
+    with tempfile.TemporaryDirectory() as plots:
+        subprocess.run(["dvc", "plots", "show", "--out", plots], check=True, capture_output=True)
+        shoot((Path(plots) / "index.html").as_uri(), OUT / "dvc-plots.png", 1400, 1900)
+    mlflow_compare(args.mlflow_port)
+    prefect_run(args.prefect_api)
+
+
+if __name__ == "__main__":
+    main()

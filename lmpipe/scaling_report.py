@@ -1,0 +1,217 @@
+"""reports/scaling.md and its HTML twin: the grid's runs, the fits with their uncertainty, and four figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from lmpipe.report import html_page, plt
+from lmpipe.scaling import Law
+
+CAVEATS = (
+    "Each point is one training run with one seed (the default GRU's spread over seeds is about 0.005 bpb, "
+    "docs/tuning.md): differences of that size between neighbouring runs are noise. Every size trains with its "
+    "family's default settings (learning rate, batch, dropout), not settings tuned per size, which can bend the "
+    "profiles. Runs longer than an epoch repeat data, which the law's D term does not model. The grid spans a "
+    "narrow range of N (the 8,192-token embedding is most of a small model's parameters), so the law's constants "
+    "trade off against each other: read the bootstrap intervals before the point values, and the predictions "
+    "at 10x and 100x the largest budget as extrapolations of the exponents, not measurements. The budgets are far "
+    "below the default study's trainings (`train_flops` in metrics/train/), so runs here can trail KN-5 where the "
+    "study's models beat it; which family is ahead at equal compute can change as compute grows.")
+
+COLOURS = {"transformer": "tab:blue", "lstm": "tab:red", "gru": "tab:green", "rnn": "tab:orange", "nplm": "tab:purple"}
+
+
+def _colour(model: str, k: int) -> str:
+    return COLOURS.get(model, f"C{k}")
+
+
+def _by_model(rows: list[dict]) -> dict[str, list[dict]]:
+    models: dict[str, list[dict]] = {}
+    for r in rows:
+        models.setdefault(r["model"], []).append(r)
+    return models
+
+
+def loss_vs_compute_figure(rows: list[dict], kn5_bpb: float | None, out: Path) -> None:
+    """Every run's valid bpb against its training FLOPs; per family the compute-efficient frontier (its best run
+    at each budget) as a line; KN-5 as a dashed line."""
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    for k, (model, runs) in enumerate(_by_model(rows).items()):
+        colour = _colour(model, k)
+        sizes = sorted({float(r["n_params"]) for r in runs})
+        ax.scatter([float(r["flops"]) for r in runs], [float(r["valid_bpb"]) for r in runs], color=colour, alpha=0.55,
+                   s=[18 + 60 * sizes.index(float(r["n_params"])) / max(1, len(sizes) - 1) for r in runs],
+                   label=f"{model} runs (marker size: N)")
+        frontier = []
+        for c in sorted({float(r["budget"]) for r in runs}):
+            best = min((r for r in runs if float(r["budget"]) == c), key=lambda r: float(r["valid_bpb"]))
+            frontier.append((float(best["flops"]), float(best["valid_bpb"])))
+        ax.plot(*zip(*frontier), color=colour, label=f"{model} frontier (best run per budget)")
+    if kn5_bpb:
+        ax.axhline(kn5_bpb, color="gray", linestyle="--", label=f"KN-5 n-gram ({kn5_bpb:.3f})")
+    ax.set(xscale="log", xlabel="training FLOPs C (log scale)", ylabel="validation bits per byte (lower is better)",
+           title="Loss against compute")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def isoflop_figure(rows: list[dict], analysis: dict, out: Path) -> None:
+    """Per family, loss against N at each budget with the fitted parabola and its minimum (IsoFLOP profiles)."""
+    models = _by_model(rows)
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), sharey=True, squeeze=False)
+    for ax, (model, runs) in zip(axes[0], models.items()):
+        budgets = sorted({float(r["budget"]) for r in runs})
+        cmap = plt.get_cmap("viridis")
+        for j, point in enumerate(analysis[model]["isoflop"]):
+            colour = cmap(j / max(1, len(budgets) - 1))
+            at = sorted((r for r in runs if float(r["budget"]) == point["budget"]), key=lambda r: float(r["n_params"]))
+            n = np.array([float(r["n_params"]) for r in at])
+            ax.plot(n, [float(r["valid_bpb"]) for r in at], "o", color=colour, label=f"C = {point['budget']:.1e}")
+            grid = np.exp(np.linspace(np.log(n.min()), np.log(n.max()), 50))
+            ax.plot(grid, np.polyval(point["coefficients"], np.log(grid)), color=colour, alpha=0.7)
+            ax.plot(point["n_opt"], point["loss_opt"], "*" if point["bracketed"] else "x", color=colour, markersize=12)
+        ax.set(xscale="log", xlabel="parameters N (log scale)", title=f"{model}: IsoFLOP profiles")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("validation bits per byte")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def law_contours_figure(rows: list[dict], analysis: dict, out: Path) -> None:
+    """Per family, contours of the fitted L(N, D) over the grid's N and D, the runs, and the compute-optimal line."""
+    models = _by_model(rows)
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.4), squeeze=False)
+    for ax, (model, runs) in zip(axes[0], models.items()):
+        law = Law(**analysis[model]["law"])
+        n, d = np.array([float(r["n_params"]) for r in runs]), np.array([float(r["tokens"]) for r in runs])
+        ns = np.exp(np.linspace(np.log(n.min() / 2), np.log(n.max() * 2), 80))
+        ds = np.exp(np.linspace(np.log(d.min() / 2), np.log(d.max() * 2), 80))
+        grid_n, grid_d = np.meshgrid(ns, ds)
+        contours = ax.contour(grid_n, grid_d, law.loss(grid_n, grid_d), levels=12, cmap="viridis_r")
+        ax.clabel(contours, fontsize=7, fmt="%.2f")
+        ax.scatter(n, d, c="black", s=12, label="runs")
+        budgets = np.exp(np.linspace(np.log(6 * ns[0] * ds[0]), np.log(6 * ns[-1] * ds[-1]), 50))
+        opt = np.array([law.optimal_n(c) for c in budgets])
+        keep = (opt >= ns[0]) & (opt <= ns[-1]) & (budgets / (6 * opt) >= ds[0]) & (budgets / (6 * opt) <= ds[-1])
+        ax.plot(opt[keep], budgets[keep] / (6 * opt[keep]), color="tab:red", label="compute-optimal N, D of the fit")
+        ax.set(xscale="log", yscale="log", xlabel="parameters N", ylabel="training tokens D",
+               title=f"{model}: fitted L(N, D) in bpb")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def _ci(pair) -> str:
+    return f"[{pair[0]:.3g}, {pair[1]:.3g}]" if pair else "-"
+
+
+def findings(analysis: dict, best: list[dict], kn5_bpb: float | None) -> list[str]:
+    """What the grid shows, in sentences computed from it (the report's summary)."""
+    out = []
+    winners = sorted({b["model"] for b in best})
+    top = best[-1]
+    per_budget = ", ".join(f"{b['budget']:.1e}: {b['model']}" for b in best)
+    out.append(f"At the largest budget ({top['budget']:.1e} FLOPs) the best run is {top['model']} {top['size']} at "
+               f"{top['valid_bpb']:.4f} bpb" + (f", {top['valid_bpb'] - kn5_bpb:+.4f} against KN-5" if kn5_bpb else "")
+               + f"; {'the same family wins' if len(winners) == 1 else 'the winning family changes'} across budgets "
+               f"({per_budget}).")
+    for model, a in analysis.items():
+        bracketed = sum(p["bracketed"] for p in a["isoflop"])
+        if bracketed == len(a["isoflop"]):
+            where = "inside the sizes tried at every budget"
+        elif bracketed == 0:
+            edges = " or ".join(sorted({p["edge"] for p in a["isoflop"]}))
+            beyond = {"smallest": "below the smallest", "largest": "above the largest"}.get(edges, "outside the")
+            where = (f"at no budget inside the sizes tried: the best run is always the {edges} size, so N_opt lies "
+                     f"{beyond} size tried and the IsoFLOP exponents are not measured by this grid")
+        else:
+            where = f"inside the sizes tried at {bracketed} of {len(a['isoflop'])} budgets"
+        ci = a["law_exponent_intervals"].get("a")
+        out.append(f"{model}: the IsoFLOP minimum lies {where}. The fitted law puts N_opt ~ C^{a['law_exponents']['a']:.2f}"
+                   + (f" (90% interval {ci[0]:.2f} to {ci[1]:.2f})" if ci else "")
+                   + (f"; fitted without the largest budget, it predicts those runs to within "
+                      f"{100 * a['holdout']['mean_abs_relative_error']:.1f}% on average."
+                      if a["holdout"]["mean_abs_relative_error"] is not None else "."))
+    return out
+
+
+def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], kn5_bpb: float | None, meta: dict) -> str:
+    """The report's text: what was run, what the fits say, and how far to trust them."""
+    lines = ["# lmpipe scaling study", "",
+             f"{len(rows)} runs: {meta['sizes']} sizes of each of {', '.join(analysis)} at {meta['budgets']} compute "
+             f"budgets C from {meta['min_budget']:.1e} to {meta['max_budget']:.1e} training FLOPs, on the default "
+             f"pipeline's tokens ({meta['train_tokens']:,} training tokens per epoch). Every run ends at its budget with "
+             "its learning-rate schedule annealed to it; its tokens D follow from C and the size. Loss is validation "
+             "bits per byte (bpb); N counts all parameters; FLOPs are lmpipe.flops' analytic count. "
+             f"Wall time of the grid: {meta['seconds'] / 60:.1f} min on {meta['device']}.", ""]
+    if kn5_bpb:
+        lines += [f"KN-5 on the same split: {kn5_bpb:.4f} bpb.", ""]
+    lines += ["## What the grid shows", ""] + [f"- {f}" for f in findings(analysis, best, kn5_bpb)] + [""]
+    lines += ["## Best run at each budget", "", "| C (FLOPs) | best | N | D (tokens) | valid bpb |", "|---|---|---|---|---|"]
+    lines += [f"| {b['budget']:.1e} | {b['model']} {b['size']} | {b['n_params']:,} | {b['tokens']:,} | {b['valid_bpb']:.4f} |"
+              for b in best]
+    lines += ["", "![Loss against compute](scaling/loss_vs_compute.png)", "",
+              "## IsoFLOP profiles (Hoffmann et al.'s approach 2)", "",
+              "At each budget a parabola in log N through the runs; its minimum N_opt (a star when it lies inside the "
+              "sizes tried, a cross when the best run sits at the edge of the grid, where the true optimum is outside it); "
+              "D_opt = C / (6 N_opt).", "", "| model | C | N_opt | D_opt | bpb at N_opt | bracketed |", "|---|---|---|---|---|---|"]
+    for model, a in analysis.items():
+        lines += [f"| {model} | {p['budget']:.1e} | {p['n_opt']:,.0f} | {p['d_opt']:,.0f} | {p['loss_opt']:.4f} | "
+                  f"{'yes' if p['bracketed'] else 'no'} |" for p in a["isoflop"]]
+    lines.append("")
+    for model, a in analysis.items():
+        e = a["isoflop_exponents"]
+        lines.append(f"- {model}: " + (f"N_opt ~ C^{e['n_opt']['exponent']:.2f}, D_opt ~ C^{e['d_opt']['exponent']:.2f} "
+                                        f"(from the {sum(p['bracketed'] for p in a['isoflop'])} bracketed budgets)"
+                                        if e else "fewer than two bracketed minima: no exponent"))
+    lines += ["", "![IsoFLOP profiles](scaling/isoflop.png)", "",
+              "## The fitted law L(N, D) = E + A / N^alpha + B / D^beta (approach 3)", "",
+              f"Huber loss (delta {meta['huber_delta']:g}) on log-loss, L-BFGS from a grid of starts; 90% intervals from "
+              f"{meta['bootstrap']} bootstrap resamplings of the runs.", "",
+              "| model | E | A | alpha | B | beta | N_opt ~ C^a | D_opt ~ C^b |", "|---|---|---|---|---|---|---|---|"]
+    for model, a in analysis.items():
+        law, ci, ex, exci = a["law"], a["law_intervals"], a["law_exponents"], a["law_exponent_intervals"]
+        cells = [f"{law[k]:.3g} {_ci(ci.get(k))}" for k in ("E", "A", "alpha", "B", "beta")]
+        lines.append(f"| {model} | " + " | ".join(cells) + f" | {ex['a']:.2f} {_ci(exci.get('a'))} | "
+                     f"{ex['b']:.2f} {_ci(exci.get('b'))} |")
+    lines += ["", "Predicted loss at the compute-optimal size, beyond the grid:", "",
+              "| model | C | predicted bpb (90% interval) | N_opt |", "|---|---|---|---|"]
+    for model, a in analysis.items():
+        lines += [f"| {model} | {p['budget']:.1e} ({k}) | {p['loss']:.4f} {_ci(p['interval'])} | {p['n_opt']:,.0f} |"
+                  for k, p in a["predictions"].items()]
+    lines += ["", "![Fitted L(N, D)](scaling/law.png)", "",
+              "## Does the law predict a run it has not seen?", "",
+              "Refitted without the largest budget's runs, the law's prediction for them:", "",
+              "| model | run | measured bpb | predicted | relative error |", "|---|---|---|---|---|"]
+    for model, a in analysis.items():
+        lines += [f"| {model} | {h['name']} | {h['measured']:.4f} | {h['predicted']:.4f} | {100 * h['relative_error']:+.1f}% |"
+                  for h in a["holdout"]["runs"]]
+    lines.append("")
+    for model, a in analysis.items():
+        if a["holdout"]["mean_abs_relative_error"] is not None:
+            lines.append(f"- {model}: mean absolute error {100 * a['holdout']['mean_abs_relative_error']:.1f}% "
+                         f"at C = {a['holdout']['budget']:.1e}.")
+    lines += ["", "## How far to trust this", "", CAVEATS, ""]
+    return "\n".join(lines) + "\n"
+
+
+def write_scaling_report(rows, analysis, best, kn5_bpb, meta, out_dir: str | Path) -> Path:
+    """reports/scaling.md, reports/scaling.html (figures embedded) and reports/scaling/*.png."""
+    out_dir = Path(out_dir)
+    figures = out_dir / "scaling"
+    figures.mkdir(parents=True, exist_ok=True)
+    loss_vs_compute_figure(rows, kn5_bpb, figures / "loss_vs_compute.png")
+    isoflop_figure(rows, analysis, figures / "isoflop.png")
+    law_contours_figure(rows, analysis, figures / "law.png")
+    text = scaling_markdown(rows, analysis, best, kn5_bpb, meta)
+    (out_dir / "scaling.md").write_text(text, encoding="utf-8")
+    (out_dir / "scaling.html").write_text(html_page(text, out_dir, "lmpipe scaling study"), encoding="utf-8")
+    return out_dir / "scaling.md"

@@ -1,0 +1,127 @@
+"""Scaling-law fits: they recover a law they are given, find IsoFLOP minima, and the grid is what params say."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize_scalar
+
+from lmpipe.config import parse_params
+from lmpipe.errors import ConfigError
+from lmpipe.flops import peak_flops
+from lmpipe.scaling import Law, analyse, best_per_budget, fit_law, grid_points, isoflop_minimum, power_law
+
+TRUE = Law(E=1.7, A=40.0, alpha=0.35, B=300.0, beta=0.4)
+
+
+def synthetic_runs(law: Law, noise: float, seed: int = 0, sizes=np.geomspace(1e5, 3e7, 5),
+                   budgets=np.geomspace(1e12, 1e15, 4)) -> list[dict]:
+    """Runs of a grid whose losses come from `law` with lognormal noise, as the grid stage writes them."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for c in budgets:
+        for n in sizes:
+            d = c / (6 * n)
+            rows.append({"name": f"n{n:.0f}-c{c:.0e}", "model": "m", "size": f"{n:.0f}", "budget": c, "n_params": n,
+                         "tokens": d, "valid_bpb": float(law.loss(n, d) * math.exp(rng.normal(0, noise)))})
+    return rows
+
+
+def test_fit_recovers_the_constants_of_a_known_law_from_noisy_points():
+    rows = synthetic_runs(TRUE, noise=0.003)
+    law = fit_law(*(np.array([r[k] for r in rows]) for k in ("n_params", "tokens", "valid_bpb")))
+    assert law.alpha == pytest.approx(TRUE.alpha, abs=0.03)
+    assert law.beta == pytest.approx(TRUE.beta, abs=0.03)
+    assert law.E == pytest.approx(TRUE.E, rel=0.03)
+    assert law.optimal_loss(1e16) == pytest.approx(TRUE.optimal_loss(1e16), rel=0.01)  # 10x beyond the grid
+    assert law.optimal_n(1e16) == pytest.approx(TRUE.optimal_n(1e16), rel=0.15)
+
+
+def test_compute_optimal_size_in_closed_form_minimises_the_law_at_fixed_compute():
+    for c in (1e13, 1e17):
+        numeric = minimize_scalar(lambda x: TRUE.loss(math.exp(x), c / (6 * math.exp(x))), bounds=(5, 30),
+                                  method="bounded", options={"xatol": 1e-9})
+        assert TRUE.optimal_n(c) == pytest.approx(math.exp(numeric.x), rel=1e-4)
+    exps = TRUE.exponents()
+    assert exps["a"] + exps["b"] == pytest.approx(1)
+    assert exps["a"] == pytest.approx(0.4 / 0.75)
+
+
+def test_isoflop_minimum_is_the_parabola_vertex_or_the_edge_of_the_grid():
+    n = np.geomspace(1e5, 1e6, 5)
+    inside = isoflop_minimum(n, 2.0 + 0.1 * (np.log(n) - math.log(3e5)) ** 2)
+    assert inside["bracketed"] and inside["n_opt"] == pytest.approx(3e5, rel=1e-6)
+    assert inside["loss_opt"] == pytest.approx(2.0)
+    falling = isoflop_minimum(n, 3.0 - 0.1 * np.log(n))  # bigger is always better here: the optimum is off the grid
+    assert not falling["bracketed"] and falling["n_opt"] == pytest.approx(1e6) and falling["edge"] == "largest"
+
+
+def test_isoflop_exponents_of_a_known_law_match_its_closed_form():
+    rows = synthetic_runs(TRUE, noise=0.0, sizes=np.geomspace(1e4, 1e9, 21), budgets=np.geomspace(1e14, 1e17, 4))
+    analysis = analyse(rows, bootstrap=0)["m"]
+    assert all(p["bracketed"] for p in analysis["isoflop"])
+    assert analysis["isoflop_exponents"]["n_opt"]["exponent"] == pytest.approx(TRUE.exponents()["a"], abs=0.03)
+    assert analysis["isoflop_exponents"]["d_opt"]["exponent"] == pytest.approx(TRUE.exponents()["b"], abs=0.03)
+
+
+def test_analysis_predicts_held_out_runs_and_its_intervals_cover_the_truth():
+    analysis = analyse(synthetic_runs(TRUE, noise=0.003), bootstrap=30, seed=1)["m"]
+    held = analysis["holdout"]
+    assert held["budget"] == pytest.approx(1e15) and len(held["runs"]) == 5  # the largest budget's runs
+    assert held["mean_abs_relative_error"] < 0.02
+    lo, hi = analysis["law_intervals"]["alpha"]
+    assert lo <= TRUE.alpha <= hi and hi - lo < 0.2
+    low, high = analysis["predictions"]["100x"]["interval"]
+    assert low <= TRUE.optimal_loss(1e17) <= high
+
+
+def test_power_law_fit_recovers_an_exponent():
+    fit = power_law([1, 10, 100], [3, 3 * 10 ** 0.5, 3 * 100 ** 0.5])
+    assert fit["exponent"] == pytest.approx(0.5) and fit["coefficient"] == pytest.approx(3)
+
+
+def test_best_per_budget_picks_the_lowest_loss_across_families():
+    rows = [{"model": "a", "size": "s", "budget": 1.0, "n_params": 1, "tokens": 1, "valid_bpb": 2.0},
+            {"model": "b", "size": "t", "budget": 1.0, "n_params": 2, "tokens": 1, "valid_bpb": 1.5},
+            {"model": "a", "size": "s", "budget": 2.0, "n_params": 1, "tokens": 2, "valid_bpb": 1.2}]
+    assert [(b["budget"], b["model"]) for b in best_per_budget(rows)] == [(1.0, "b"), (2.0, "a")]
+
+
+def test_grid_is_every_size_at_every_budget_smallest_budget_first():
+    points = grid_points({"transformer": [{"dim": 32}, {"dim": 64}], "lstm": [{"hidden": 32}]}, [2e12, 1e12])
+    assert len(points) == 6 and len({p.name for p in points}) == 6
+    assert [p.budget for p in points] == [1e12] * 3 + [2e12] * 3
+    assert points[0].name == "transformer-dim32-C1.0e+12"
+
+
+def test_each_grid_point_trains_its_size_to_its_flop_budget():
+    from flows.scaling import point_settings
+
+    params = parse_params({"models": {"lstm": {"family": "rnn", "arch": {"cell": "lstm", "emb": 256, "hidden": 256}}},
+                           "scaling": {"models": {"lstm": [{"emb": 32, "hidden": 32}]}, "budgets": [1e12],
+                                       "overrides": {"batch_size": 16, "optim.warmup_steps": 5}}})
+    point = grid_points(params.scaling.models, params.scaling.budgets)[0]
+    settings = point_settings(point, params)
+    assert settings.arch == {"cell": "lstm", "emb": 32, "hidden": 32} and settings.batch_size == 16
+    assert settings.optim.warmup_steps == 5 and settings.budget.flops == 1e12
+    bad = parse_params({"models": {"lstm": {"family": "rnn"}}, "scaling": {"models": {"lstm": [{"dim": 32}]},
+                                                                          "budgets": [1e12]}})
+    with pytest.raises(ConfigError, match=r"scaling, lstm-dim32-C1.0e\+12: settings .*: arch has \[.dim.\]"):
+        point_settings(grid_points(bad.scaling.models, bad.scaling.budgets)[0], bad)
+
+
+def test_scaling_must_name_models_of_the_study_and_positive_budgets():
+    with pytest.raises(ConfigError, match="scaling.models names \\['gpt'\\]"):
+        parse_params({"models": {"lstm": {"family": "rnn"}}, "scaling": {"models": {"gpt": [{}]}}})
+    with pytest.raises(ConfigError, match="budgets must be positive"):
+        parse_params({"scaling": {"budgets": [0]}})
+
+
+def test_peak_flops_table_knows_the_lent_gpus_and_nothing_else():
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12  # SXM
+    assert peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops("NVIDIA H200") == 989e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_flops("cpu") is None and peak_flops("Tesla T4") is None
