@@ -13,11 +13,10 @@ from tokenizers import Tokenizer
 
 from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import tracking
-from lmpipe.audit import audit, bpe_vector, load_tests, word_counts, write_word2vec_text
+from lmpipe.audit import audit, bpe_vector, load_tests, weat_heatmap, word_counts, write_word2vec_text
 from lmpipe.config import load_params
 from lmpipe.io import atomic_path, write_json
 from lmpipe.models import load_model
-from lmpipe.report import weat_heatmap
 
 METRICS, HEATMAP, EMBEDDINGS = "metrics/weat.json", "plots/weat/heatmap.png", "data/embeddings"
 DETAILS = "reports/weat_words.json"  # which words each test kept or dropped, with their training counts

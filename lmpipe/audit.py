@@ -111,3 +111,33 @@ def write_word2vec_text(vectors: dict, path: str | Path) -> None:
     dim = len(next(iter(vectors.values()))) if vectors else 0
     lines = [f"{len(words)} {dim}"] + [w + " " + " ".join(f"{x:.6f}" for x in vectors[w]) for w in words]
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def weat_heatmap(results: dict, out: str | Path) -> None:
+    """Tests (rows, by name) x models (columns), effect size as colour; '*' marks p < 0.05, grey cells lacked coverage."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(results)
+    tests = sorted({t for r in results.values() for t in r}, key=lambda t: (len(t), t))
+    titles = {t: next((r[t]["title"] for r in results.values() if r.get(t, {}).get("title")), t) for t in tests}
+    grid = np.array([[results[m].get(t, {}).get("effect_size") or np.nan for m in models] for t in tests], dtype=float)
+    fig, ax = plt.subplots(figsize=(0.9 * len(models) + 6.5, 0.42 * len(tests) + 1.6))
+    cmap = plt.get_cmap("RdBu_r").copy()
+    cmap.set_bad("lightgray")
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-2, vmax=2, aspect="auto")
+    for i, t in enumerate(tests):
+        for j, m in enumerate(models):
+            r = results[m].get(t, {})
+            if r.get("effect_size") is not None:
+                mark = "*" if r["p_value"] < 0.05 else ""
+                ax.text(j, i, f"{r['effect_size']:.2f}{mark}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(models)), models, rotation=30, ha="right")
+    ax.set_yticks(range(len(tests)), [f"{t}: {titles[t]}" if titles[t] != t else t for t in tests], fontsize=8)
+    ax.set_title("WEAT effect size (* p < 0.05; grey: too few words in the corpus)")
+    fig.colorbar(image, ax=ax, shrink=0.8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)

@@ -68,32 +68,6 @@ def bpb_figure(models: dict, out: Path) -> None:
     plt.close(fig)
 
 
-def weat_heatmap(results: dict, out: str | Path) -> None:
-    """Models x tests, effect size as colour; '*' marks p < 0.05, grey cells lacked coverage."""
-    import numpy as np
-
-    models = list(results)
-    tests = sorted({t for r in results.values() for t in r}, key=lambda t: (len(t), t))
-    grid = np.array([[results[m].get(t, {}).get("effect_size") or np.nan for t in tests] for m in models], dtype=float)
-    fig, ax = plt.subplots(figsize=(1.0 * len(tests) + 2, 0.5 * len(models) + 1.5))
-    cmap = plt.get_cmap("RdBu_r").copy()
-    cmap.set_bad("lightgray")
-    image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=-2, vmax=2)
-    for i, m in enumerate(models):
-        for j, t in enumerate(tests):
-            r = results[m].get(t, {})
-            if r.get("effect_size") is not None:
-                mark = "*" if r["p_value"] < 0.05 else ""
-                ax.text(j, i, f"{r['effect_size']:.2f}{mark}", ha="center", va="center", fontsize=8)
-    ax.set_xticks(range(len(tests)), tests, rotation=45, ha="right")
-    ax.set_yticks(range(len(models)), models)
-    ax.set_title("WEAT effect size (* p < 0.05; grey: insufficient coverage)")
-    fig.colorbar(image, ax=ax, shrink=0.8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-
-
 def _corpus_section(corpus, validation, tokenize) -> list[str]:
     lines = ["## Corpus", ""]
     if corpus:
