@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import tempfile
 import time
 from pathlib import Path
@@ -57,6 +58,7 @@ def train_point(point: GridPoint, settings: ModelParams, params: Params, data: T
     tags = {"lmpipe.role": "scaling-run", "lmpipe.model": point.model, "lmpipe.point": key}
     if done.exists():  # trained before: its row again, and a child run here too when this scaling run lacks one
         row = json.loads(done.read_text())
+        row.setdefault("valid_loss", math.log(row["valid_ppl"]))  # rows cached before the column existed
         if not tracking.find_runs(params.tracking.experiment, {"lmpipe.point": key, "mlflow.parentRunId": parent_id}):
             with tracking.run(params.tracking.experiment, point.name, settings.model_dump(mode="json"),
                               parent_run_id=parent_id, tags={**tags, "lmpipe.reused": "a finished run of an earlier grid"}):
@@ -77,6 +79,7 @@ def train_point(point: GridPoint, settings: ModelParams, params: Params, data: T
            "budget": point.budget, "n_params": m["n_params"], "n_params_non_embedding": m["n_params_non_embedding"],
            "tokens": m["tokens_seen"], "flops": m["train_flops"], "epochs": m["epochs"],
            "epoch_tokens": len(data.splits["train"].tokens), "valid_bpb": m["valid_bpb"], "valid_ppl": m["valid_ppl"],
+           "valid_loss": math.log(m["valid_ppl"]),
            "train_seconds": m["seconds"], "wall_seconds": time.perf_counter() - started,
            "flops_per_sec": m["flops_per_sec"], "device": m["device"]}
     write_json(done, row)

@@ -196,6 +196,7 @@ def test_scaling_pipeline_trains_its_grid_to_budget_fits_and_reports(project):
     """`lmpipe scaling` (= dvc repro scaling/dvc.yaml): every size at every budget as MLflow children of one scaling
     run, each ending at its FLOP budget; the fits and the report; a second run does nothing."""
     import csv
+    import math
 
     copy, env, _ = project
     done = run(["lmpipe", "scaling"], copy, env)
@@ -205,6 +206,8 @@ def test_scaling_pipeline_trains_its_grid_to_budget_fits_and_reports(project):
     assert len(rows) == 16 and {r["model"] for r in rows} == {"transformer", "lstm"}
     for r in rows:  # each run stops at its budget (in steps: under the LSTM's variable BPTT a step's tokens vary)
         assert abs(float(r["flops"]) - float(r["budget"])) <= 0.05 * float(r["budget"])
+        assert float(r["n_params"]) > float(r["n_params_non_embedding"]) > 0 and float(r["wall_seconds"]) > 0
+        assert float(r["valid_loss"]) == pytest.approx(math.log(float(r["valid_ppl"])))
     summary = json.loads((copy / "metrics/scaling.json").read_text())
     for family in ("transformer", "lstm"):
         fit = summary["families"][family]
