@@ -68,12 +68,8 @@ def train_point(point: GridPoint, settings: ModelParams, params: Params, data: T
     started = time.perf_counter()
     with tracking.run(params.tracking.experiment, point.name, settings.model_dump(mode="json"), parent_run_id=parent_id,
                       tags=tags) as run:
-        def on_eval(record):
-            tracking.log_metrics({k: v for k, v in record.items() if k != "step"}, step=record["step"],
-                                 run_id=run.info.run_id)
-
-        m = Trainer(point.model, settings, common, data, WORK / "ckpt" / key, on_eval=on_eval,
-                    progress_bar=False).run().metrics
+        m = Trainer(point.model, settings, common, data, WORK / "ckpt" / key, progress_bar=False,
+                    on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id)).run().metrics
         tracking.log_metrics(m)
     row = {"name": point.name, "model": point.model, "family": settings.family, "size": size_label(point.size),
            "budget": point.budget, "n_params": m["n_params"], "n_params_non_embedding": m["n_params_non_embedding"],

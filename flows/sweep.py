@@ -50,8 +50,7 @@ def objective_for(model, space, base, common, data, experiment, parent_id, name)
             evaluations = itertools.count(1)
 
             def on_eval(record):  # Hyperband's resource: evaluations so far
-                tracking.log_metrics({k: v for k, v in record.items() if k != "step"}, step=record["step"],
-                                     run_id=run.info.run_id)
+                tracking.log_evaluation(record, run.info.run_id)
                 trial.report(record["valid_bpb"], next(evaluations))
                 if trial.should_prune():
                     tracking.log_metrics({"pruned_at_tokens": record["tokens"]}, run_id=run.info.run_id)

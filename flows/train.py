@@ -41,7 +41,7 @@ def fit(name, settings, common, data, ckpt_dir, run_id):
     elapsed = []
 
     def on_eval(record):  # live learning curve in the model's MLflow run, and a line in the log
-        tracking.log_metrics({k: v for k, v in record.items() if k != "step"}, step=record["step"], run_id=run_id)
+        tracking.log_evaluation(record, run_id)
         elapsed.append(record["train_seconds"])
         line = progress_line(name, {**record, "elapsed_seconds": sum(elapsed)}, trainer.total_steps / trainer.steps_per_epoch)
         logger.info(line)  # the console and the flow run's page in the Prefect UI

@@ -83,16 +83,12 @@ class StudyKey:
     commit: str
     params_digest: str
 
-    @classmethod
-    def of(cls, params_file: str | Path = "params.yaml") -> "StudyKey":
-        return cls(git_commit(), hashlib.sha256(Path(params_file).read_bytes()).hexdigest()[:12])
-
     def __str__(self) -> str:  # the tag value on MLflow runs and Prefect flow runs
         return f"{self.commit}:{self.params_digest}"
 
 
 def study_key(params_file: str | Path = "params.yaml") -> StudyKey:
-    return StudyKey.of(params_file)
+    return StudyKey(git_commit(), hashlib.sha256(Path(params_file).read_bytes()).hexdigest()[:12])
 
 
 def experiment_id(name: str) -> str:
@@ -254,6 +250,11 @@ def log_metrics(metrics: Mapping, step: int | None = None, run_id: str | None = 
     numeric = {k: float(v) for k, v in flatten(metrics).items()
                if isinstance(v, (int, float)) and not isinstance(v, bool)}
     mlflow.log_metrics(numeric, step=step, run_id=run_id)
+
+
+def log_evaluation(record: Mapping, run_id: str) -> None:
+    """One learning-curve point (a Trainer `on_eval` record) as step metrics of a training run."""
+    log_metrics({k: v for k, v in record.items() if k != "step"}, step=record["step"], run_id=run_id)
 
 
 MODEL_REQUIREMENTS = ("torch", "numpy")  # all a pickled lmpipe LM needs besides lmpipe's own code, which goes with it
