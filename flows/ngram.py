@@ -1,38 +1,72 @@
-"""ngram stage: the n-gram baseline on the BPE tokens; models/ngram/ and metrics/ngram.json."""
+"""ngram stage: the n-gram baseline on the BPE tokens; models/ngram/ and metrics/ngram.json.
 
+The build is lmpipe.ngram_build's map and reduce within `ngram.memory`: its shard and partition steps run as
+Prefect tasks, on local threads, or on the study's Dask/Ray cluster when `orchestration.task_runner` names one.
+"""
+
+import os
 import resource
 import time
+from pathlib import Path
 
 from prefect import flow, task
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows._stage import PARAMS_FILE, main, stage_run
-from lmpipe import tracking
+from lmpipe import ngram_build, tracking
 from lmpipe.config import load_params
 from lmpipe.io import atomic_path, write_json
 from lmpipe.ngram import NGramLM, perplexity
 from lmpipe.splits import load_tokens
 
-MODEL_DIR, METRICS = "models/ngram", "metrics/ngram.json"
+MODEL_DIR, METRICS, WORK_DIR = "models/ngram", "metrics/ngram.json", ".cache/lmpipe/ngram"
+TOKENS = "data/tokens/train.npy"
 
 
-@task
+@flow(name="ngram-build", flow_run_name="ngram-build")
+def build_model(tokens: str, out: str, vocab_size: int, boundary: int, settings: dict, workers: int) -> dict:
+    """The out-of-core build; each of its steps is one Prefect task per shard or partition on this flow's runner."""
+    def map_tasks(step, arguments):
+        as_task = task(step, name=step.__name__.replace("_", "-"))
+        futures = [as_task.submit(*args) for args in arguments]
+        return [future.result() for future in futures]
+
+    return ngram_build.build(Path(tokens).resolve(), out, Path(WORK_DIR).resolve(), vocab_size=vocab_size,
+                             boundary=boundary, workers=workers, map_tasks=map_tasks, **settings)
+
+
+def runner_and_workers(params):
+    """Local threads by default (NumPy's sorts release the GIL); the study's cluster when one is named."""
+    orchestration = params.orchestration
+    if orchestration.task_runner == "sequential":
+        workers = params.ngram.workers or os.cpu_count() or 1
+        return ThreadPoolTaskRunner(max_workers=workers), workers
+    from flows.study import task_runner
+
+    return task_runner(orchestration), orchestration.workers
+
+
 def build_and_score(params) -> dict:
-    data = load_tokens()
+    data, settings = load_tokens(), params.ngram
+    runner, workers = runner_and_workers(params)
     started = time.perf_counter()
-    model = NGramLM(params.order, data.vocab_size, data.boundary, params.method, k=params.k, alpha=params.alpha)
-    model.fit(data.splits["train"].tokens)
+    with atomic_path(MODEL_DIR) as tmp:
+        plan = build_model.with_options(task_runner=runner)(
+            TOKENS, str(tmp), data.vocab_size, data.boundary, workers=workers,
+            settings={"order": settings.order, "method": settings.method, "k": settings.k,
+                      "alpha": settings.alpha, "memory": int(settings.memory)})
     build_seconds = time.perf_counter() - started
-    metrics = {"order": params.order, "method": params.method, "normalised": model.normalised,
+    model = NGramLM.load(MODEL_DIR)
+    metrics = {"order": settings.order, "method": settings.method, "normalised": model.normalised,
                "n_params": model.n_ngrams, "build_seconds": round(build_seconds, 3),
-               "tokens_per_sec": round(len(data.splits["train"].tokens) / build_seconds, 1)}  # training throughput
+               "tokens_per_sec": round(len(data.splits["train"].tokens) / build_seconds, 1),  # training throughput
+               "build": {**plan, "memory_bytes": int(settings.memory)}}
     for name in ("valid", "test"):
         split = data.splits[name]
         started = time.perf_counter()
         metrics[name] = perplexity(model.token_log_probs(split.tokens), split.words, split.bytes)
         metrics[f"{name}_score_tokens_per_sec"] = round(len(split.tokens) / (time.perf_counter() - started), 1)
     metrics["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    with atomic_path(MODEL_DIR) as tmp:
-        model.save(tmp)
     return metrics
 
 
@@ -40,7 +74,7 @@ def build_and_score(params) -> dict:
 def ngram() -> dict:
     params = load_params(PARAMS_FILE)
     with stage_run("ngram", params, ["ngram"], model="ngram"):
-        metrics = build_and_score(params.ngram)
+        metrics = build_and_score(params)
         tracking.mark_output(MODEL_DIR)
         write_json(METRICS, metrics)
         tracking.log_metrics({

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal, Optional, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
 
 from lmpipe.errors import ConfigError
 
@@ -69,6 +69,10 @@ class NgramParams(_Section):
     method: Literal["kneser_ney", "add_k", "stupid_backoff"] = "kneser_ney"
     k: float = Field(0.01, gt=0, description="add_k: the pseudo-count delta")
     alpha: float = Field(0.4, gt=0, lt=1, description="stupid_backoff: the back-off factor")
+    memory: ByteSize = Field(ByteSize(4 << 30), gt=0, description="the build's memory bound: bigger corpora count "
+                             "in more shards and partitions (e.g. 4GiB, 512MiB)")
+    workers: int = Field(0, ge=0, description="shard tasks at once on the local cores; 0 = the cores "
+                         "(on a Dask/Ray orchestration.task_runner: its workers)")
 
 
 class TrainParams(_Section):

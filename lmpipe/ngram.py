@@ -4,13 +4,17 @@ Sentence semantics as KenLM/SRILM have them, so the ARPA export scores the same:
 stream is a sentence; the boundary token that ends a line is `</s>` when predicted and `<s>` as the
 context of the next line; no n-gram reaches across it. Counting and scoring are vectorised: an
 n-gram is (context key, word) with the context's tokens packed 16 bits each into a uint64 (most
-recent token lowest), found by `searchsorted` in sorted key tables — one NumPy pass per order.
+recent token highest, so the n-grams of one most recent token are contiguous in sorted order: the
+partitions of the out-of-core build, lmpipe.ngram_build), found by `searchsorted` in sorted key
+tables — one NumPy pass per order. `NGramLM.fit` counts in memory; the ngram stage builds the same
+tables within a memory bound (lmpipe.ngram_build); a saved model loads memory-mapped.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal
 
@@ -19,6 +23,8 @@ import numpy as np
 from lmpipe.perplexity import perplexities
 
 BITS = 16
+TOKEN_MASK = np.uint64((1 << BITS) - 1)
+WORD_BITS = np.uint64(BITS)
 WORD_SHIFT = np.uint64(32)
 Method = Literal["kneser_ney", "add_k", "stupid_backoff"]
 
@@ -34,6 +40,9 @@ class OrderTable:
     counts: np.ndarray  # float64, the count of each n-gram used at this order (raw or continuation)
 
 
+TABLE_FIELDS = tuple(f.name for f in fields(OrderTable))
+
+
 def line_starts(stream: np.ndarray, boundary: int) -> np.ndarray:
     """For each position of the boundary-prefixed stream, the index of its line's `<s>` (the boundary before it)."""
     is_boundary = stream == boundary
@@ -44,32 +53,109 @@ def line_starts(stream: np.ndarray, boundary: int) -> np.ndarray:
     return np.where(is_boundary, previous, starts)
 
 
-def _context_keys(stream: np.ndarray, targets: np.ndarray, length: int) -> np.ndarray:
+def context_keys(stream: np.ndarray, targets: np.ndarray, length: int) -> np.ndarray:
+    """Packed keys of the `length` tokens before each target: the most recent highest, the oldest lowest."""
     key = np.zeros(len(targets), dtype=np.uint64)
     for j in range(1, length + 1):
-        key |= stream[targets - j].astype(np.uint64) << np.uint64(BITS * (j - 1))
+        key |= stream[targets - j].astype(np.uint64) << np.uint64(BITS * (length - j))
     return key
 
 
-def _unique_ngrams(contexts: np.ndarray, words: np.ndarray):
-    """Sorted unique (context, word) pairs with their counts."""
-    order = np.lexsort((words, contexts))
-    c, w = contexts[order], words[order]
-    new = np.ones(len(c), dtype=bool)
-    new[1:] = (c[1:] != c[:-1]) | (w[1:] != w[:-1])
-    starts = np.flatnonzero(new)
-    counts = np.diff(np.append(starts, len(c)))
-    return c[starts], w[starts], counts
+def count_ngrams(stream: np.ndarray, first: int, boundary: int, order: int) -> list:
+    """Sorted unique n-grams (contexts, words, counts) of orders 1..order over the targets stream[first:].
+
+    `stream[:first]` supplies context only; a stream that does not start with a boundary is taken to
+    start a line at its first position, which is exact when `first` >= the longest context (order - 1).
+    """
+    stream = np.asarray(stream, dtype=np.int64)
+    targets = np.arange(first, len(stream))
+    available = targets - line_starts(stream, boundary)[targets]  # context tokens within the line
+    raw = []
+    for k in range(1, order + 1):
+        at = targets[available >= k - 1]
+        raw.append(unique_ngrams(context_keys(stream, at, k - 1), stream[at].astype(np.uint64)))
+    return raw
 
 
-def modified_kn_discounts(counts: np.ndarray) -> np.ndarray:
+def unique_ngrams(contexts: np.ndarray, words: np.ndarray, counts: np.ndarray | None = None):
+    """Sorted unique (context, word) pairs with their counts (the sum of `counts`, or of ones when None)."""
+    if _fits_one_key(contexts):  # up to 3 context tokens: one uint64 key, one plain sort (~3x faster than lexsort)
+        keys = (contexts << WORD_BITS) | words
+        order = None if counts is None else np.argsort(keys)
+        keys = np.sort(keys) if order is None else keys[order]
+        new = np.ones(len(keys), dtype=bool)
+        new[1:] = keys[1:] != keys[:-1]
+        starts = np.flatnonzero(new)
+        c, w = keys[starts] >> WORD_BITS, keys[starts] & TOKEN_MASK
+    else:
+        order = np.lexsort((words, contexts))
+        c, w = contexts[order], words[order]
+        new = np.ones(len(c), dtype=bool)
+        new[1:] = (c[1:] != c[:-1]) | (w[1:] != w[:-1])
+        starts = np.flatnonzero(new)
+        c, w = c[starts], w[starts]
+    if counts is None:
+        summed = np.diff(np.append(starts, len(new)))
+    else:
+        summed = np.add.reduceat(counts[order], starts) if len(starts) else counts[:0]
+    return c, w, summed
+
+
+def _fits_one_key(contexts: np.ndarray) -> bool:
+    return len(contexts) == 0 or int(contexts.max()) < (1 << (64 - BITS))
+
+
+def counts_of_counts(counts: np.ndarray) -> np.ndarray:
+    """How many n-grams have count 1, 2, 3 and 4: all the discounts need, summable over partitions."""
+    return np.array([np.count_nonzero(counts == j) for j in (1, 2, 3, 4)], dtype=np.int64)
+
+
+def adjusted_counts(k: int, order: int, method: str, boundary: int, raw, raw_up) -> np.ndarray:
+    """Counts used at order k: raw at the top order and for n-grams starting with <s>; else continuation counts.
+
+    The continuation count of (context, word) is the number of distinct tokens seen before it: the order-(k+1)
+    n-grams `raw_up` whose context without its oldest token (key >> 16) is `context`.
+    """
+    contexts, words, counts = raw
+    if method != "kneser_ney" or k == order:
+        return counts.astype(np.float64)
+    up_contexts, up_words, _ = raw_up
+    suffix_c, suffix_w, extensions = unique_ngrams(up_contexts >> np.uint64(BITS), up_words)
+    position, found = _find_pairs(suffix_c, suffix_w, contexts, words)
+    adjusted = np.zeros(len(contexts))
+    adjusted[found] = extensions[position[found]]
+    if k >= 2:  # the oldest token sits in the lowest 16 bits
+        adjusted = np.where((contexts & TOKEN_MASK) == np.uint64(boundary), counts, adjusted)
+    return adjusted
+
+
+def modified_kn_discounts(counts: np.ndarray | None = None, n: np.ndarray | None = None) -> np.ndarray:
     """D1, D2, D3+ of Chen & Goodman (1998) from counts-of-counts, clamped so that D_j <= j."""
-    n = [np.count_nonzero(counts == j) for j in (1, 2, 3, 4)]
+    n = counts_of_counts(counts) if n is None else n
     if n[0] == 0 or n[1] == 0:
         return np.array([0.5, 1.0, 1.5])  # degenerate tiny corpora: a safe, valid choice
     y = n[0] / (n[0] + 2 * n[1])
     raw = [j - (j + 1) * y * (n[j] / n[j - 1] if n[j - 1] else 0.0) for j in (1, 2, 3)]
     return np.array([min(max(d, 0.0), float(j)) for j, d in zip((1, 2, 3), raw)])
+
+
+def order_table(contexts: np.ndarray, words: np.ndarray, counts: np.ndarray, discounts: np.ndarray | None,
+                first_context: int = 0) -> OrderTable:
+    """The lookup table of n-grams sorted by (context, word); context indices in keys start at `first_context`.
+
+    A partition's table built alone equals its rows of the whole table: every sum runs within one context.
+    """
+    new = np.ones(len(contexts), dtype=bool)
+    new[1:] = contexts[1:] != contexts[:-1]
+    first = np.flatnonzero(new)
+    context_index = np.cumsum(new) - 1 + first_context
+    totals = np.add.reduceat(counts, first) if len(first) else np.zeros(0)
+    gamma = np.zeros(len(first))
+    if discounts is not None and len(first):
+        bucket = np.minimum(counts, 3).astype(np.int64) - 1
+        gamma = np.add.reduceat(discounts[bucket], first)
+    keys = (context_index.astype(np.uint64) << WORD_SHIFT) | words
+    return OrderTable(contexts[first], totals, gamma, keys, counts)
 
 
 class NGramLM:
@@ -98,58 +184,28 @@ class NGramLM:
 
     # ---------- building ----------
     def fit(self, tokens: np.ndarray) -> "NGramLM":
+        """Count in memory (the reference; the ngram stage builds the same tables within a memory bound)."""
         stream = np.concatenate([[self.boundary], np.asarray(tokens, dtype=np.int64)])
-        targets = np.arange(1, len(stream))
-        available = targets - line_starts(stream, self.boundary)[targets]  # context tokens within the line
-        self.total_tokens = len(targets)
-        raw = []
+        raw = count_ngrams(stream, 1, self.boundary, self.order)
+        self.total_tokens = len(stream) - 1
+        self.tables = []
         for k in range(1, self.order + 1):
-            at = targets[available >= k - 1]
-            raw.append(_unique_ngrams(_context_keys(stream, at, k - 1), stream[at].astype(np.uint64)))
-        self.tables = [self._table(k, raw) for k in range(1, self.order + 1)]
+            counts = adjusted_counts(k, self.order, self.method, self.boundary, raw[k - 1],
+                                     raw[k] if k < self.order else None)
+            if self.method == "kneser_ney":
+                self.discounts[k - 1] = modified_kn_discounts(counts)
+            discounts = self.discounts[k - 1] if self.method == "kneser_ney" else None
+            self.tables.append(order_table(raw[k - 1][0], raw[k - 1][1], counts, discounts))
         return self
-
-    def _adjusted(self, k: int, raw: list):
-        """Counts used at order k: raw at the top order and for n-grams starting with <s>; else continuation counts."""
-        contexts, words, counts = raw[k - 1]
-        if self.method != "kneser_ney" or k == self.order:
-            return contexts, words, counts.astype(np.float64)
-        up_contexts, up_words, _ = raw[k]
-        mask = np.uint64((1 << (BITS * (k - 1))) - 1)
-        suffix_c, suffix_w, extensions = _unique_ngrams(up_contexts & mask, up_words)
-        position, found = _find_pairs(suffix_c, suffix_w, contexts, words)
-        adjusted = np.where(found, extensions[position], 0).astype(np.float64)
-        if k >= 2:
-            oldest = (contexts >> np.uint64(BITS * (k - 2))) & np.uint64((1 << BITS) - 1)
-            starts_line = oldest == np.uint64(self.boundary)
-            adjusted = np.where(starts_line, counts, adjusted)
-        return contexts, words, adjusted
-
-    def _table(self, k: int, raw: list) -> OrderTable:
-        contexts, words, counts = self._adjusted(k, raw)
-        new = np.ones(len(contexts), dtype=bool)
-        new[1:] = contexts[1:] != contexts[:-1]
-        first = np.flatnonzero(new)
-        unique_contexts = contexts[first]
-        context_index = np.cumsum(new) - 1
-        totals = np.add.reduceat(counts, first)
-        gamma = np.zeros(len(first))
-        if self.method == "kneser_ney":
-            d = modified_kn_discounts(counts)
-            self.discounts[k - 1] = d
-            bucket = np.minimum(counts, 3).astype(np.int64) - 1
-            gamma = np.add.reduceat(d[bucket], first)
-        keys = (context_index.astype(np.uint64) << WORD_SHIFT) | words
-        return OrderTable(unique_contexts, totals, gamma, keys, counts)
 
     # ---------- scoring ----------
     def _lookup(self, k: int, contexts: np.ndarray, words: np.ndarray):
         """(context seen?, context index, count of context+word) for many pairs at once."""
         table = self.tables[k - 1]
-        ci = np.minimum(np.searchsorted(table.contexts, contexts), len(table.contexts) - 1)
+        ci = _search(table.contexts, contexts)
         context_found = table.contexts[ci] == contexts
         keys = (ci.astype(np.uint64) << WORD_SHIFT) | words.astype(np.uint64)
-        ni = np.minimum(np.searchsorted(table.keys, keys), len(table.keys) - 1)
+        ni = _search(table.keys, keys)
         count = np.where(context_found & (table.keys[ni] == keys), table.counts[ni], 0.0)
         return context_found, ci, count
 
@@ -196,7 +252,7 @@ class NGramLM:
         targets = np.arange(1, len(stream))
         available = targets - line_starts(stream, self.boundary)[targets]
         # contexts longer than a target's line are masked out by `available` later
-        contexts = [_context_keys(stream, np.maximum(targets, k - 1), k - 1) for k in range(1, self.order + 1)]
+        contexts = [context_keys(stream, np.maximum(targets, k - 1), k - 1) for k in range(1, self.order + 1)]
         return np.log(self._probabilities(contexts, available, stream[targets].astype(np.uint64)))
 
     def next_token_distribution(self, context) -> np.ndarray:
@@ -214,47 +270,61 @@ class NGramLM:
         return p if self.normalised else p / p.sum()
 
     # ---------- persistence ----------
+    def meta(self) -> dict:
+        return {"order": self.order, "vocab_size": self.vocab_size, "boundary": self.boundary,
+                "method": self.method, "k": self.k, "alpha": self.alpha, "total_tokens": self.total_tokens}
+
     def save(self, directory: str | Path) -> None:
+        """One .npy per array, so that `load` can memory-map them."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        arrays = {}
-        for k, t in enumerate(self.tables, 1):
-            for name in ("contexts", "context_total", "context_gamma", "keys", "counts"):
-                arrays[f"{name}_{k}"] = getattr(t, name)
-        np.savez_compressed(directory / "ngram.npz", discounts=self.discounts, **arrays)
-        (directory / "ngram.json").write_text(json.dumps({
-            "order": self.order, "vocab_size": self.vocab_size, "boundary": self.boundary,
-            "method": self.method, "k": self.k, "alpha": self.alpha, "total_tokens": self.total_tokens,
-        }, indent=2))
+        for k, table in enumerate(self.tables, 1):
+            for name in TABLE_FIELDS:
+                np.save(directory / f"{name}_{k}.npy", getattr(table, name))
+        np.save(directory / "discounts.npy", self.discounts)
+        (directory / "ngram.json").write_text(json.dumps(self.meta(), indent=2))
 
     @classmethod
     def load(cls, directory: str | Path) -> "NGramLM":
+        """Tables memory-mapped: a model larger than memory scores at once, touching only what it reads."""
         directory = Path(directory)
         meta = json.loads((directory / "ngram.json").read_text())
         total = meta.pop("total_tokens")
         model = cls(**meta)
         model.total_tokens = total
-        with np.load(directory / "ngram.npz") as data:
-            model.discounts = data["discounts"]
-            model.tables = [OrderTable(*(data[f"{name}_{k}"] for name in
-                                         ("contexts", "context_total", "context_gamma", "keys", "counts")))
-                            for k in range(1, model.order + 1)]
+        model.discounts = np.load(directory / "discounts.npy")
+        model.tables = [OrderTable(*(np.load(directory / f"{name}_{k}.npy", mmap_mode="r") for name in TABLE_FIELDS))
+                        for k in range(1, model.order + 1)]
         return model
 
 
 def _find_pairs(table_c: np.ndarray, table_w: np.ndarray, query_c: np.ndarray, query_w: np.ndarray):
     """Index of each query (context, word) pair in a table sorted by (context, word), and whether it is there."""
-    all_contexts = np.unique(np.concatenate([table_c, query_c]))
-    table_keys = (np.searchsorted(all_contexts, table_c).astype(np.uint64) << WORD_SHIFT) | table_w
-    query_keys = (np.searchsorted(all_contexts, query_c).astype(np.uint64) << WORD_SHIFT) | query_w
+    if len(table_c) == 0:  # a partition can hold order-k n-grams none of which is extended at order k + 1
+        return np.zeros(len(query_c), dtype=np.int64), np.zeros(len(query_c), dtype=bool)
+    if _fits_one_key(table_c) and _fits_one_key(query_c):
+        table_keys, query_keys = (table_c << WORD_BITS) | table_w, (query_c << WORD_BITS) | query_w
+    else:
+        all_contexts = np.unique(np.concatenate([table_c, query_c]))
+        table_keys = (np.searchsorted(all_contexts, table_c).astype(np.uint64) << WORD_SHIFT) | table_w
+        query_keys = (np.searchsorted(all_contexts, query_c).astype(np.uint64) << WORD_SHIFT) | query_w
     position = np.minimum(np.searchsorted(table_keys, query_keys), len(table_keys) - 1)
     return position, table_keys[position] == query_keys
 
 
+def _search(table: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """`searchsorted` clipped to the table, with the queries visited in sorted order: each search starts where
+    the previous one ended, so a large (memory-mapped) table is read mostly in order (~4x faster at 10^7 n-grams)."""
+    order = np.argsort(queries)
+    position = np.empty(len(queries), dtype=np.int64)
+    position[order] = np.searchsorted(table, queries[order])
+    return np.minimum(position, max(len(table) - 1, 0))
+
+
 def _pack(tokens: list[int]) -> int:
-    """Context key of a token list: most recent token in the lowest 16 bits."""
+    """Context key of a token list (oldest first): the most recent token highest, as `context_keys` packs."""
     key = 0
-    for j, token in enumerate(reversed(tokens)):
+    for j, token in enumerate(tokens):
         key |= token << (BITS * j)
     return key
 
@@ -266,12 +336,15 @@ def perplexity(log_probs: np.ndarray, words: int, n_bytes: int) -> dict:
 
 def _tokens_of(contexts: np.ndarray, words: np.ndarray, k: int) -> np.ndarray:
     """(n, k) token matrix of order-k n-grams, oldest token first."""
-    columns = [(contexts >> np.uint64(BITS * (j - 1))) & np.uint64((1 << BITS) - 1) for j in range(k - 1, 0, -1)]
+    columns = [(contexts >> np.uint64(BITS * j)) & TOKEN_MASK for j in range(k - 1)]
     return np.stack(columns + [words], axis=1).astype(np.int64)
 
 
+ARPA_CHUNK = 1 << 20  # n-grams formatted at a time: the export's memory does not grow with the model
+
+
 def write_arpa(model: NGramLM, path: str | Path) -> dict:
-    """Export an interpolated Kneser-Ney model in ARPA backoff form (KenLM, SRILM).
+    """Export an interpolated Kneser-Ney model in ARPA backoff form (KenLM, SRILM), streamed to disk.
 
     Tokens are written as their ids; the boundary is `</s>` when predicted and `<s>` as context.
     Each listed n-gram carries its full interpolated log10 probability, each context its backoff
@@ -281,44 +354,60 @@ def write_arpa(model: NGramLM, path: str | Path) -> dict:
         raise ValueError(f"ARPA export needs a backoff-form model (kneser_ney), not {model.method}")
     names = np.array([str(i) for i in range(model.vocab_size)], dtype=object)
     names[model.boundary] = "</s>"
-    sections, counts = [], {}
-    for k in range(1, model.order + 1):
-        table = model.tables[k - 1]
-        if k == 1:
-            words = np.arange(model.vocab_size, dtype=np.uint64)
-            contexts = np.zeros(model.vocab_size, dtype=np.uint64)
-        else:
-            context_index = (table.keys >> WORD_SHIFT).astype(np.int64)
-            contexts, words = table.contexts[context_index], table.keys & np.uint64(0xFFFFFFFF)
-        by_order = [contexts & np.uint64((1 << (BITS * (j - 1))) - 1) for j in range(1, model.order + 1)]
-        prob = model._probabilities(by_order, np.full(len(words), k - 1), words)
-        tokens = _tokens_of(contexts, words, k)
-        # backoff weight of each n-gram as a context one order up: gamma numerator / total
-        backoff = np.full(len(words), np.nan)
-        if k < model.order:
-            upper = model.tables[k]
-            key = np.zeros(len(words), dtype=np.uint64)
-            for j in range(k):
-                key |= tokens[:, k - 1 - j].astype(np.uint64) << np.uint64(BITS * j)
-            ci = np.minimum(np.searchsorted(upper.contexts, key), len(upper.contexts) - 1)
-            seen = upper.contexts[ci] == key
-            backoff = np.where(seen, upper.context_gamma[ci] / np.where(seen, upper.context_total[ci], 1), np.nan)
-        rows = []
-        for p, row, b in zip(np.log10(prob), tokens, backoff):
-            text = " ".join("<s>" if (j == 0 and k > 1 and t == model.boundary) else names[t]
-                            for j, t in enumerate(row))
-            rows.append(f"{p:.7f}\t{text}" + ("" if np.isnan(b) else f"\t{np.log10(b) if b > 0 else -99:.7f}"))
-        if k == 1:
-            start = model.tables[1] if model.order > 1 else None
-            bos_backoff = ""
-            if start is not None:
-                key = np.uint64(model.boundary)
-                ci = int(np.searchsorted(start.contexts, key))
-                if ci < len(start.contexts) and start.contexts[ci] == key:
-                    bos_backoff = f"\t{np.log10(start.context_gamma[ci] / start.context_total[ci]):.7f}"
-            rows += [f"-99\t<s>{bos_backoff}", "-99\t<unk>"]
-        counts[k] = len(rows)
-        sections.append(f"\\{k}-grams:\n" + "\n".join(rows) + "\n")
-    header = "\\data\\\n" + "".join(f"ngram {k}={n}\n" for k, n in counts.items())
-    Path(path).write_text(header + "\n" + "\n".join(sections) + "\n\\end\\\n", encoding="utf-8")
+    counts = {k: (model.vocab_size + 2 if k == 1 else len(model.tables[k - 1].keys)) for k in range(1, model.order + 1)}
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as out:
+        out.write("\\data\\\n" + "".join(f"ngram {k}={n}\n" for k, n in counts.items()) + "\n")
+        for k in range(1, model.order + 1):
+            out.write(f"\\{k}-grams:\n")
+            n = model.vocab_size if k == 1 else len(model.tables[k - 1].keys)
+            for start in range(0, n, ARPA_CHUNK):
+                out.writelines(_arpa_rows(model, k, names, slice(start, min(n, start + ARPA_CHUNK))))
+            if k == 1:
+                out.write(f"-99\t<s>{_bos_backoff(model)}\n-99\t<unk>\n")
+            out.write("\n")
+        out.write("\\end\\\n")
+    os.replace(tmp, path)
     return counts
+
+
+def _arpa_rows(model: NGramLM, k: int, names: np.ndarray, rows: slice) -> list[str]:
+    """ARPA lines of the order-k n-grams in `rows` (for k = 1: of the word ids in `rows`)."""
+    table = model.tables[k - 1]
+    if k == 1:
+        words = np.arange(rows.start, rows.stop, dtype=np.uint64)
+        contexts = np.zeros(len(words), dtype=np.uint64)
+    else:
+        keys = np.asarray(table.keys[rows])
+        contexts, words = np.asarray(table.contexts)[(keys >> WORD_SHIFT).astype(np.int64)], keys & np.uint64(0xFFFFFFFF)
+    # the context as seen from order j: its most recent j - 1 tokens, the highest bits (orders above k unused)
+    by_order = [contexts >> np.uint64(BITS * (k - j)) if 1 < j <= k else np.zeros_like(contexts)
+                for j in range(1, model.order + 1)]
+    prob = model._probabilities(by_order, np.full(len(words), k - 1), words)
+    tokens = _tokens_of(contexts, words, k)
+    backoff = np.full(len(words), np.nan)  # of each n-gram as a context one order up: gamma numerator / total
+    if k < model.order:
+        upper = model.tables[k]
+        key = np.zeros(len(words), dtype=np.uint64)
+        for j in range(k):
+            key |= tokens[:, j].astype(np.uint64) << np.uint64(BITS * j)
+        ci = np.minimum(np.searchsorted(upper.contexts, key), len(upper.contexts) - 1)
+        seen = upper.contexts[ci] == key
+        backoff = np.where(seen, upper.context_gamma[ci] / np.where(seen, upper.context_total[ci], 1), np.nan)
+    lines = []
+    for p, row, b in zip(np.log10(prob), tokens, backoff):
+        text = " ".join("<s>" if (j == 0 and k > 1 and t == model.boundary) else names[t] for j, t in enumerate(row))
+        lines.append(f"{p:.7f}\t{text}" + ("" if np.isnan(b) else f"\t{np.log10(b) if b > 0 else -99:.7f}") + "\n")
+    return lines
+
+
+def _bos_backoff(model: NGramLM) -> str:
+    """The backoff weight of <s> as a unigram context, from the bigram table ('' for a unigram model)."""
+    if model.order == 1:
+        return ""
+    start, key = model.tables[1], np.uint64(model.boundary)
+    ci = int(np.searchsorted(start.contexts, key))
+    if ci < len(start.contexts) and start.contexts[ci] == key:
+        return f"\t{np.log10(start.context_gamma[ci] / start.context_total[ci]):.7f}"
+    return ""

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import lmpipe  # noqa: F401  (telemetry off for everything the tests import)
@@ -61,3 +62,18 @@ def sample_articles():
     from lmpipe.corpus.wiki import iter_wiki_articles
 
     return list(iter_wiki_articles(ENWIKI_SAMPLE, max_articles=12))
+
+
+@pytest.fixture(scope="session")
+def default_tokens(tmp_path_factory):
+    """The default study's corpus and tokenizer (all 106 articles), built with the default params."""
+    from lmpipe.config import Params
+    from lmpipe.corpus.prepare import prepare_corpus
+    from lmpipe.corpus.sources import fetch_corpus
+    from lmpipe.tokenize import tokenize_corpus
+
+    root, params = tmp_path_factory.mktemp("default"), Params()
+    fetch_corpus(params.corpus, root / "raw", root / "cache")
+    prepare_corpus(root / "raw", root / "clean", params.corpus, params.split)
+    metrics = tokenize_corpus(root / "clean", root / "tokens", params.tokenizer)
+    return {s: np.load(root / "tokens" / f"{s}.npy") for s in ("train", "valid")}, metrics

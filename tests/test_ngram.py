@@ -231,21 +231,6 @@ def test_arpa_round_trip_and_kenlm(tmp_path, order):
     assert kenlm_total == pytest.approx(ours.sum(), abs=1e-4)
 
 
-@pytest.fixture(scope="module")
-def default_tokens(tmp_path_factory):
-    """The default study's corpus and tokenizer (all 106 articles), built with the default params."""
-    from lmpipe.config import Params
-    from lmpipe.corpus.prepare import prepare_corpus
-    from lmpipe.corpus.sources import fetch_corpus
-    from lmpipe.tokenize import tokenize_corpus
-
-    root, params = tmp_path_factory.mktemp("default"), Params()
-    fetch_corpus(params.corpus, root / "raw", root / "cache")
-    prepare_corpus(root / "raw", root / "clean", params.corpus, params.split)
-    metrics = tokenize_corpus(root / "clean", root / "tokens", params.tokenizer)
-    return {s: np.load(root / "tokens" / f"{s}.npy") for s in ("train", "valid")}, metrics
-
-
 def test_default_corpus_order3_beats_unigram_and_kn_beats_add_k(default_tokens):
     tokens, metrics = default_tokens
     vocab, boundary = metrics["vocab_size"], metrics["boundary_id"]

@@ -1,0 +1,140 @@
+"""The n-gram build at 10^6..10^8 tokens: lmpipe's bounded-memory build against KenLM's lmplz, same text, same bound.
+
+    python benchmarks/ngram_scale.py --max-tokens 100000000 [--lmplz /path/to/lmplz] [--memory 4GiB] [--workers 0]
+
+Streams are relabelled copies of the default train split (data/tokens/train.npy): copy i permutes the token ids
+with a seeded permutation that keeps the boundary, so copies share almost no n-grams (pessimistic: a real corpus
+of that size repeats far more). For each size, in fresh processes: lmpipe's build (lmpipe.ngram_build, the
+ngram stage's code, order 5, modified Kneser-Ney) and its peak RSS, then its scoring speed on unseen text (the
+valid split relabelled the same way, ~1M tokens) through the memory-mapped model; with --lmplz, `lmplz -o 5 -S
+<memory>` on the same lines (ids as words, one line per boundary) and the time ratio. KenLM is not a dependency
+of the project: build it from https://github.com/kpu/kenlm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lmpipe.config import NgramParams  # noqa: E402
+from lmpipe.splits import load_tokens  # noqa: E402
+
+
+def relabelled(base: np.ndarray, n: int, vocab: int, boundary: int, seed: int = 0):
+    """Yield copies of `base` with ids permuted (boundary fixed) until n tokens; the first copy is `base` itself."""
+    rng, others, made = np.random.default_rng(seed), np.delete(np.arange(vocab), boundary), 0
+    permutation = np.arange(vocab)
+    while made < n:
+        piece = permutation[base][: n - made].astype(np.uint16)
+        made += len(piece)
+        yield piece
+        permutation = np.arange(vocab)
+        permutation[others] = rng.permutation(others)
+
+
+def write_text(pieces, path: Path, vocab: int, boundary: int) -> None:
+    """lmplz's input: one line per boundary-terminated line, ids as words."""
+    names = np.array([str(i) for i in range(vocab)], dtype=object)
+    names[boundary] = "\n"
+    with open(path, "w") as out:
+        for piece in pieces:
+            out.write(" ".join(names[piece]).replace(" \n ", "\n").replace(" \n", "\n").replace("\n ", "\n"))
+
+
+def measure(command: list[str]) -> tuple[float, float, str]:
+    """Wall seconds, peak RSS (GiB) and standard output of one child process."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started = time.perf_counter()
+        process = subprocess.Popen(command, stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(process.pid, 0)
+        seconds = time.perf_counter() - started
+        out.seek(0), err.seek(0)
+        if os.waitstatus_to_exitcode(status):
+            sys.exit(f"{command[0]} failed ({os.waitstatus_to_exitcode(status)}): {err.read().strip()[-2000:]}")
+        return seconds, usage.ru_maxrss / 2**20, out.read()
+
+
+def child(args) -> None:
+    """One build and its scoring, in this (fresh) process."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lmpipe import ngram_build
+    from lmpipe.ngram import NGramLM
+
+    pool = ThreadPoolExecutor(args.workers)
+    started = time.perf_counter()
+    plan = ngram_build.build(args.stream, args.model, args.work, 5, args.vocab, args.boundary, memory=args.memory_bytes,
+                             workers=args.workers, map_tasks=lambda task, jobs: list(pool.map(lambda a: task(*a), jobs)))
+    build = time.perf_counter() - started
+    model, held_out = NGramLM.load(args.model), np.load(args.held_out)
+    started = time.perf_counter()
+    log_probs = model.token_log_probs(held_out)
+    score = time.perf_counter() - started
+    print(json.dumps({"build_s": build, "score_tok_s": len(held_out) / score, "n_ngrams": model.n_ngrams,
+                      "held_out_ppl": float(np.exp(-log_probs.mean())), **plan}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-tokens", type=float, default=1e7)
+    parser.add_argument("--memory", default="4GiB", help="ngram.memory for lmpipe, -S for lmplz")
+    parser.add_argument("--workers", type=int, default=0, help="parallel shard tasks; 0 = the cores")
+    parser.add_argument("--lmplz", help="path of KenLM's lmplz binary")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    for name in ("stream", "model", "work", "held-out"):
+        parser.add_argument(f"--{name}", help=argparse.SUPPRESS)
+    parser.add_argument("--vocab", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--boundary", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--memory-bytes", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    args.workers = args.workers or os.cpu_count() or 1
+    if args.child:
+        return child(args)
+    memory = int(NgramParams(memory=args.memory).memory)
+    data = load_tokens(ROOT / "data/tokens")
+    base, vocab, boundary = data.splits["train"].tokens, data.vocab_size, data.boundary
+    sizes = [n for n in (10**6, 10**7, 10**8) if n <= args.max_tokens]
+    print(f"order 5, memory bound {args.memory}, {args.workers} workers; relabelled copies of the default train split")
+    print("| tokens | n-grams | lmpipe s | lmpipe peak RSS GiB | scoring tok/s | lmplz s | lmplz peak RSS GiB | time ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in sizes:
+        with tempfile.TemporaryDirectory(dir=ROOT / ".cache") as tmp:
+            tmp = Path(tmp)
+            np.save(tmp / "stream.npy", np.concatenate(list(relabelled(base, n, vocab, boundary))))
+            held = data.splits["valid"].tokens
+            np.save(tmp / "held_out.npy", np.concatenate(list(relabelled(held, 10 * len(held), vocab, boundary, seed=1))))
+            seconds, rss, out = measure([sys.executable, __file__, "--child", "--stream", str(tmp / "stream.npy"),
+                                         "--model", str(tmp / "model"), "--work", str(tmp / "work"),
+                                         "--held-out", str(tmp / "held_out.npy"), "--vocab", str(vocab),
+                                         "--boundary", str(boundary), "--memory-bytes", str(memory),
+                                         "--workers", str(args.workers)])
+            result = json.loads(out.strip().splitlines()[-1])
+            shutil.rmtree(tmp / "model")
+            row = [f"{n:.0e}", f"{result['n_ngrams']:,}", f"{result['build_s']:.1f}", f"{rss:.2f}",
+                   f"{result['score_tok_s']:,.0f}"]
+            if args.lmplz:
+                write_text(relabelled(base, n, vocab, boundary), tmp / "text.txt", vocab, boundary)
+                (tmp / "lmplz").mkdir()
+                kenlm_s, kenlm_rss, _ = measure([args.lmplz, "-o", "5", "-S", f"{memory // 2**20}M", "-T",
+                                                 str(tmp / "lmplz"), "--text", str(tmp / "text.txt"),
+                                                 "--arpa", str(tmp / "model.arpa")])
+                row += [f"{kenlm_s:.1f}", f"{kenlm_rss:.2f}", f"{result['build_s'] / kenlm_s:.2f}"]
+            else:
+                row += ["-", "-", "-"]
+            print("| " + " | ".join(row) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
