@@ -4,9 +4,10 @@
 
 Streams are relabelled copies of the default train split (data/tokens/train.npy): copy i permutes the token ids
 with a seeded permutation that keeps the boundary, so copies share almost no n-grams (pessimistic: a real corpus
-of that size repeats far more). For each size, in fresh processes: lmpipe's build (lmpipe.ngram_build, the
-ngram stage's code, order 5, modified Kneser-Ney) and its peak RSS, then its scoring speed on unseen text (the
-valid split relabelled the same way, ~1M tokens) through the memory-mapped model; with --lmplz, `lmplz -o 5 -S
+of that size repeats far more). For each size, each in a fresh process with its own peak RSS: lmpipe's
+build (lmpipe.ngram_build, the ngram stage's code, order 5, modified Kneser-Ney), then the scoring of unseen text
+(the valid split relabelled the same way, ~850k tokens) through the memory-mapped model (its RSS counts the
+table pages it holds: one order's at a time); with --lmplz, `lmplz -o 5 -S
 <memory>` on the same lines (ids as words, one line per boundary) and the time ratio. KenLM is not a dependency
 of the project: build it from https://github.com/kpu/kenlm.
 """
@@ -67,23 +68,24 @@ def measure(command: list[str]) -> tuple[float, float, str]:
 
 
 def child(args) -> None:
-    """One build and its scoring, in this (fresh) process."""
+    """One build, or one scoring of the built model, in this (fresh) process: each gets its own peak RSS."""
     from concurrent.futures import ThreadPoolExecutor
 
     from lmpipe import ngram_build
     from lmpipe.ngram import NGramLM
 
-    pool = ThreadPoolExecutor(args.workers)
-    started = time.perf_counter()
-    plan = ngram_build.build(args.stream, args.model, args.work, 5, args.vocab, args.boundary, memory=args.memory_bytes,
-                             workers=args.workers, map_tasks=lambda task, jobs: list(pool.map(lambda a: task(*a), jobs)))
-    build = time.perf_counter() - started
+    if args.child == "build":
+        pool = ThreadPoolExecutor(args.workers)
+        plan = ngram_build.build(args.stream, args.model, args.work, 5, args.vocab, args.boundary,
+                                 memory=args.memory_bytes, workers=args.workers,
+                                 map_tasks=lambda task, jobs: list(pool.map(lambda a: task(*a), jobs)))
+        return print(json.dumps(plan))
     model, held_out = NGramLM.load(args.model), np.load(args.held_out)
     started = time.perf_counter()
     log_probs = model.token_log_probs(held_out)
     score = time.perf_counter() - started
-    print(json.dumps({"build_s": build, "score_tok_s": len(held_out) / score, "n_ngrams": model.n_ngrams,
-                      "held_out_ppl": float(np.exp(-log_probs.mean())), **plan}))
+    print(json.dumps({"score_tok_s": len(held_out) / score, "n_ngrams": model.n_ngrams,
+                      "held_out_ppl": float(np.exp(-log_probs.mean()))}))
 
 
 def main() -> None:
@@ -92,7 +94,7 @@ def main() -> None:
     parser.add_argument("--memory", default="4GiB", help="ngram.memory for lmpipe, -S for lmplz")
     parser.add_argument("--workers", type=int, default=0, help="parallel shard tasks; 0 = the cores")
     parser.add_argument("--lmplz", help="path of KenLM's lmplz binary")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=("build", "score"), help=argparse.SUPPRESS)
     for name in ("stream", "model", "work", "held-out"):
         parser.add_argument(f"--{name}", help=argparse.SUPPRESS)
     parser.add_argument("--vocab", type=int, help=argparse.SUPPRESS)
@@ -107,30 +109,33 @@ def main() -> None:
     base, vocab, boundary = data.splits["train"].tokens, data.vocab_size, data.boundary
     sizes = [n for n in (10**6, 10**7, 10**8) if n <= args.max_tokens]
     print(f"order 5, memory bound {args.memory}, {args.workers} workers; relabelled copies of the default train split")
-    print("| tokens | n-grams | lmpipe s | lmpipe peak RSS GiB | scoring tok/s | lmplz s | lmplz peak RSS GiB | time ratio |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| tokens | n-grams | lmpipe build s | build peak RSS GiB | scoring peak RSS GiB | scoring tok/s | lmplz s "
+          "| lmplz peak RSS GiB | build time ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in sizes:
         with tempfile.TemporaryDirectory(dir=ROOT / ".cache") as tmp:
             tmp = Path(tmp)
             np.save(tmp / "stream.npy", np.concatenate(list(relabelled(base, n, vocab, boundary))))
             held = data.splits["valid"].tokens
             np.save(tmp / "held_out.npy", np.concatenate(list(relabelled(held, 10 * len(held), vocab, boundary, seed=1))))
-            seconds, rss, out = measure([sys.executable, __file__, "--child", "--stream", str(tmp / "stream.npy"),
-                                         "--model", str(tmp / "model"), "--work", str(tmp / "work"),
-                                         "--held-out", str(tmp / "held_out.npy"), "--vocab", str(vocab),
-                                         "--boundary", str(boundary), "--memory-bytes", str(memory),
-                                         "--workers", str(args.workers)])
+            common = ["--model", str(tmp / "model"), "--workers", str(args.workers)]
+            build_s, build_rss, _ = measure([sys.executable, __file__, "--child", "build", *common,
+                                             "--stream", str(tmp / "stream.npy"), "--work", str(tmp / "work"),
+                                             "--vocab", str(vocab), "--boundary", str(boundary),
+                                             "--memory-bytes", str(memory)])
+            _, score_rss, out = measure([sys.executable, __file__, "--child", "score", *common,
+                                         "--held-out", str(tmp / "held_out.npy")])
             result = json.loads(out.strip().splitlines()[-1])
             shutil.rmtree(tmp / "model")
-            row = [f"{n:.0e}", f"{result['n_ngrams']:,}", f"{result['build_s']:.1f}", f"{rss:.2f}",
+            row = [f"{n:.0e}", f"{result['n_ngrams']:,}", f"{build_s:.1f}", f"{build_rss:.2f}", f"{score_rss:.2f}",
                    f"{result['score_tok_s']:,.0f}"]
             if args.lmplz:
                 write_text(relabelled(base, n, vocab, boundary), tmp / "text.txt", vocab, boundary)
                 (tmp / "lmplz").mkdir()
-                kenlm_s, kenlm_rss, _ = measure([args.lmplz, "-o", "5", "-S", f"{memory // 2**20}M", "-T",
+                kenlm_s, kenlm_rss, _ = measure([args.lmplz, "-o", "5", "--discount_fallback", "-S", f"{memory // 2**20}M", "-T",
                                                  str(tmp / "lmplz"), "--text", str(tmp / "text.txt"),
                                                  "--arpa", str(tmp / "model.arpa")])
-                row += [f"{kenlm_s:.1f}", f"{kenlm_rss:.2f}", f"{result['build_s'] / kenlm_s:.2f}"]
+                row += [f"{kenlm_s:.1f}", f"{kenlm_rss:.2f}", f"{build_s / kenlm_s:.2f}"]
             else:
                 row += ["-", "-", "-"]
             print("| " + " | ".join(row) + " |", flush=True)

@@ -58,7 +58,7 @@ def build_and_score(params) -> dict:
     build_seconds = time.perf_counter() - started
     model = NGramLM.load(MODEL_DIR)
     metrics = {"order": settings.order, "method": settings.method, "normalised": model.normalised,
-               "n_params": model.n_ngrams, "build_seconds": round(build_seconds, 3),
+               "n_params": model.n_ngrams, "train_tokens": model.total_tokens, "build_seconds": round(build_seconds, 3),
                "tokens_per_sec": round(len(data.splits["train"].tokens) / build_seconds, 1),  # training throughput
                "build": {**plan, "memory_bytes": int(settings.memory)}}
     for name in ("valid", "test"):
@@ -84,6 +84,7 @@ def ngram() -> dict:
             "tokens_per_sec": metrics["tokens_per_sec"],
             "build_seconds": metrics["build_seconds"], "peak_rss_mb": metrics["peak_rss_mb"],
         })
+        tracking.log_compare_axes("ngram", metrics["n_params"], metrics["train_tokens"])
         tracking.log_artifacts(METRICS)
         tracking.log_artifacts(MODEL_DIR, "model")
     return metrics

@@ -70,6 +70,7 @@ def train(model: str) -> dict:
         write_json(f"metrics/train/{model}.json", result.metrics)
         write_text(f"plots/train/{model}.csv", csv_text(result.history))
         tracking.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
+        tracking.log_compare_axes(model, result.metrics["n_params"], result.metrics["tokens_seen"])
         tracking.log_artifacts(f"plots/train/{model}.csv")
         tracking.log_torch_model(NextTokenLogits(result.model.cpu().eval()), "model", f"lmpipe-{model}",
                                  vocab_size=result.model.embed.num_embeddings)

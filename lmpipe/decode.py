@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Sequence
 
 import numpy as np
+import torch
 
 from lmpipe.config import EvaluateParams, Strategy
 
@@ -141,12 +142,33 @@ def beam_search(model, prompt: Sequence[int], settings: DecodeSettings, boundary
 
 
 def surprisals(model, prompt: Sequence[int], tokens: Sequence[int]) -> list[float]:
-    """-log p of each generated token under the model that generated it (untempered, unfiltered)."""
+    """-log p of each generated token under the model that generated it (untempered, unfiltered).
+
+    A neural model scores the whole continuation in one forward pass when it fits its window (the
+    contexts are then the same as token by token); the n-gram, token by token.
+    """
+    if not tokens:
+        return []
+    window = getattr(model, "block_size", None)
+    if isinstance(model, torch.nn.Module) and (window is None or len(prompt) + len(tokens) <= window):
+        return _surprisals_in_one_pass(model, list(prompt), list(tokens))
     context, out = list(prompt), []
     for token in tokens:
         out.append(float(-np.log(max(distributions(model, [context])[0][token], 1e-300))))
         context.append(token)
     return out
+
+
+@torch.no_grad()
+def _surprisals_in_one_pass(model, prompt: list[int], tokens: list[int]) -> list[float]:
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    ids = torch.tensor([[model.boundary] + prompt + tokens[:-1]], device=device)
+    logits, _ = model(ids, None)
+    model.train(was_training)
+    p = torch.softmax(logits[0, len(prompt):].float(), dim=-1).cpu().double().numpy()
+    return [float(-np.log(max(p[i, token], 1e-300))) for i, token in enumerate(tokens)]
 
 
 def diversity(samples: Sequence[Sequence[int]]) -> dict:

@@ -252,6 +252,16 @@ def log_metrics(metrics: Mapping, step: int | None = None, run_id: str | None = 
     mlflow.log_metrics(numeric, step=step, run_id=run_id)
 
 
+def log_compare_axes(model: str, n_params: float, train_tokens: float) -> None:
+    """Params that put size and data first in MLflow's compare view.
+
+    Its parallel-coordinates plot opens on the first three params (sorted by name) that differ between the
+    runs: `compute.params_m`, `compute.tokens_m` and `lm` sort before every `model.*`/`ngram.*` setting.
+    """
+    mlflow.log_params({"compute.params_m": round(n_params / 1e6, 3), "compute.tokens_m": round(train_tokens / 1e6, 3),
+                       "lm": model})
+
+
 def log_evaluation(record: Mapping, run_id: str) -> None:
     """One learning-curve point (a Trainer `on_eval` record) as step metrics of a training run."""
     log_metrics({k: v for k, v in record.items() if k != "step"}, step=record["step"], run_id=run_id)

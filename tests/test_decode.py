@@ -99,3 +99,26 @@ def test_each_prompt_samples_its_own_stream():
         continuations = [s["tokens"] for s in first["unigram"][strategy]["samples"]]
         assert len({tuple(c) for c in continuations}) == 3  # independent prompts
         assert continuations == [s["tokens"] for s in again["unigram"][strategy]["samples"]]  # reproducible
+
+
+@pytest.mark.parametrize("family, arch", [
+    ("rnn", {"cell": "gru", "emb": 32, "layers": 2, "hidden": 48}),
+    ("transformer", {"dim": 32, "layers": 2, "heads": 4, "block_size": 32}),
+    ("nplm", {"context": 4, "emb": 32, "hidden": 64}),
+])
+def test_surprisals_in_one_pass_equal_token_by_token(family, arch):
+    """A neural model scores a continuation in one forward pass: the same numbers as one call per token."""
+    import torch
+
+    from lmpipe.decode import distributions, surprisals
+    from lmpipe.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(family, arch, 40, boundary=0)
+    prompt, tokens = [3, 4, 5], [7, 1, 0, 9, 2, 2]
+    context, expected = list(prompt), []
+    for token in tokens:
+        expected.append(-np.log(distributions(model, [context])[0][token]))
+        context.append(token)
+    np.testing.assert_allclose(surprisals(model, prompt, tokens), expected, rtol=1e-5)
+    assert model.training  # mode restored

@@ -18,6 +18,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from lmpipe.io import sha256_tree
+from lmpipe.ngram import NGramLM
 
 from tests.conftest import ROOT
 
@@ -124,7 +125,8 @@ def test_repro_runs_every_stage_and_writes_contract_outputs(project):
     ngram = json.loads((copy / "metrics/ngram.json").read_text())
     assert ngram["order"] == 5 and ngram["normalised"] is True
     assert 1 < ngram["test"]["ppl"] < 600 and ngram["test"]["bpb"] > 0
-    assert (copy / "models/ngram/ngram.npz").exists()
+    baseline = NGramLM.load(copy / "models/ngram")  # memory-mapped .npy tables
+    assert baseline.order == 5 and isinstance(baseline.tables[-1].keys, np.memmap)
     for model in MODELS:
         trained = json.loads((copy / f"metrics/train/{model}.json").read_text())
         assert trained["model"] == model and trained["epochs"] == 1 and trained["device"] == "cpu"
@@ -267,6 +269,11 @@ def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_ap
     assert stages["ngram"].data.tags["lmpipe.model"] == "ngram"
     assert {"valid_ppl", "test_ppl", "test_word_ppl", "test_bpb", "n_params", "tokens_per_sec"} <= set(
         stages["ngram"].data.metrics)  # the names every model's run shares, for MLflow's compare view
+    axes = {"compute.params_m", "compute.tokens_m", "lm"}  # sorted first: the compare view's parallel coordinates
+    for stage in ("ngram", *(f"train@{m}" for m in MODELS)):
+        params = stages[stage].data.params
+        assert sorted(params)[:3] == sorted(axes) and params["lm"] == stages[stage].data.tags["lmpipe.model"]
+        assert float(params["compute.params_m"]) == pytest.approx(stages[stage].data.metrics["n_params"] / 1e6, abs=1e-3)
     for model in MODELS:
         trained = stages[f"train@{model}"]
         assert trained.data.tags["lmpipe.model"] == model
