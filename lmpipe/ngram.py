@@ -50,7 +50,7 @@ class Lookup(NamedTuple):
     found: np.ndarray  # the context is in the table
     count: np.ndarray  # the n-gram's count (raw or continuation), 0 when unseen
     total: np.ndarray  # the context's total count, 0 when unseen
-    gamma: np.ndarray  # the context's discount mass (KN), read where found
+    gamma: np.ndarray  # the context's discount mass (KN), 0 when unseen
 
 
 def line_starts(stream: np.ndarray, boundary: int) -> np.ndarray:
@@ -215,10 +215,13 @@ class NGramLM:
         table = self.tables[k - 1]
         ci = _search(table.contexts, contexts)
         found = table.contexts[ci] == contexts
-        keys = (ci.astype(np.uint64) << WORD_SHIFT) | words.astype(np.uint64)
+        seen = np.flatnonzero(found)  # an unseen context has no n-grams: only the seen ones are looked up
+        ci = ci[seen]
+        keys = (ci.astype(np.uint64) << WORD_SHIFT) | words[seen].astype(np.uint64)
         ni = _search(table.keys, keys)
-        count = np.where(found & (table.keys[ni] == keys), table.counts[ni], 0.0)
-        lookup = Lookup(found, count, np.where(found, table.context_total[ci], 0.0), table.context_gamma[ci])
+        lookup = Lookup(found, *(np.zeros(len(words)) for _ in range(3)))
+        lookup.count[seen] = np.where(table.keys[ni] == keys, table.counts[ni], 0.0)
+        lookup.total[seen], lookup.gamma[seen] = table.context_total[ci], table.context_gamma[ci]
         _release(table)
         return lookup
 
@@ -329,9 +332,24 @@ def _find_pairs(table_c: np.ndarray, table_w: np.ndarray, query_c: np.ndarray, q
     return position, table_keys[position] == query_keys
 
 
+SEARCH_CHUNK = 256  # queries per stretch of the table searched at once
+CACHED_TABLE = 1 << 20  # entries (8 MiB): a smaller table stays in cache, searched whole at once
+
+
 def _search(table: np.ndarray, queries: np.ndarray) -> np.ndarray:
-    """`searchsorted` clipped to the table (queries mostly sorted: each search starts near the previous one)."""
-    return np.minimum(np.searchsorted(table, queries), max(len(table) - 1, 0))
+    """`searchsorted` clipped to the table, for (mostly) sorted queries: each run of SEARCH_CHUNK queries is
+    searched only within the stretch of the table that its smallest and largest query bound, so the probes stay
+    in a small, cached part of a large (memory-mapped) table instead of starting from its ends."""
+    if len(queries) <= SEARCH_CHUNK or len(table) <= CACHED_TABLE:
+        return np.minimum(np.searchsorted(table, queries), max(len(table) - 1, 0))
+    starts = np.arange(0, len(queries), SEARCH_CHUNK)
+    lows = np.searchsorted(table, np.minimum.reduceat(queries, starts))
+    highs = np.searchsorted(table, np.maximum.reduceat(queries, starts), side="right")
+    position, table = np.empty(len(queries), dtype=np.int64), table.view(np.ndarray)  # a plain view slices faster
+    for start, low, high in zip(starts.tolist(), lows.tolist(), highs.tolist()):
+        stop = start + SEARCH_CHUNK
+        position[start:stop] = low + np.searchsorted(table[low:high], queries[start:stop])
+    return np.minimum(position, len(table) - 1)
 
 
 def _release(table: OrderTable) -> None:

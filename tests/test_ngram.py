@@ -242,3 +242,21 @@ def test_default_corpus_order3_beats_unigram_and_kn_beats_add_k(default_tokens):
     unigram, trigram, add_k = valid_ppl(1, "kneser_ney"), valid_ppl(3, "kneser_ney"), valid_ppl(3, "add_k")
     assert trigram < 0.5 * unigram
     assert add_k > 2 * trigram
+
+
+@pytest.mark.parametrize("queries", ["sorted", "shuffled", "clustered"])
+def test_chunked_search_equals_searchsorted(queries):
+    """The stretch-by-stretch search gives numpy's positions for any query order, duplicates and misses included."""
+    from lmpipe.ngram import SEARCH_CHUNK, _search
+
+    rng = np.random.default_rng(0)
+    table = np.unique(rng.integers(0, 1 << 40, 50_000).astype(np.uint64))
+    asked = np.concatenate([rng.choice(table, 3000), rng.integers(0, 1 << 41, 3000).astype(np.uint64), table[:5]])
+    if queries == "sorted":
+        asked = np.sort(asked)
+    elif queries == "clustered":  # sorted runs, each run shuffled: what the n-gram key search sees
+        asked = np.concatenate([rng.permutation(run) for run in np.array_split(np.sort(asked), 40)])
+    else:
+        asked = rng.permutation(asked)
+    assert len(asked) > 10 * SEARCH_CHUNK
+    np.testing.assert_array_equal(_search(table, asked), np.minimum(np.searchsorted(table, asked), len(table) - 1))
