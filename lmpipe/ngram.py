@@ -209,17 +209,26 @@ class NGramLM:
         return self
 
     # ---------- scoring ----------
-    def _lookup(self, k: int, contexts: np.ndarray, words: np.ndarray) -> "Lookup":
-        """Order k's numbers for many (context, word) pairs at once; a memory-mapped table's pages are then
+    def _lookups(self, contexts_by_order: list, words: np.ndarray):
+        """Each order's numbers, shortest context first. A context is searched only where the next shorter one
+        is in its table: every part of a seen n-gram is seen, so the others cannot be there."""
+        among = np.arange(len(words))
+        for k, contexts in enumerate(contexts_by_order, 1):
+            at = self._lookup(k, contexts, words, among)
+            among = np.flatnonzero(at.found)
+            yield k, at
+
+    def _lookup(self, k: int, contexts: np.ndarray, words: np.ndarray, among: np.ndarray) -> "Lookup":
+        """Order k's numbers for the (context, word) queries `among`; a memory-mapped table's pages are then
         released, so scoring a model larger than memory holds one order's pages at a time."""
         table = self.tables[k - 1]
-        ci = _search(table.contexts, contexts)
-        found = table.contexts[ci] == contexts
-        seen = np.flatnonzero(found)  # an unseen context has no n-grams: only the seen ones are looked up
-        ci = ci[seen]
+        lookup = Lookup(np.zeros(len(words), dtype=bool), *(np.zeros(len(words)) for _ in range(3)))
+        ci = _search(table.contexts, contexts[among])
+        hit = table.contexts[ci] == contexts[among]
+        seen, ci = among[hit], ci[hit]  # only under a seen context are its n-grams looked up
         keys = (ci.astype(np.uint64) << WORD_SHIFT) | words[seen].astype(np.uint64)
         ni = _search(table.keys, keys)
-        lookup = Lookup(found, *(np.zeros(len(words)) for _ in range(3)))
+        lookup.found[seen] = True
         lookup.count[seen] = np.where(table.keys[ni] == keys, table.counts[ni], 0.0)
         lookup.total[seen], lookup.gamma[seen] = table.context_total[ci], table.context_gamma[ci]
         _release(table)
@@ -231,12 +240,11 @@ class NGramLM:
 
     def _probabilities(self, contexts_by_order: list, available: np.ndarray, words: np.ndarray) -> np.ndarray:
         """P(word | context) for many (context, word) pairs at once; one loop over orders, none over tokens."""
-        n = len(words)
+        n, lookups = len(words), self._lookups(contexts_by_order, words)
         if self.method == "kneser_ney":
             p = np.full(n, 1.0 / self.vocab_size)
-            for k in range(1, self.order + 1):
+            for k, at in lookups:
                 usable = available >= k - 1
-                at = self._lookup(k, contexts_by_order[k - 1], words)
                 interpolated = ((np.maximum(at.count - self._discount(k, at.count), 0.0) + at.gamma * p)
                                 / np.where(at.found, at.total, 1))
                 p = np.where(usable & at.found, interpolated, p)
@@ -244,17 +252,15 @@ class NGramLM:
         top = np.minimum(available, self.order - 1) + 1
         if self.method == "add_k":
             p = np.full(n, 1.0 / self.vocab_size)
-            for k in range(1, self.order + 1):
-                at = self._lookup(k, contexts_by_order[k - 1], words)
+            for k, at in lookups:
                 smoothed = (at.count + self.k) / (at.total + self.k * self.vocab_size)
                 p = np.where(top == k, np.where(at.found, smoothed, 1.0 / self.vocab_size), p)
             return p
         # stupid backoff (Brants et al. 2007): relative frequency at the longest order seen, alpha per step down
-        at = self._lookup(1, contexts_by_order[0], words)
+        _, at = next(lookups)
         unigram = (at.count + 1.0) / (self.tables[0].context_total[0] + self.vocab_size)  # add-one: never zero
         best, best_order = unigram, np.ones(n, dtype=np.int64)
-        for k in range(2, self.order + 1):
-            at = self._lookup(k, contexts_by_order[k - 1], words)
+        for k, at in lookups:
             seen = (top >= k) & (at.count > 0)
             best = np.where(seen, at.count / np.where(at.found, at.total, 1), best)
             best_order = np.where(seen, k, best_order)
