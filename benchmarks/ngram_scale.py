@@ -126,6 +126,7 @@ def main() -> None:
                                              "--stream", str(tmp / "stream.npy"), "--work", str(tmp / "work"),
                                              "--vocab", str(vocab), "--boundary", str(boundary),
                                              "--memory-bytes", str(memory)])
+            os.sync()  # the built model's pages written back first: scoring is measured, not the build's writeback
             _, score_rss, out = measure([sys.executable, __file__, "--child", "score", *common,
                                          "--held-out", str(tmp / "held_out.npy")])
             result = json.loads(out.strip().splitlines()[-1])
