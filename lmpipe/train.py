@@ -549,6 +549,8 @@ def main(argv: list[str] | None = None) -> None:
         on_eval = lambda record: print(json.dumps(record), flush=True)  # noqa: E731
         result = Trainer(args.model, settings, params.train, data, ckpt_dir, on_eval=on_eval).run()
     except LmpipeError as exc:
+        if not ranks.main:  # the main process meets the same error and says it: torchrun would stop it on our exit
+            time.sleep(2)
         sys.exit(f"error: {exc}" if ranks.main else 1)  # one line, from one process
     finally:
         distributed.leave(ranks)
