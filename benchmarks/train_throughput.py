@@ -3,6 +3,7 @@
 Same model, data, batch shape, optimizer and clipping; the bare loop has no checkpoints, plans,
 progress bar or bookkeeping. The ratio is the overhead of everything the trainer adds (target >= 0.95).
 Needs the default corpus tokens (dvc repro tokenize). Runs --steps steps of each, alternating, twice.
+With --precision, the Trainer in bf16 autocast against the Trainer in fp32 instead (`train.precision`).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def bare_loop(settings, common, data, steps: int) -> float:
     return steps * b * t / (time.perf_counter() - started)
 
 
-def trainer_loop(name, settings, common, data, steps: int) -> float:
+def trainer_loop(name, settings, common, data, steps: int) -> float:  # common.precision as given
     quick = settings.model_copy(update={"epochs": 1, "max_steps_per_epoch": steps, "variable_bptt": False})
     with tempfile.TemporaryDirectory() as ckpt:
         result = Trainer(name, quick, common, data, ckpt, progress_bar=True).run()
@@ -66,9 +67,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--models", nargs="*")
+    parser.add_argument("--precision", action="store_true", help="bf16 autocast against fp32, both in the Trainer")
     args = parser.parse_args()
     params, data = load_params(), load_tokens()
     names = args.models or list(params.models)
+    if args.precision:
+        compare_precision(names, params, data, args.steps)
+        return
     print(f"{'model':<12} {'lmpipe tok/s':>13} {'bare tok/s':>11} {'ratio':>6}")
     for name in names:
         settings = params.models[name]
@@ -78,6 +83,18 @@ def main() -> None:
             bare.append(bare_loop(settings, params.train, data, args.steps))
         o, b = max(ours), max(bare)
         print(f"{name:<12} {o:>13.0f} {b:>11.0f} {o / b:>6.2f}")
+
+
+def compare_precision(names, params, data, steps: int) -> None:
+    print(f"{'model':<12} {'fp32 tok/s':>11} {'bf16 tok/s':>11} {'ratio':>6}")
+    for name in names:
+        runs = {"fp32": [], "bf16": []}
+        for _ in range(2):  # alternate, so drift in machine load hits both
+            for precision, speeds in runs.items():
+                common = params.train.model_copy(update={"precision": precision})
+                speeds.append(trainer_loop(name, params.models[name], common, data, steps))
+        fp32, bf16 = max(runs["fp32"]), max(runs["bf16"])
+        print(f"{name:<12} {fp32:>11.0f} {bf16:>11.0f} {bf16 / fp32:>6.2f}")
 
 
 if __name__ == "__main__":

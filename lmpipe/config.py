@@ -83,9 +83,12 @@ class TrainParams(_Section):
     threads: int = Field(0, ge=0, description="CPU threads; 0 = torch's default (cores, or OMP_NUM_THREADS)")
     log_every: int = Field(50, ge=1, description="steps between progress updates (the only host syncs)")
     checkpoint_every: int = Field(200, ge=1, description="steps between resumable checkpoints")
-    eval_chunk: int = Field(128, ge=1, description="tokens per evaluation chunk (the sliding-window stride)")
+    eval_chunk: int = Field(128, ge=1, description="tokens per evaluation chunk (window stride, at most half a block)")
     evals_per_epoch: int = Field(1, ge=1, description="validation points per epoch (learning curves, early stopping)")
     compile: bool = False
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="training matmuls: auto = bf16 autocast where the device computes bf16 natively "
+        "(CUDA; CPUs with AVX512-BF16 or AMX), else fp32; evaluation is always fp32")
 
 
 class OptimParams(_Section):

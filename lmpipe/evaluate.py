@@ -1,8 +1,9 @@
 """One evaluator for every neural model: the split as one continuous stream, state carried across chunks.
 
 Recurrent models carry their hidden state; window models carry their last tokens, so a Transformer
-is scored with a sliding window whose stride is the chunk (each token once, with as much context as
-the block allows) and the NPLM with exactly its n-1 tokens. The stream is conditioned on one
+is scored with a sliding window whose stride is the chunk, at most half its block (each token once, with
+at least half a block of context: a stride of a whole block would score each window's first token with
+none) and the NPLM with exactly its n-1 tokens. The stream is conditioned on one
 boundary token before its first token, as the n-gram is.
 """
 
@@ -23,7 +24,7 @@ def stream_nll(model, tokens: np.ndarray, chunk: int, device: torch.device | str
     stream = stream.to(device).unsqueeze(0)
     inputs, targets = stream[:, :-1], stream[:, 1:]
     if hasattr(model, "block_size"):
-        chunk = min(chunk, model.block_size)
+        chunk = min(chunk, max(1, model.block_size // 2))
     total = torch.zeros((), dtype=torch.float64, device=device)
     state = None
     for start in range(0, inputs.size(1), chunk):

@@ -87,6 +87,15 @@ def _si(x: float) -> str:
     return f"{x:.2e}".replace("e+", "e")
 
 
+def _precision_note(trained: dict) -> str:
+    """How the neural models trained (`train.precision`): their matmuls in bf16 autocast, or in fp32."""
+    kinds = sorted({t["precision"] for t in trained.values() if "precision" in t})
+    if not kinds:
+        return ""
+    how = {"bf16": "matmuls in bf16 autocast", "fp32": "in fp32"}
+    return "; training " + " or ".join(how[k] for k in kinds) + ", evaluation in fp32"
+
+
 def _perplexity_section(evaluation, trained: dict) -> list[str]:
     """The results table, each model with the compute it had, and what the numbers support: the winner and its
     margin over the baseline, and which models the baseline beats."""
@@ -96,7 +105,7 @@ def _perplexity_section(evaluation, trained: dict) -> list[str]:
     lines = ["## Perplexity", "", "Sorted by test bits per byte. The same total loss normalised per UTF-8 byte (bpb), "
              "per whitespace word and per BPE token, so the n-gram and the neural models compare fairly whatever "
              "their tokenization. Compute: parameters without embeddings, training tokens seen, training FLOPs "
-             "(analytic, `lmpipe/flops.py`) and training seconds on this machine.", "",
+             "(analytic, `lmpipe/flops.py`) and training seconds on this machine" + _precision_note(trained) + ".", "",
              "| model | params (non-emb.) | tokens seen | train FLOPs | train s | valid bpb | test bpb | test word ppl "
              "| vs KN-5 (word ppl) |", "|---|---|---|---|---|---|---|---|---|"]
     for n in names:

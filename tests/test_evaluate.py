@@ -62,3 +62,28 @@ def test_ngram_and_neural_use_the_same_accounting():
     for result in (evaluate_lm(ngram, data), evaluate_lm(neural, data)):
         assert result["test"]["ppl"] == pytest.approx(v, rel=1e-6)
         assert result["test"]["word_ppl"] == pytest.approx(v ** (300 / 120), rel=1e-5)
+
+
+class WindowProbe(StreamLM):
+    """A window model (as the Transformer: carries its last tokens, reads at most block_size) that records how
+    many earlier tokens each scored chunk could attend to."""
+
+    block_size = 8
+
+    def __init__(self, v):
+        super().__init__()
+        self.v, self.contexts = v, []
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x, state=None):
+        full = x if state is None else torch.cat([state, x], dim=1)[:, -self.block_size:]
+        self.contexts.append(full.size(1) - x.size(1))
+        return torch.zeros(x.size(0), x.size(1), self.v), full[:, -(self.block_size - 1):]
+
+
+def test_window_models_score_every_token_with_at_least_half_a_block_of_context():
+    model = WindowProbe(5)
+    nll, n = stream_nll(model, np.random.default_rng(0).integers(0, 5, 100), chunk=128)
+    assert n == 100 and nll == pytest.approx(100 * math.log(5))  # every token once
+    assert model.contexts[0] == 0  # the stream's start has nothing before it
+    assert min(model.contexts[1:]) >= model.block_size // 2, model.contexts  # a stride of a whole block gives 0

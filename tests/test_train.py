@@ -193,6 +193,37 @@ def test_budget_in_tokens_sets_the_run_length_and_the_schedule_anneals_to_it(tmp
     assert steps == sorted(steps) and len(steps) >= 3 and steps[-1] == 30
 
 
+def test_budget_under_variable_bptt_ends_at_the_budget_not_short_of_it(tmp_path):
+    """Steps of random length: the run ends at the first step that reaches the budget (it ended ~3% short when the
+    step count assumed seq_len tokens per step), and the schedule anneals to exactly that step."""
+    budget = 8 * 20 * 40
+    settings = revised(SETTINGS["lstm"], budget={"tokens": budget},
+                       optim={"name": "adamw", "lr": 3e-3, "clip": 0.5, "schedule": "wsd", "decay_fraction": 0.5})
+    result = train(tmp_path, "lstm", settings=settings)
+    longest = 8 * (20 + 5 * 6)  # a step's batch times a generous bound on one variable BPTT length
+    assert budget <= result.metrics["tokens_seen"] < budget + longest
+    assert result.history[-1]["lr"] < 0.1 * settings.optim.lr  # annealed to its last step, the one that reached the budget
+
+
+def test_precision_auto_uses_bf16_only_where_the_device_computes_it_natively():
+    from lmpipe.train import autocast_dtype, native_bf16
+
+    cpu = torch.device("cpu")
+    assert autocast_dtype("fp32", cpu) is None and autocast_dtype("bf16", cpu) is torch.bfloat16
+    assert autocast_dtype("auto", cpu) == (torch.bfloat16 if native_bf16(cpu) else None)
+    assert autocast_dtype("auto", torch.device("cuda")) is torch.bfloat16
+
+
+def test_bf16_training_learns_and_stays_deterministic(tmp_path):
+    common = COMMON.model_copy(update={"precision": "bf16"})
+    first = train(tmp_path / "a", "transformer", common=common)
+    second = train(tmp_path / "b", "transformer", common=common)
+    assert first.metrics["valid_ppl"] < 8
+    assert drop_timings(first.history) == drop_timings(second.history)
+    fp32 = train(tmp_path / "c", "transformer", common=COMMON.model_copy(update={"precision": "fp32"}))
+    assert drop_timings(fp32.history) != drop_timings(first.history)  # the setting reaches the training steps
+
+
 def test_wsd_schedule_warms_up_holds_then_decays_linearly_to_zero():
     from lmpipe.config import OptimParams
     from lmpipe.train import _lr_factor
