@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from lmpipe import distributed
-from lmpipe.config import ModelParams, TrainParams
+from lmpipe.config import ModelParams, OptimParams, TrainParams
 from lmpipe.errors import ConfigError, Interrupted
 from lmpipe.evaluate import perplexities, stream_nll
 from lmpipe.flops import peak_flops, train_flops_per_token
@@ -140,6 +141,29 @@ class _Progress:
         self.steps_summed, self.tokens_summed, self.seconds = 0, 0, 0.0
 
 
+@dataclass
+class Checkpoint:
+    """All a resumed run needs to end bit for bit as an uninterrupted one; a plain dict on disk."""
+
+    model: dict
+    optimizer: dict
+    progress: _Progress
+    torch_rng: torch.Tensor
+    cuda_rng: list | None
+    hidden: object  # the recurrent state carried into the next chunk
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")  # replaced whole, so a kill mid-save leaves the previous checkpoint
+        torch.save({**vars(self), "progress": vars(self.progress)}, tmp)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path, device: torch.device) -> Checkpoint:
+        saved = torch.load(path, map_location=device, weights_only=False)
+        return cls(**{**saved, "progress": _Progress(**saved["progress"])})
+
+
 def _optimizer(model, optim, device, asgd: bool):
     params = model.parameters()
     if asgd:
@@ -161,6 +185,35 @@ def _lr_factor(optim, step: int, total: int) -> float:
         decay_steps = max(1, round(optim.decay_fraction * total))
         return min(1.0, max(0.0, (total - step) / decay_steps))
     return 1.0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The learning rate as a pure function of the progress record: nothing else sets the optimiser's rate."""
+
+    optim: OptimParams
+    total_steps: int  # the step the schedule anneals to
+    bptt: int | None  # seq_len where the rate scales with variable BPTT lengths (AWD-LSTM), else None
+
+    def lr(self, p: _Progress, length: int) -> float:
+        """The rate of step `p.step` over `length` positions: the schedule's, or frozen under ASGD."""
+        lr = p.base_lr if p.asgd else p.base_lr * _lr_factor(self.optim, p.step, self.total_steps)
+        if self.bptt:
+            lr *= length / self.bptt  # shorter sequences, smaller steps
+        return lr
+
+
+class _Stopwatch:
+    """Training time only: the lap so far goes to the progress record whenever the loop pauses."""
+
+    def __init__(self, progress: _Progress):
+        self.progress, self.started = progress, time.perf_counter()
+
+    @contextmanager
+    def paused(self):
+        self.progress.seconds += time.perf_counter() - self.started
+        yield
+        self.started = time.perf_counter()
 
 
 class _StopRequest:
@@ -219,20 +272,32 @@ class Trainer:
                  ckpt_dir: str | Path, on_eval: Callable[[dict], None] | None = None, progress_bar: bool = True):
         self.name, self.settings, self.common, self.data = name, settings, common, data
         self.ckpt_dir = Path(ckpt_dir)
-        if distributed.launched().main:
-            prune_checkpoints(self.ckpt_dir)
         self.on_eval = on_eval or (lambda record: None)
-        self.ranks = ranks = distributed.launched()
-        if settings.batch_size % ranks.world:
-            raise ConfigError(f"models.{name}.batch_size: {settings.batch_size} does not split over {ranks.world} "
-                              f"processes (make it a multiple of {ranks.world})")
-        self.progress_bar = progress_bar and ranks.main
+        self.ranks = distributed.launched()
+        if self.ranks.main:
+            prune_checkpoints(self.ckpt_dir)
+        if settings.batch_size % self.ranks.world:
+            raise ConfigError(f"models.{name}.batch_size: {settings.batch_size} does not split over "
+                              f"{self.ranks.world} processes (make it a multiple of {self.ranks.world})")
+        self.progress_bar = progress_bar and self.ranks.main
+        self._build_model()
+        self._size_run()
+        self.progress = _Progress(base_lr=settings.optim.lr)
+        self.progress.reset_sums(self.device)
+        self.optimizer = _optimizer(self.model, settings.optim, self.device, asgd=False)
+        self.hidden = None  # the recurrent state carried across chunks
+
+    # ---------- building ----------
+    def _build_model(self) -> None:
+        """Device, model (the same initial weights in every process), its DDP/compiled forward, the precision."""
+        ranks, common = self.ranks, self.common
         self.device = pick_device(common.device, ranks.local)
         configure_device(self.device, common.threads or (max(1, (os.cpu_count() or 1) // ranks.local_world)
                                                          if ranks.world > 1 else 0))
         distributed.join(ranks, self.device)
-        torch.manual_seed(common.seed)  # the same initial weights in every process
-        self.model = build_model(settings.family, settings.arch, data.vocab_size, data.boundary).to(self.device)
+        torch.manual_seed(common.seed)
+        self.model = build_model(self.settings.family, self.settings.arch, self.data.vocab_size,
+                                 self.data.boundary).to(self.device)
         forward = self.model
         if ranks.world > 1:
             torch.manual_seed(common.seed + ranks.rank)  # each process its own dropout masks
@@ -240,16 +305,18 @@ class Trainer:
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         self.forward = torch.compile(forward) if common.compile else forward
         self.autocast = autocast_dtype(common.precision, self.device)
+
+    def _size_run(self) -> None:
+        """The training stream, FLOPs per token, the run's length in steps and its learning-rate schedule."""
+        s = self.settings
         self.train_tokens = torch.from_numpy(
-            np.concatenate([[data.boundary], data.splits["train"].tokens.astype(np.int64)]))
-        self.flops_per_token = train_flops_per_token(
-            settings.family, arch_with_defaults(settings.family, settings.arch), data.vocab_size, settings.seq_len)
+            np.concatenate([[self.data.boundary], self.data.splits["train"].tokens.astype(np.int64)]))
+        self.flops_per_token = train_flops_per_token(s.family, arch_with_defaults(s.family, s.arch),
+                                                     self.data.vocab_size, s.seq_len)
         self.steps_per_epoch = len(self._epoch_plan(0))
         self.total_steps = self._total_steps()
-        self.progress = _Progress(base_lr=settings.optim.lr)
-        self.progress.reset_sums(self.device)
-        self.optimizer = _optimizer(self.model, settings.optim, self.device, asgd=False)
-        self.hidden = None  # the recurrent state carried across chunks
+        self.schedule = Schedule(s.optim, self.total_steps,
+                                 s.seq_len if self.model.recurrent and s.variable_bptt else None)
 
     # ---------- batches ----------
     def _epoch_plan(self, epoch: int):
@@ -288,26 +355,28 @@ class Trainer:
             return np.array([length for _, length in plan]) * self.settings.batch_size
         return np.full(len(plan), self.settings.batch_size * self.settings.seq_len)
 
-    def _batches(self, plan) -> Callable[[int], tuple]:
-        """plan index -> (inputs, targets, window context or None) on the device, this process's rows only."""
+    def _batches(self, plan, start: int):
+        """The epoch's batches from `start` on, on the device, this process's rows only:
+        (inputs, targets, window context or None)."""
         per = self.settings.batch_size // self.ranks.world
         rows = slice(self.ranks.rank * per, (self.ranks.rank + 1) * per)
         if self.model.recurrent:
             columns = len(self.train_tokens) // self.settings.batch_size
             data = self.train_tokens[: columns * self.settings.batch_size].view(self.settings.batch_size, columns)[rows]
-
-            def stream_batch(index):
-                start, length = plan[index]
-                return (data[:, start:start + length].to(self.device),
-                        data[:, start + 1:start + 1 + length].to(self.device), None)
-            return stream_batch
+            for begin, length in plan[start:]:
+                yield (data[:, begin:begin + length].to(self.device),
+                       data[:, begin + 1:begin + 1 + length].to(self.device), None)
+            return
         context = window_context(self.model)
         span = torch.arange(-context, self.settings.seq_len + 1)[None, :]
+        for offsets in plan[start:]:
+            windows = self.train_tokens[torch.from_numpy(offsets[rows])[:, None] + span].to(self.device)
+            yield windows[:, context:-1], windows[:, context + 1:], (windows[:, :context] if context > 0 else None)
 
-        def window_batch(index):
-            windows = self.train_tokens[torch.from_numpy(plan[index][rows])[:, None] + span].to(self.device)
-            return windows[:, context:-1], windows[:, context + 1:], (windows[:, :context] if context > 0 else None)
-        return window_batch
+    def _evals_due(self, plan_length: int) -> set[int]:
+        """Batch counts of an epoch after which to evaluate, the epoch's end the last."""
+        n = self.common.evals_per_epoch
+        return {round(plan_length * k / n) for k in range(1, n + 1)}
 
     # ---------- checkpoints ----------
     def _last(self) -> Path:
@@ -315,39 +384,28 @@ class Trainer:
         return self.ckpt_dir / ("last.pt" if self.ranks.main else f"last.rank{self.ranks.rank}.pt")
 
     def _save(self) -> None:
-        path = self._last()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save({
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "progress": self.progress.__dict__,
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None,
-            "hidden": self.hidden,
-        }, tmp)
-        os.replace(tmp, path)
+        Checkpoint(self.model.state_dict(), self.optimizer.state_dict(), self.progress, torch.get_rng_state(),
+                   torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None, self.hidden).save(self._last())
 
     def _resume(self) -> None:
         path = self._last()
         if not path.exists():
             return
         try:
-            ckpt = torch.load(path, map_location=self.device, weights_only=False)
+            ckpt = Checkpoint.load(path, self.device)
         except Exception as exc:  # a torn or foreign file: say so, start afresh
             print(f"{path}: unreadable checkpoint ({type(exc).__name__}); training {self.name} from the start",
                   file=sys.stderr)
             path.unlink(missing_ok=True)
             return
-        self.model.load_state_dict(ckpt["model"])
-        progress = _Progress(**ckpt["progress"])
-        optimizer = _optimizer(self.model, self.settings.optim, self.device, progress.asgd)
-        optimizer.load_state_dict(ckpt["optimizer"])
-        self.progress, self.optimizer = progress, optimizer
-        torch.set_rng_state(ckpt["torch_rng"].cpu())
-        if ckpt["cuda_rng"] is not None:
-            torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
-        self.hidden = ckpt["hidden"]
+        self.model.load_state_dict(ckpt.model)
+        self.optimizer = _optimizer(self.model, self.settings.optim, self.device, ckpt.progress.asgd)
+        self.optimizer.load_state_dict(ckpt.optimizer)
+        self.progress = ckpt.progress
+        torch.set_rng_state(ckpt.torch_rng.cpu())
+        if ckpt.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(ckpt.cuda_rng)
+        self.hidden = ckpt.hidden
 
     # ---------- the loop ----------
     def run(self, on_step: Callable[[int], None] | None = None) -> TrainResult:
@@ -356,48 +414,39 @@ class Trainer:
         `on_step(step)` is called after every optimiser step (tests interrupt a run from there).
         """
         self._resume()
+        p, on_step = self.progress, on_step or (lambda step: None)
         with _StopRequest(active=self.ranks.world == 1) as stop:
-            return self._loop(stop, on_step)
-
-    def _loop(self, stop: _StopRequest, on_step: Callable[[int], None] | None) -> TrainResult:
-        p = self.progress
-        while not self._done():
-            plan = self._epoch_plan(p.epoch)
-            batch = self._batches(plan)
-            due = {round(len(plan) * k / self.common.evals_per_epoch) for k in range(1, self.common.evals_per_epoch + 1)}
-            if p.index == 0:
-                self.hidden = None
-            self.model.train()
-            bar = tqdm(total=len(plan), initial=p.index, desc=f"{self.name} epoch {p.epoch + 1}",
-                       disable=not self.progress_bar, leave=False)
-            started = time.perf_counter()
-            for index in range(p.index, len(plan)):
-                x, y, context = batch(index)
-                self._train_step(x, y, context, self._lr(x.size(1)))
-                p.index, p.step = index + 1, p.step + 1
-                bar.update(1)
-                if p.step % self.common.log_every == 0:  # the only host sync in the loop
-                    bar.set_postfix(loss=f"{float(p.loss_sum) / p.steps_summed:.3f}")
-                at_budget = self.settings.budget is not None and p.step >= self.total_steps
-                if p.index in due or at_budget:
-                    p.seconds += time.perf_counter() - started
-                    self._evaluate(len(plan))
-                    started = time.perf_counter()
-                    if self._done():
-                        break
-                elif p.step % self.common.checkpoint_every == 0:
-                    p.seconds += time.perf_counter() - started
-                    self._save()
-                    started = time.perf_counter()
-                if on_step:
-                    on_step(p.step)
-                if stop.requested:
-                    p.seconds += time.perf_counter() - started
-                    self._save()
-                    bar.close()
-                    raise Interrupted(f"{self.name} interrupted at step {p.step}; checkpoint saved; `dvc repro` resumes")
-            bar.close()
+            while not self._done():
+                plan = self._epoch_plan(p.epoch)
+                evals_due = self._evals_due(len(plan))
+                if p.index == 0:
+                    self.hidden = None  # each epoch starts its streams afresh
+                self.model.train()
+                with tqdm(total=len(plan), initial=p.index, desc=f"{self.name} epoch {p.epoch + 1}",
+                          disable=not self.progress_bar, leave=False) as bar:
+                    clock = _Stopwatch(p)
+                    for x, y, context in self._batches(plan, p.index):
+                        self._train_step(x, y, context, self.schedule.lr(p, x.size(1)))
+                        p.index, p.step = p.index + 1, p.step + 1
+                        self._show(bar)
+                        if p.index in evals_due or self._budget_spent():
+                            with clock.paused():
+                                self._evaluate(len(plan))
+                            if self._done():
+                                break
+                        elif p.step % self.common.checkpoint_every == 0:
+                            with clock.paused():
+                                self._save()
+                        on_step(p.step)
+                        if stop.requested:
+                            with clock.paused():
+                                self._save()
+                            raise Interrupted(f"{self.name} interrupted at step {p.step}; checkpoint saved; "
+                                              "`dvc repro` resumes")
         return self._finish()
+
+    def _budget_spent(self) -> bool:
+        return self.settings.budget is not None and self.progress.step >= self.total_steps
 
     def _done(self) -> bool:
         """The budget is spent (or all epochs are done), or validation stopped improving (early stopping)."""
@@ -405,23 +454,20 @@ class Trainer:
         spent = p.epoch >= self.settings.epochs if self.settings.budget is None else p.step >= self.total_steps
         return spent or p.bad_evals >= self.settings.patience
 
-    def _lr(self, length: int) -> float:
-        """This step's learning rate: the schedule's, or frozen under ASGD; scaled to the BPTT length."""
-        p = self.progress
-        lr = p.base_lr if p.asgd else p.base_lr * _lr_factor(self.settings.optim, p.step, self.total_steps)
-        if self.model.recurrent and self.settings.variable_bptt:
-            lr *= length / self.settings.seq_len  # AWD-LSTM: shorter sequences, smaller steps
-        return lr
+    def _show(self, bar) -> None:
+        bar.update(1)
+        if self.progress.step % self.common.log_every == 0:  # the only host sync in the loop
+            bar.set_postfix(loss=f"{float(self.progress.loss_sum) / self.progress.steps_summed:.3f}")
 
     def _train_step(self, x, y, context, lr: float) -> None:
         p = self.progress
-        state = self.model.detach_state(self.hidden) if self.model.recurrent else context
+        before = self.model.detach_state(self.hidden) if self.model.recurrent else context  # what precedes x
         with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
-            logits, new_state = self.forward(x, state)
+            logits, hidden = self.forward(x, before)
             loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
             objective = loss + self.model.extra_loss()
         if self.model.recurrent:
-            self.hidden = new_state
+            self.hidden = hidden
         self.optimizer.zero_grad(set_to_none=True)
         objective.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.optim.clip)
@@ -444,7 +490,7 @@ class Trainer:
 
     def _evaluate(self, plan_length: int) -> None:
         """Validate, record a learning-curve point, keep the best weights, adapt the schedule, checkpoint."""
-        p, optim = self.progress, self.settings.optim
+        p = self.progress
         if p.index == plan_length:  # the epoch is complete: the next one starts with a fresh plan and state
             p.epoch, p.index = p.epoch + 1, 0
         valid = self._valid()
@@ -469,17 +515,22 @@ class Trainer:
                     torch.save(self.model.state_dict(), self.ckpt_dir / "best.pt")
         else:
             p.bad_evals += 1
-        losses = [h["valid_loss"] for h in p.history]
-        if (optim.name == "sgd" and optim.nt_asgd and not p.asgd
-                and len(losses) > optim.nonmono and losses[-1] > min(losses[:-optim.nonmono])):
-            p.asgd = True  # NT-ASGD: validation stopped improving, start averaging
-            self.optimizer = _optimizer(self.model, optim, self.device, asgd=True)
-        elif optim.schedule == "plateau" and not improved and not p.asgd:
-            p.base_lr *= 0.5  # halve on plateau
+        self._adapt(improved)
         if self.ranks.main:
             self.on_eval(record)  # before the sums reset: a crash here repeats this point on resume
         p.reset_sums(self.device)
         self._save()
+
+    def _adapt(self, improved: bool) -> None:
+        """NT-ASGD: start averaging once validation stops improving; else the plateau schedule halves the rate."""
+        p, optim = self.progress, self.settings.optim
+        losses = [h["valid_loss"] for h in p.history]
+        if (optim.name == "sgd" and optim.nt_asgd and not p.asgd
+                and len(losses) > optim.nonmono and losses[-1] > min(losses[:-optim.nonmono])):
+            p.asgd = True
+            self.optimizer = _optimizer(self.model, optim, self.device, asgd=True)
+        elif optim.schedule == "plateau" and not improved and not p.asgd:
+            p.base_lr *= 0.5
 
     def _finish(self) -> TrainResult:
         """Load the best weights, summarise the run, and drop its checkpoints: a finished run never resumes."""
