@@ -164,17 +164,6 @@ class Checkpoint:
         return cls(**{**saved, "progress": _Progress(**saved["progress"])})
 
 
-def _optimizer(model, optim, device, asgd: bool):
-    params = model.parameters()
-    if asgd:
-        return torch.optim.ASGD(params, lr=optim.lr, t0=0, lambd=0.0, weight_decay=optim.weight_decay)
-    if optim.name == "sgd":
-        return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
-    kwargs = {"fused": True} if device.type == "cuda" else {}
-    cls = torch.optim.AdamW if optim.name == "adamw" else torch.optim.Adam
-    return cls(params, lr=optim.lr, weight_decay=optim.weight_decay, **kwargs)
-
-
 def _lr_factor(optim, step: int, total: int) -> float:
     if optim.warmup_steps and step < optim.warmup_steps:
         return (step + 1) / optim.warmup_steps
@@ -284,7 +273,7 @@ class Trainer:
         self._size_run()
         self.progress = _Progress(base_lr=settings.optim.lr)
         self.progress.reset_sums(self.device)
-        self.optimizer = _optimizer(self.model, settings.optim, self.device, asgd=False)
+        self.optimizer = self._build_optimizer(asgd=False)
         self.hidden = None  # the recurrent state carried across chunks
 
     # ---------- building ----------
@@ -308,9 +297,12 @@ class Trainer:
 
     def _size_run(self) -> None:
         """The training stream, FLOPs per token, the run's length in steps and its learning-rate schedule."""
-        s = self.settings
+        s, per = self.settings, self.settings.batch_size // self.ranks.world
         self.train_tokens = torch.from_numpy(
             np.concatenate([[self.data.boundary], self.data.splits["train"].tokens.astype(np.int64)]))
+        columns = len(self.train_tokens) // s.batch_size  # recurrent models read batch_size contiguous streams
+        self.streams = self.train_tokens[: columns * s.batch_size].view(s.batch_size, columns)
+        self.rows = slice(self.ranks.rank * per, (self.ranks.rank + 1) * per)  # this process's rows of each batch
         self.flops_per_token = train_flops_per_token(s.family, arch_with_defaults(s.family, s.arch),
                                                      self.data.vocab_size, s.seq_len)
         self.steps_per_epoch = len(self._epoch_plan(0))
@@ -318,12 +310,22 @@ class Trainer:
         self.schedule = Schedule(s.optim, self.total_steps,
                                  s.seq_len if self.model.recurrent and s.variable_bptt else None)
 
+    def _build_optimizer(self, asgd: bool) -> torch.optim.Optimizer:
+        """The configured optimiser, or averaged SGD once NT-ASGD has switched (its rate is set at every step)."""
+        optim, params = self.settings.optim, self.model.parameters()
+        if asgd:
+            return torch.optim.ASGD(params, lr=optim.lr, t0=0, lambd=0.0, weight_decay=optim.weight_decay)
+        if optim.name == "sgd":
+            return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+        kwargs = {"fused": True} if self.device.type == "cuda" else {}
+        cls = torch.optim.AdamW if optim.name == "adamw" else torch.optim.Adam
+        return cls(params, lr=optim.lr, weight_decay=optim.weight_decay, **kwargs)
+
     # ---------- batches ----------
     def _epoch_plan(self, epoch: int):
         rng = np.random.default_rng([self.common.seed, epoch])
         if self.model.recurrent:
-            columns = len(self.train_tokens) // self.settings.batch_size
-            plan = stream_plan(columns, self.settings, rng)
+            plan = stream_plan(self.streams.size(1), self.settings, rng)
         else:
             plan = list(window_plan(len(self.train_tokens), self.settings, window_context(self.model), rng))
         if self.settings.max_steps_per_epoch:
@@ -358,11 +360,8 @@ class Trainer:
     def _batches(self, plan, start: int):
         """The epoch's batches from `start` on, on the device, this process's rows only:
         (inputs, targets, window context or None)."""
-        per = self.settings.batch_size // self.ranks.world
-        rows = slice(self.ranks.rank * per, (self.ranks.rank + 1) * per)
         if self.model.recurrent:
-            columns = len(self.train_tokens) // self.settings.batch_size
-            data = self.train_tokens[: columns * self.settings.batch_size].view(self.settings.batch_size, columns)[rows]
+            data = self.streams[self.rows]
             for begin, length in plan[start:]:
                 yield (data[:, begin:begin + length].to(self.device),
                        data[:, begin + 1:begin + 1 + length].to(self.device), None)
@@ -370,13 +369,8 @@ class Trainer:
         context = window_context(self.model)
         span = torch.arange(-context, self.settings.seq_len + 1)[None, :]
         for offsets in plan[start:]:
-            windows = self.train_tokens[torch.from_numpy(offsets[rows])[:, None] + span].to(self.device)
+            windows = self.train_tokens[torch.from_numpy(offsets[self.rows])[:, None] + span].to(self.device)
             yield windows[:, context:-1], windows[:, context + 1:], (windows[:, :context] if context > 0 else None)
-
-    def _evals_due(self, plan_length: int) -> set[int]:
-        """Batch counts of an epoch after which to evaluate, the epoch's end the last."""
-        n = self.common.evals_per_epoch
-        return {round(plan_length * k / n) for k in range(1, n + 1)}
 
     # ---------- checkpoints ----------
     def _last(self) -> Path:
@@ -399,7 +393,7 @@ class Trainer:
             path.unlink(missing_ok=True)
             return
         self.model.load_state_dict(ckpt.model)
-        self.optimizer = _optimizer(self.model, self.settings.optim, self.device, ckpt.progress.asgd)
+        self.optimizer = self._build_optimizer(ckpt.progress.asgd)
         self.optimizer.load_state_dict(ckpt.optimizer)
         self.progress = ckpt.progress
         torch.set_rng_state(ckpt.torch_rng.cpu())
@@ -418,7 +412,6 @@ class Trainer:
         with _StopRequest(active=self.ranks.world == 1) as stop:
             while not self._done():
                 plan = self._epoch_plan(p.epoch)
-                evals_due = self._evals_due(len(plan))
                 if p.index == 0:
                     self.hidden = None  # each epoch starts its streams afresh
                 self.model.train()
@@ -427,9 +420,8 @@ class Trainer:
                     clock = _Stopwatch(p)
                     for x, y, context in self._batches(plan, p.index):
                         self._train_step(x, y, context, self.schedule.lr(p, x.size(1)))
-                        p.index, p.step = p.index + 1, p.step + 1
                         self._show(bar)
-                        if p.index in evals_due or self._budget_spent():
+                        if self._eval_due(len(plan)):
                             with clock.paused():
                                 self._evaluate(len(plan))
                             if self._done():
@@ -445,8 +437,11 @@ class Trainer:
                                               "`dvc repro` resumes")
         return self._finish()
 
-    def _budget_spent(self) -> bool:
-        return self.settings.budget is not None and self.progress.step >= self.total_steps
+    def _eval_due(self, plan_length: int) -> bool:
+        """After evals_per_epoch evenly spaced steps of each epoch (its last step one), and at the budget's end."""
+        p, n = self.progress, self.common.evals_per_epoch
+        return (p.index in {round(plan_length * k / n) for k in range(1, n + 1)}
+                or self.settings.budget is not None and p.step >= self.total_steps)
 
     def _done(self) -> bool:
         """The budget is spent (or all epochs are done), or validation stopped improving (early stopping)."""
@@ -480,6 +475,7 @@ class Trainer:
         p.steps_summed += 1
         p.tokens_summed += tokens
         p.tokens_seen += tokens
+        p.index, p.step = p.index + 1, p.step + 1
 
     def _valid(self) -> dict:
         split = self.data.splits["valid"]
@@ -528,7 +524,7 @@ class Trainer:
         if (optim.name == "sgd" and optim.nt_asgd and not p.asgd
                 and len(losses) > optim.nonmono and losses[-1] > min(losses[:-optim.nonmono])):
             p.asgd = True
-            self.optimizer = _optimizer(self.model, optim, self.device, asgd=True)
+            self.optimizer = self._build_optimizer(asgd=True)
         elif optim.schedule == "plateau" and not improved and not p.asgd:
             p.base_lr *= 0.5
 
@@ -544,23 +540,13 @@ class Trainer:
         seconds = float(sum(h["train_seconds"] for h in p.history))
         flops = float(p.tokens_seen * self.flops_per_token)
         metrics = {
-            "model": self.name,
-            "family": self.settings.family,
-            "n_params": count_parameters(self.model),
+            "model": self.name, "family": self.settings.family, "n_params": count_parameters(self.model),
             "n_params_non_embedding": count_non_embedding_parameters(self.model),
-            "epochs": p.history[-1]["epoch"],
-            "evaluations": len(p.history),
-            "best_epoch": p.best_epoch,
-            "valid_ppl": best["valid_ppl"],
-            "valid_word_ppl": best["valid_word_ppl"],
-            "valid_bpb": best["valid_bpb"],
-            "tokens_seen": p.tokens_seen,
-            "flops_per_token": self.flops_per_token,
-            "train_flops": flops,
-            "tokens_per_sec": p.tokens_seen / max(seconds, 1e-9),
-            "flops_per_sec": flops / max(seconds, 1e-9),
-            "device": self.device.type,
-            "precision": "bf16" if self.autocast is not None else "fp32",
+            "epochs": p.history[-1]["epoch"], "evaluations": len(p.history), "best_epoch": p.best_epoch,
+            "valid_ppl": best["valid_ppl"], "valid_word_ppl": best["valid_word_ppl"], "valid_bpb": best["valid_bpb"],
+            "tokens_seen": p.tokens_seen, "flops_per_token": self.flops_per_token, "train_flops": flops,
+            "tokens_per_sec": p.tokens_seen / max(seconds, 1e-9), "flops_per_sec": flops / max(seconds, 1e-9),
+            "device": self.device.type, "precision": "bf16" if self.autocast is not None else "fp32",
             "seconds": seconds,
         }
         if self.device.type == "cuda":  # model FLOPs utilisation: achieved over the device's bf16 peak
@@ -614,7 +600,6 @@ def main(argv: list[str] | None = None) -> None:
     """Train one model of params.yaml without orchestration: `python -m lmpipe.train` or `torchrun ... -m lmpipe.train`."""
     import argparse
     import json
-    import sys
 
     from lmpipe.config import load_params
     from lmpipe.errors import LmpipeError
