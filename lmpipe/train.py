@@ -230,23 +230,16 @@ class _StopRequest:
             signal.signal(sig, handler)
 
 
-class _Averaged:
+@contextmanager
+def _averaged(model, optimizer, active: bool):
     """Swap ASGD's averaged weights in for evaluation and saving, as AWD-LSTM does."""
-
-    def __init__(self, model, optimizer, active: bool):
-        self.model, self.optimizer, self.active, self.saved = model, optimizer, active, {}
-
-    def __enter__(self):
-        if self.active:
-            for p in self.model.parameters():
-                state = self.optimizer.state.get(p, {})
-                if "ax" in state:
-                    self.saved[p] = p.detach().clone()
-                    p.data.copy_(state["ax"])
-        return self
-
-    def __exit__(self, *exc):
-        for p, value in self.saved.items():
+    saved = {p: p.detach().clone() for p in model.parameters() if active and "ax" in optimizer.state.get(p, {})}
+    for p in saved:
+        p.data.copy_(optimizer.state[p]["ax"])
+    try:
+        yield
+    finally:
+        for p, value in saved.items():
             p.data.copy_(value)
 
 
@@ -278,13 +271,13 @@ class Trainer:
 
     # ---------- building ----------
     def _build_model(self) -> None:
-        """Device, model (the same initial weights in every process), its DDP/compiled forward, the precision."""
+        """The device, the model, the forward that trains it (DDP, compiled) and the training precision."""
         ranks, common = self.ranks, self.common
         self.device = pick_device(common.device, ranks.local)
         configure_device(self.device, common.threads or (max(1, (os.cpu_count() or 1) // ranks.local_world)
                                                          if ranks.world > 1 else 0))
         distributed.join(ranks, self.device)
-        torch.manual_seed(common.seed)
+        torch.manual_seed(common.seed)  # the same initial weights in every process
         self.model = build_model(self.settings.family, self.settings.arch, self.data.vocab_size,
                                  self.data.boundary).to(self.device)
         forward = self.model
@@ -378,8 +371,9 @@ class Trainer:
         return self.ckpt_dir / ("last.pt" if self.ranks.main else f"last.rank{self.ranks.rank}.pt")
 
     def _save(self) -> None:
-        Checkpoint(self.model.state_dict(), self.optimizer.state_dict(), self.progress, torch.get_rng_state(),
-                   torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None, self.hidden).save(self._last())
+        cuda_rng = torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None
+        Checkpoint(self.model.state_dict(), self.optimizer.state_dict(), self.progress, torch.get_rng_state(), cuda_rng,
+                   self.hidden).save(self._last())
 
     def _resume(self) -> None:
         path = self._last()
@@ -404,9 +398,7 @@ class Trainer:
     # ---------- the loop ----------
     def run(self, on_step: Callable[[int], None] | None = None) -> TrainResult:
         """Resume, then train to the budget: each epoch, each batch a step; evaluate and checkpoint as due.
-
-        `on_step(step)` is called after every optimiser step (tests interrupt a run from there).
-        """
+        `on_step(step)` is called after every optimiser step (tests interrupt a run from there)."""
         self._resume()
         p, on_step = self.progress, on_step or (lambda step: None)
         with _StopRequest(active=self.ranks.world == 1) as stop:
@@ -479,7 +471,7 @@ class Trainer:
 
     def _valid(self) -> dict:
         split = self.data.splits["valid"]
-        with _Averaged(self.model, self.optimizer, self.progress.asgd):
+        with _averaged(self.model, self.optimizer, self.progress.asgd):
             nll, n = stream_nll(self.model, split.tokens, self.common.eval_chunk, self.device)
         self.model.train()
         return perplexities(nll, n, split.words, split.bytes)
@@ -505,7 +497,7 @@ class Trainer:
         improved = valid["loss"] < p.best_loss
         if improved:
             p.best_loss, p.best_epoch, p.bad_evals = valid["loss"], record["epoch"], 0
-            with _Averaged(self.model, self.optimizer, p.asgd):
+            with _averaged(self.model, self.optimizer, p.asgd):
                 self.ckpt_dir.mkdir(parents=True, exist_ok=True)
                 if self.ranks.main:
                     torch.save(self.model.state_dict(), self.ckpt_dir / "best.pt")
