@@ -57,7 +57,8 @@ def bare_loop(settings, common, data, steps: int) -> float:
 
 
 def trainer_loop(name, settings, common, data, steps: int) -> float:  # common.precision as given
-    quick = settings.model_copy(update={"epochs": 1, "max_steps_per_epoch": steps, "variable_bptt": False})
+    quick = settings.model_copy(update={"epochs": 1, "max_steps_per_epoch": steps, "variable_bptt": False,
+                                        "budget": None})  # a budget would run on past the one short epoch
     with tempfile.TemporaryDirectory() as ckpt:
         result = Trainer(name, quick, common, data, ckpt, progress_bar=True).run()
     return result.history[0]["tokens_per_sec"]
