@@ -5,6 +5,8 @@ Unknown keys, wrong types and impossible values fail here with one line naming t
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -105,12 +107,20 @@ class OptimParams(_Section):
     nonmono: int = Field(2, ge=1, description="NT-ASGD: checks without improvement before averaging starts")
 
 
-ARCH_FIELDS = {
-    "nplm": {"context", "emb", "hidden", "direct", "dropout"},
-    "rnn": {"cell", "emb", "hidden", "layers", "tie", "dropout", "dropout_input", "dropout_hidden",
-            "dropout_embedding", "weight_drop", "ar", "tar"},
-    "transformer": {"dim", "layers", "heads", "block_size", "dropout", "tie"},
-}
+MODEL_CLASSES = {"nplm": ("nplm.py", "NPLM"), "rnn": ("rnn.py", "RNNModel"), "transformer": ("transformer.py", "TransformerLM")}
+
+
+@functools.cache
+def arch_defaults(family: str) -> dict:
+    """A family's arch settings with their defaults: its model constructor's keyword arguments, read from the source
+    in lmpipe/models/ (so params load without importing torch, and each setting is written once, in the model)."""
+    source, name = MODEL_CLASSES[family]
+    tree = ast.parse((Path(__file__).parent / "models" / source).read_text())
+    init = next(node for cls in tree.body if isinstance(cls, ast.ClassDef) and cls.name == name
+                for node in cls.body if isinstance(node, ast.FunctionDef) and node.name == "__init__")
+    with_defaults = init.args.args[len(init.args.args) - len(init.args.defaults):]
+    return {arg.arg: ast.literal_eval(default) for arg, default in zip(with_defaults, init.args.defaults)
+            if arg.arg != "boundary"}  # the boundary token comes from the data, not from params
 
 
 class Budget(_Section):
@@ -142,11 +152,12 @@ class ModelParams(_Section):
 
     @model_validator(mode="after")
     def _arch_fits_family(self):
-        unknown = set(self.arch) - ARCH_FIELDS[self.family]
+        allowed = arch_defaults(self.family)
+        unknown = set(self.arch) - set(allowed)
         if unknown:
             raise ValueError(f"arch has {sorted(unknown)}, not settings of a {self.family} "
-                             f"(allowed: {', '.join(sorted(ARCH_FIELDS[self.family]))})")
-        if self.family == "transformer" and self.seq_len > self.arch.get("block_size", 256):
+                             f"(allowed: {', '.join(sorted(allowed))})")
+        if self.family == "transformer" and self.seq_len > self.arch.get("block_size", allowed["block_size"]):
             raise ValueError("seq_len must not exceed arch.block_size for a transformer")
         return self
 

@@ -146,3 +146,18 @@ def test_batched_next_token_distributions_match_single(name):
     batched = model.next_token_distributions(contexts)
     for row, context in zip(batched, contexts):
         np.testing.assert_allclose(row, model.next_token_distribution(context), atol=1e-6)
+
+
+def test_arch_settings_are_read_from_the_model_constructors():
+    """params.yaml's arch fields and defaults come from the constructors' source (config imports no torch): the
+    reader must agree with Python's own view of each signature."""
+    import inspect
+
+    from lmpipe.config import MODEL_CLASSES, arch_defaults
+    from lmpipe.models import FAMILIES
+
+    for family, cls in FAMILIES.items():
+        assert MODEL_CLASSES[family][1] == cls.__name__
+        signature = {name: p.default for name, p in inspect.signature(cls).parameters.items()
+                     if p.default is not inspect.Parameter.empty and name != "boundary"}
+        assert arch_defaults(family) == signature, family

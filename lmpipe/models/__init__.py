@@ -19,11 +19,9 @@ def build_model(family: str, arch: dict, vocab_size: int, boundary: int) -> Stre
 
 def arch_with_defaults(family: str, arch: dict) -> dict:
     """`arch` with every constructor default filled in: the whole architecture, e.g. for counting FLOPs."""
-    import inspect
+    from lmpipe.config import arch_defaults
 
-    defaults = {name: p.default for name, p in inspect.signature(FAMILIES[family]).parameters.items()
-                if p.default is not inspect.Parameter.empty and name != "boundary"}
-    return {**defaults, **arch}
+    return {**arch_defaults(family), **arch}
 
 
 def save_model(model: StreamLM, family: str, arch: dict, path) -> None:
