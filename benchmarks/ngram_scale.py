@@ -7,8 +7,8 @@ with a seeded permutation that keeps the boundary, so copies share almost no n-g
 of that size repeats far more). For each size, each in a fresh process with its own peak RSS: lmpipe's build
 (lmpipe.ngram_build, the ngram stage's code, order 5, modified Kneser-Ney), then the scoring of held-out text (the
 valid split relabelled by the same permutations, copy i as train copy i: ~850k tokens) through the memory-mapped
-model, three times (the first pass also maps the tables' pages; the RSS counts the pages held: one order's at a
-time); with --lmplz, `lmplz -o 5 -S <memory>` on the same lines (ids as words, one line per boundary) and the time
+model on --workers threads, three times (the first pass also maps the tables' pages; the RSS counts the pages
+held: a stretch of one order's tables per thread); with --lmplz, `lmplz -o 5 -S <memory>` on the same lines (ids as words, one line per boundary) and the time
 ratio. KenLM is not a dependency of the project: build it from https://github.com/kpu/kenlm.
 """
 
@@ -85,7 +85,7 @@ def child(args) -> None:
     speeds = []
     for _ in range(3):  # the first pass also maps the tables' pages into this fresh process
         started = time.perf_counter()
-        log_probs = model.token_log_probs(held_out)
+        log_probs = model.token_log_probs(held_out, workers=args.workers)
         speeds.append(len(held_out) / (time.perf_counter() - started))
     print(json.dumps({"score_tok_s": speeds, "n_ngrams": model.n_ngrams,
                       "held_out_ppl": float(np.exp(-log_probs.mean()))}))
@@ -95,7 +95,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-tokens", type=float, default=1e7)
     parser.add_argument("--memory", default="4GiB", help="ngram.memory for lmpipe, -S for lmplz")
-    parser.add_argument("--workers", type=int, default=0, help="parallel shard tasks; 0 = the cores")
+    parser.add_argument("--workers", type=int, default=0, help="parallel shard tasks and scoring threads; 0 = the cores")
     parser.add_argument("--lmplz", help="path of KenLM's lmplz binary")
     parser.add_argument("--child", choices=("build", "score"), help=argparse.SUPPRESS)
     for name in ("stream", "model", "work", "held-out"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Literal, NamedTuple
@@ -219,19 +220,22 @@ class NGramLM:
             yield k, at
 
     def _lookup(self, k: int, contexts: np.ndarray, words: np.ndarray, among: np.ndarray) -> "Lookup":
-        """Order k's numbers for the (context, word) queries `among`; a memory-mapped table's pages are then
-        released, so scoring a model larger than memory holds one order's pages at a time."""
+        """Order k's numbers for the (context, word) queries `among`; the memory-mapped pages read are then
+        released, so scoring a model larger than memory holds one stretch of one order's tables per thread."""
         table = self.tables[k - 1]
         lookup = Lookup(np.zeros(len(words), dtype=bool), *(np.zeros(len(words)) for _ in range(3)))
-        ci = _search(table.contexts, contexts[among])
-        hit = table.contexts[ci] == contexts[among]
+        asked = contexts[among]
+        ci = _search(table.contexts, asked)
+        hit = table.contexts[ci] == asked
         seen, ci = among[hit], ci[hit]  # only under a seen context are its n-grams looked up
         keys = (ci.astype(np.uint64) << WORD_SHIFT) | words[seen].astype(np.uint64)
         ni = _search(table.keys, keys)
         lookup.found[seen] = True
         lookup.count[seen] = np.where(table.keys[ni] == keys, table.counts[ni], 0.0)
         lookup.total[seen], lookup.gamma[seen] = table.context_total[ci], table.context_gamma[ci]
-        _release(table)
+        for names, at in ((("contexts", "context_total", "context_gamma"), ci), (("keys", "counts"), ni)):
+            for name in names:
+                _release(getattr(table, name), at)
         return lookup
 
     def _discount(self, k: int, count: np.ndarray) -> np.ndarray:
@@ -266,17 +270,29 @@ class NGramLM:
             best_order = np.where(seen, k, best_order)
         return best * self.alpha ** (top - best_order)
 
-    def token_log_probs(self, tokens: np.ndarray) -> np.ndarray:
-        """Natural-log probability of every token of a stream, conditioned on one boundary before the first."""
+    def token_log_probs(self, tokens: np.ndarray, workers: int | None = None) -> np.ndarray:
+        """Natural-log probability of every token of a stream, conditioned on one boundary before the first.
+
+        The targets are visited sorted by their longest context: with the most recent token highest, every
+        shorter context (the longest shifted right) is then sorted too, so each slice of SCORE_SLICE sorted
+        targets reads one stretch of every order's tables, front to back. Slices run on `workers` threads
+        (default: the cores); NumPy's searches release the GIL. The result does not depend on either."""
         stream = np.concatenate([[self.boundary], np.asarray(tokens, dtype=np.int64)])
         targets = np.arange(1, len(stream))
         available = targets - line_starts(stream, self.boundary)[targets]
-        # contexts longer than a target's line are masked out by `available` later
-        contexts = [context_keys(stream, np.maximum(targets, k - 1), k - 1) for k in range(1, self.order + 1)]
-        # Visit the targets sorted by their longest context: with the most recent token highest, every shorter
-        # context is then sorted too, so each order's tables are searched and read front to back.
-        visit = np.argsort(contexts[-1], kind="stable")
-        p = self._probabilities([c[visit] for c in contexts], available[visit], stream[targets][visit].astype(np.uint64))
+        longest = self.order - 1  # positions before the stream read as token 0: `available` masks them
+        keys = context_keys(np.concatenate([np.zeros(longest, dtype=np.int64), stream]), targets + longest, longest)
+        visit = np.argsort(keys)
+        keys, available, words = keys[visit], available[visit], stream[1:][visit].astype(np.uint64)
+
+        def score(part: slice) -> np.ndarray:
+            contexts = [keys[part] >> np.uint64(BITS * (longest - k + 1)) if k > 1 else np.zeros_like(keys[part])
+                        for k in range(1, self.order + 1)]
+            return self._probabilities(contexts, available[part], words[part])
+
+        parts = [slice(start, start + SCORE_SLICE) for start in range(0, len(keys), SCORE_SLICE)]
+        with ThreadPoolExecutor(workers or os.cpu_count()) as pool:
+            p = np.concatenate([np.zeros(0), *pool.map(score, parts)])
         log_p = np.empty(len(p))
         log_p[visit] = np.log(p)
         return log_p
@@ -340,6 +356,8 @@ def _find_pairs(table_c: np.ndarray, table_w: np.ndarray, query_c: np.ndarray, q
 
 SEARCH_CHUNK = 256  # queries per stretch of the table searched at once
 CACHED_TABLE = 1 << 20  # entries (8 MiB): a smaller table stays in cache, searched whole at once
+RELEASE_AT_LEAST = 1 << 24  # bytes: a smaller memory-mapped array stays mapped after scoring
+SCORE_SLICE = 1 << 16  # sorted targets scored together (a task): one stretch of every order's tables
 
 
 def _search(table: np.ndarray, queries: np.ndarray) -> np.ndarray:
@@ -358,12 +376,15 @@ def _search(table: np.ndarray, queries: np.ndarray) -> np.ndarray:
     return np.minimum(position, len(table) - 1)
 
 
-def _release(table: OrderTable) -> None:
-    """Drop a memory-mapped table's pages from this process; they stay in the page cache for the next read."""
-    for name in TABLE_FIELDS:
-        buffer = getattr(table, name).base
-        if isinstance(buffer, mmap.mmap):
-            buffer.madvise(mmap.MADV_DONTNEED)
+def _release(array: np.ndarray, read: np.ndarray) -> None:
+    """Drop the pages of a memory-mapped array between its smallest and largest `read` index from this process;
+    they stay in the page cache for the next read. Small arrays are left mapped."""
+    if not isinstance(array, np.memmap) or array.nbytes < RELEASE_AT_LEAST or len(read) == 0:
+        return
+    data = array.offset % mmap.ALLOCATIONGRANULARITY  # where the array starts within its mapping
+    start = data + int(read.min()) * array.itemsize
+    start -= start % mmap.PAGESIZE
+    array.base.madvise(mmap.MADV_DONTNEED, start, data + (int(read.max()) + 1) * array.itemsize - start)
 
 
 def _pack(tokens: list[int]) -> int:
