@@ -65,19 +65,28 @@ class Law:
     def loss(self, n, d):
         return self.E + self.A / np.power(n, self.alpha) + self.B / np.power(d, self.beta)
 
+    @property
+    def degenerate(self) -> bool:
+        """An exponent at its bound 0: the loss does not fall with N (or D), so all compute goes to the other."""
+        return self.alpha == 0 or self.beta == 0
+
     def optimal_n(self, compute: float) -> float:
         """N minimising L(N, C / 6N): G (C / 6)^(beta / (alpha + beta)), G = (alpha A / (beta B))^(1 / (alpha + beta))."""
+        if self.degenerate:
+            return 0.0 if self.alpha == 0 else math.inf
         s = self.alpha + self.beta
         return (self.alpha * self.A / (self.beta * self.B)) ** (1 / s) * (compute / 6) ** (self.beta / s)
 
     def optimal_loss(self, compute: float) -> float:
+        if self.degenerate:  # the infimum: E plus the term that no split of the compute reduces
+            return self.E + (self.A if self.alpha == 0 else 0.0) + (self.B if self.beta == 0 else 0.0)
         n = self.optimal_n(compute)
         return float(self.loss(n, compute / (6 * n)))
 
     def exponents(self) -> dict:
         """N_opt ~ C^a and D_opt ~ C^b with a = beta / (alpha + beta), b = alpha / (alpha + beta)."""
         s = self.alpha + self.beta
-        return {"a": self.beta / s, "b": self.alpha / s}
+        return {"a": self.beta / s, "b": self.alpha / s} if s > 0 else {"a": math.nan, "b": math.nan}
 
 
 def _objective(theta, log_n, log_d, log_loss, delta):

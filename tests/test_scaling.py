@@ -49,6 +49,18 @@ def test_compute_optimal_size_in_closed_form_minimises_the_law_at_fixed_compute(
     assert exps["a"] == pytest.approx(0.4 / 0.75)
 
 
+def test_a_fit_with_an_exponent_at_its_bound_predicts_the_infimum_instead_of_dividing_by_zero():
+    """A bootstrap refit can end at alpha = 0 (the loss flat in N): all compute goes to data, N_opt -> 0, and
+    the loss tends to E + A (the real CPU grid's bootstrap hit this and the fit stage crashed)."""
+    flat_in_n = Law(E=1.0, A=0.5, alpha=0.0, B=400.0, beta=0.3)
+    assert flat_in_n.optimal_n(1e15) == 0.0 and flat_in_n.optimal_loss(1e15) == 1.5
+    assert flat_in_n.loss(1e-9, 1e15 / 6e-9) == pytest.approx(1.5, abs=1e-3)  # the limit it stands for
+    flat_in_d = Law(E=1.0, A=0.5, alpha=0.3, B=400.0, beta=0.0)
+    assert flat_in_d.optimal_n(1e15) == math.inf and flat_in_d.optimal_loss(1e15) == 401.0
+    assert flat_in_d.exponents() == {"a": 0.0, "b": 1.0}
+    assert all(math.isnan(v) for v in Law(E=1.0, A=0.5, alpha=0.0, B=1.0, beta=0.0).exponents().values())
+
+
 def test_isoflop_minimum_is_the_parabola_vertex_or_the_edge_of_the_grid():
     n = np.geomspace(1e5, 1e6, 5)
     inside = isoflop_minimum(n, 2.0 + 0.1 * (np.log(n) - math.log(3e5)) ** 2)
