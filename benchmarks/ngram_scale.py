@@ -113,8 +113,8 @@ def main() -> None:
     sizes = [n for n in (10**6, 10**7, 10**8) if n <= args.max_tokens]
     print(f"order 5, memory bound {args.memory}, {args.workers} workers; relabelled copies of the default train split")
     print("| tokens | n-grams | lmpipe build s | build peak RSS GiB | scoring peak RSS GiB | scoring tok/s (first / again) | lmplz s "
-          "| lmplz peak RSS GiB | build time ratio |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| lmplz peak RSS GiB | build time / lmplz | build RSS / lmplz |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for n in sizes:
         with tempfile.TemporaryDirectory(dir=ROOT / ".cache") as tmp:
             tmp = Path(tmp)
@@ -139,9 +139,9 @@ def main() -> None:
                 kenlm_s, kenlm_rss, _ = measure([args.lmplz, "-o", "5", "--discount_fallback", "-S", f"{memory // 2**20}M", "-T",
                                                  str(tmp / "lmplz"), "--text", str(tmp / "text.txt"),
                                                  "--arpa", str(tmp / "model.arpa")])
-                row += [f"{kenlm_s:.1f}", f"{kenlm_rss:.2f}", f"{build_s / kenlm_s:.2f}"]
+                row += [f"{kenlm_s:.1f}", f"{kenlm_rss:.2f}", f"{build_s / kenlm_s:.2f}", f"{build_rss / kenlm_rss:.2f}"]
             else:
-                row += ["-", "-", "-"]
+                row += ["-"] * 4
             print("| " + " | ".join(row) + " |", flush=True)
 
 
