@@ -379,12 +379,13 @@ def _search(table: np.ndarray, queries: np.ndarray) -> np.ndarray:
 def _release(array: np.ndarray, read: np.ndarray) -> None:
     """Drop the pages of a memory-mapped array between its smallest and largest `read` index from this process;
     they stay in the page cache for the next read. Small arrays are left mapped."""
-    if not isinstance(array, np.memmap) or array.nbytes < RELEASE_AT_LEAST or len(read) == 0:
-        return
+    mapping = array.base if isinstance(array, np.memmap) else None
+    if not isinstance(mapping, mmap.mmap) or array.nbytes < RELEASE_AT_LEAST or len(read) == 0:
+        return  # not a whole memory-mapped array (a view of one has another offset), small, or nothing read
     data = array.offset % mmap.ALLOCATIONGRANULARITY  # where the array starts within its mapping
     start = data + int(read.min()) * array.itemsize
     start -= start % mmap.PAGESIZE
-    array.base.madvise(mmap.MADV_DONTNEED, start, data + (int(read.max()) + 1) * array.itemsize - start)
+    mapping.madvise(mmap.MADV_DONTNEED, start, data + (int(read.max()) + 1) * array.itemsize - start)
 
 
 def _pack(tokens: list[int]) -> int:

@@ -124,7 +124,7 @@ def test_scoring_in_slices_on_threads_gives_the_same_numbers(tmp_path, monkeypat
     tokens, metrics = default_tokens
     reference = NGramLM(5, metrics["vocab_size"], metrics["boundary_id"]).fit(tokens["train"])
     reference.save(tmp_path / "model")
-    expected = reference.token_log_probs(tokens["valid"], workers=1)  # one slice, in memory: nothing to release
+    expected = reference.token_log_probs(tokens["valid"], workers=1)  # one thread, in memory: nothing released
     for name, value in (("SCORE_SLICE", 4096), ("CACHED_TABLE", 1024), ("RELEASE_AT_LEAST", 0)):
         monkeypatch.setattr(ngram, name, value)
     assert len(tokens["valid"]) > 20 * ngram.SCORE_SLICE
