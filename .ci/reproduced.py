@@ -64,8 +64,7 @@ def main(committed: Path, fresh: Path) -> int:
         print(line, file=sys.stdout if ok else sys.stderr)
         passed &= ok
         ranks.append((old["eval test"], new["eval test"], model))
-    before = [m for _, _, m in sorted(ranks)]
-    after = [m for _, _, m in sorted(ranks, key=lambda r: (r[1], r[2]))]
+    before, after = ([m for *_, m in sorted(ranks, key=lambda r: (r[i], r[2]))] for i in (0, 1))
     if before != after:
         print(f"NOT REPRODUCED: the models rank {' < '.join(after)} by test bpb; committed: {' < '.join(before)}",
               file=sys.stderr)

@@ -8,8 +8,9 @@ of that size repeats far more). For each size, each in a fresh process with its 
 (lmpipe.ngram_build, the ngram stage's code, order 5, modified Kneser-Ney), then the scoring of held-out text (the
 valid split relabelled by the same permutations, copy i as train copy i: ~850k tokens) through the memory-mapped
 model on --workers threads, three times (the first pass also maps the tables' pages; the RSS counts the pages
-held: a stretch of one order's tables per thread); with --lmplz, `lmplz -o 5 -S <memory>` on the same lines (ids as words, one line per boundary) and the time
-ratio. KenLM is not a dependency of the project: build it from https://github.com/kpu/kenlm.
+held: a stretch of one order's tables per thread); with --lmplz, `lmplz -o 5 -S <memory>` on the same lines (ids
+as words, one line per boundary) and the build's time and RSS ratios to it. KenLM is not a dependency of the
+project: build it from https://github.com/kpu/kenlm.
 """
 
 from __future__ import annotations
