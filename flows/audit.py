@@ -34,7 +34,7 @@ def lookups(params) -> dict:
         matrix = model.embedding_matrix() if params.audit.embedding == "input" else model.output_matrix()
         embedding = matrix.detach().cpu().numpy().astype(np.float64)
         out[name] = lambda form, e=embedding: bpe_vector(form, tokenizer, e)
-    vectors = KeyedVectors.load("models/word2vec/word2vec.kv")
+    vectors = KeyedVectors.load("data/word2vec/word2vec.kv")
     out["word2vec"] = lambda form: vectors[form].astype(np.float64) if form in vectors.key_to_index else None
     return out
 

@@ -32,13 +32,14 @@ def _server(args) -> int:
 
 
 def compare_url(base: str, experiment: str = "lmpipe") -> str | None:
-    """The MLflow compare view of the newest training run of each model (None when nothing is trained yet)."""
+    """The MLflow compare view of the newest run of each of the study's models, the n-gram included; runs of
+    `dvc exp run` experiments (tagged dvc.exp) are left out (None when nothing is trained yet)."""
     import json
     from urllib.parse import quote
 
     from mlflow.tracking import MlflowClient
 
-    from lmpipe.tracking import experiment_id
+    from lmpipe.tracking import EXPERIMENT, experiment_id
 
     exp_id = experiment_id(experiment)
     runs = MlflowClient().search_runs([exp_id], "tags.`lmpipe.role` = 'stage' and attributes.status = 'FINISHED'",
@@ -46,7 +47,7 @@ def compare_url(base: str, experiment: str = "lmpipe") -> str | None:
     newest = {}
     for run in runs:
         stage = run.data.tags.get("lmpipe.stage", "")
-        if stage.startswith("train@") and stage not in newest:
+        if (stage.startswith("train@") or stage == "ngram") and stage not in newest and EXPERIMENT not in run.data.tags:
             newest[stage] = run.info.run_id
     if not newest:
         return None
@@ -85,10 +86,16 @@ def _scaling(args) -> int:
 
 
 def _check_params(args) -> int:
-    from lmpipe.config import load_params
+    import yaml
+
+    from lmpipe.config import load_params, unstated_settings
 
     load_params(args.file)
     print(f"{args.file}: ok")
+    left = unstated_settings(yaml.safe_load(Path(args.file).read_text(encoding="utf-8")) or {})
+    if left:  # valid, but DVC cannot see a change of these defaults
+        print(f"note: {len(left)} settings are left to lmpipe's defaults, which DVC does not track; state them to "
+              f"make a change of default re-run what it affects: {', '.join(left[:8])}" + (" ..." if len(left) > 8 else ""))
     return 0
 
 

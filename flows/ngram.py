@@ -41,7 +41,7 @@ def runner_and_workers(params):
     if orchestration.task_runner == "sequential":
         workers = params.ngram.workers or os.cpu_count() or 1
         return ThreadPoolTaskRunner(max_workers=workers), workers
-    from flows.study import task_runner
+    from flows.runners import task_runner
 
     return task_runner(orchestration), orchestration.workers
 

@@ -9,6 +9,7 @@ from prefect import flow, task
 from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import tracking
 from lmpipe.config import load_params
+from lmpipe.errors import LmpipeError
 from lmpipe.io import write_text
 from lmpipe.report import build_report, dvc_plots_template
 
@@ -30,17 +31,41 @@ def headline(models: dict) -> dict:
     return out
 
 
+PER_MODEL = {"metrics/train": ".json", "plots/train": ".csv"}  # what each train@<model> stage writes beside its model
+
+
+def drop_removed(models: list[str]) -> list[Path]:
+    """Delete the files of models no longer in params.yaml: DVC keeps the outputs of a stage it no longer has, and
+    a stale curve or metrics file would otherwise stay in `dvc plots show`, the report and git."""
+    gone = [path for folder, suffix in PER_MODEL.items() for path in sorted(Path(folder).glob(f"*{suffix}"))
+            if path.stem not in models]
+    for path in gone:
+        path.unlink()
+    return gone
+
+
+def check_covers(models: list[str]) -> None:
+    """The evaluation must hold exactly the study's models: a stale row is worse than none."""
+    evaluated = set(json.loads(Path(EVAL).read_text())["models"]) - {"ngram"}
+    if evaluated != set(models):
+        raise LmpipeError(f"{EVAL} covers {sorted(evaluated)}, params.yaml's models are {sorted(models)} "
+                          "(run the whole pipeline: dvc repro)")
+
+
 @task
-def write_report() -> str:
+def write_report(models: list[str]) -> str:
+    check_covers(models)
+    for path in drop_removed(models):
+        print(f"removed {path}: its model is no longer in params.yaml", flush=True)
     write_text(PLOTS_TEMPLATE, dvc_plots_template())
-    return str(build_report(".", OUT_DIR))
+    return str(build_report(".", OUT_DIR, models))
 
 
 @flow(name="report")
 def report() -> str:
     params = load_params(PARAMS_FILE)
     with stage_run("report", params, []) as run:
-        path = write_report()
+        path = write_report(list(params.models))
         study = tracking.parent_run_id(run)
         for run_id in [None] + ([study] if study else []):  # the report stage's run, and the study run where a study is compared
             for name, where in (("study.md", "report"), ("study.html", "report"), ("figures", "report/figures")):

@@ -1,4 +1,4 @@
-"""scaling pipeline (scaling/dvc.yaml), apart from the default study: a grid of runs, then the scaling-law fits.
+"""scaling pipeline (scaling/dvc.yaml), apart from the default study: the grid of runs (the fits: flows.scaling_fit).
 
     dvc repro scaling/dvc.yaml          (or: lmpipe scaling)
 
@@ -7,17 +7,12 @@ Trainer on the default pipeline's data/tokens until its FLOP budget is spent; on
 `scaling` run. Writes scaling/runs.csv. A finished run's row is kept in .cache/lmpipe/scaling/runs/, keyed by
 everything that decides it, and a killed run resumes from its checkpoint: an interrupted grid continues where it
 stopped (in the same MLflow run), and a changed budget list retrains only the new points.
-fit: the IsoFLOP and parametric fits (lmpipe.scaling) -> reports/scaling.md, reports/scaling.html,
-reports/scaling/*.png and metrics/scaling.json, also logged to the grid's MLflow run.
 """
 
 from __future__ import annotations
 
-import argparse
-import csv
 import json
 import math
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,18 +20,18 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows._stage import CACHE_DIR, PARAMS_FILE, main
+from flows.paths import RUNS
 from lmpipe import tracking
 from lmpipe.config import ModelParams, Params, load_params, params_hash
 from lmpipe.errors import ConfigError
-from lmpipe.io import atomic_path, csv_text, write_json, write_text
-from lmpipe.scaling import GridPoint, analyse, best_per_budget, grid_points, size_label
+from lmpipe.io import csv_text, write_json, write_text
+from lmpipe.scaling import GridPoint, grid_points, size_label
 from lmpipe.splits import TokenData, load_tokens
 from lmpipe.sweep import apply
-from lmpipe.train import Trainer, code_version
+from lmpipe.checkpoints import code_version, discard
+from lmpipe.train import Trainer
 
-RUNS = Path("scaling/runs.csv")
 WORK = Path(CACHE_DIR) / "scaling"
-REPORTS, SUMMARY, KN5 = Path("reports"), Path("metrics/scaling.json"), Path("metrics/ngram.json")
 
 
 def point_settings(point: GridPoint, params: Params) -> ModelParams:
@@ -79,6 +74,7 @@ def train_point(point: GridPoint, settings: ModelParams, params: Params, data: T
            "train_seconds": m["seconds"], "wall_seconds": time.perf_counter() - started,
            "flops_per_sec": m["flops_per_sec"], "device": m["device"]}
     write_json(done, row)
+    discard(WORK / "ckpt" / key)
     print(f"{point.name}: valid bpb {m['valid_bpb']:.4f}, N {m['n_params']:,}, D {m['tokens_seen']:,} tokens, "
           f"{row['wall_seconds']:.0f} s", flush=True)
     return row
@@ -105,48 +101,5 @@ def grid() -> str:
     return str(RUNS)
 
 
-def read_runs(path: Path = RUNS) -> list[dict]:
-    if not path.exists():
-        raise ConfigError(f"{path}: no grid results (run: dvc repro scaling/dvc.yaml)")
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
-@flow(name="scaling-fit")
-def fit() -> str:
-    from lmpipe.scaling_report import write_scaling_report
-
-    params, rows = load_params(PARAMS_FILE), read_runs()
-    settings = params.scaling.fit
-    analysis = analyse(rows, settings.bootstrap, settings.seed, settings.huber_delta)
-    best = best_per_budget(rows)
-    kn5 = json.loads(KN5.read_text())["valid"]["bpb"] if KN5.exists() else None
-    meta = {"sizes": max(len(v) for v in params.scaling.models.values()), "budgets": len({r["budget"] for r in rows}),
-            "min_budget": min(float(r["budget"]) for r in rows), "max_budget": max(float(r["budget"]) for r in rows),
-            "train_tokens": int(rows[0]["epoch_tokens"]), "seconds": sum(float(r["wall_seconds"]) for r in rows),
-            "device": ", ".join(sorted({r["device"] for r in rows})), "bootstrap": settings.bootstrap,
-            "huber_delta": settings.huber_delta}
-    summary = {"kn5_valid_bpb": kn5, "best_per_budget": best, "families": analysis, "grid_seconds": meta["seconds"]}
-    with tempfile.TemporaryDirectory(dir=REPORTS, prefix=".scaling-") as build:  # the report, its HTML, its figures
-        tmp = Path(build)
-        write_scaling_report(rows, analysis, best, kn5, meta, tmp)
-        with atomic_path(REPORTS / "scaling") as figures:
-            (tmp / "scaling").rename(figures)
-        for name in ("scaling.md", "scaling.html"):
-            (tmp / name).replace(REPORTS / name)
-    write_json(SUMMARY, summary)
-    parent = tracking.run_of_output(params.tracking.experiment, RUNS)
-    if parent:  # the fits beside the runs they come from
-        tracking.log_metrics({f"{m}.{k}": v for m, a in analysis.items() for k, v in
-                              {**a["law"], **{f"law_{e}": x for e, x in a["law_exponents"].items()},
-                               "holdout_mean_abs_relative_error": a["holdout"]["mean_abs_relative_error"]}.items()
-                              if v is not None}, run_id=parent)
-        for path in (REPORTS / "scaling.md", REPORTS / "scaling.html", REPORTS / "scaling", SUMMARY):
-            tracking.log_artifacts(path, "scaling-report", run_id=parent)
-    return str(REPORTS / "scaling.md")
-
-
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="the scaling-law experiment's stages (scaling/dvc.yaml)")
-    parser.add_argument("stage", choices=["grid", "fit"])
-    main({"grid": grid, "fit": fit}[parser.parse_args().stage])
+    main(grid)

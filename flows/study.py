@@ -11,6 +11,7 @@ dvc.lock exactly as `dvc repro` would have, and `dvc repro` finishes the rest.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from flows._stage import PARAMS_FILE, main
+from flows.runners import task_runner
 from lmpipe import tracking
 from lmpipe.compare import compare_eval, comparison_markdown
 from lmpipe.config import OrchestrationParams, load_params
@@ -38,10 +40,66 @@ def _stage_env(parent_run_id: str) -> dict:
     return env
 
 
+STUDY_LOCK = Path(".cache/lmpipe/study.lock")  # held (flock) by the running study or retrain: its pid inside
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def dvc_lock_holder(root: Path = Path(".")) -> str | None:
+    """'pid N (command)' of a live process holding DVC's lock on this project (.dvc/tmp/rwlock), else None."""
+    try:
+        info = json.loads((root / ".dvc/tmp/rwlock").read_text())
+    except (OSError, ValueError):
+        return None
+    holders = list(info.get("write", {}).values()) + [h for hs in info.get("read", {}).values() for h in hs]
+    for holder in holders:
+        if isinstance(holder, dict) and _alive(int(holder.get("pid", 0))):
+            return f"pid {holder['pid']} ({holder.get('cmd', 'dvc')})"
+    return None
+
+
+@contextlib.contextmanager
+def one_study(lock: Path = STUDY_LOCK):
+    """One study or retrain at a time in a project: a second says who runs and waits for nothing."""
+    import fcntl
+
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            pid = handle.read().strip() or "unknown"
+            raise LmpipeError(f"another study is running in this project (pid {pid}); wait for it to finish "
+                              "(its locks are live: remove none of them)") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.seek(0)
+            handle.truncate()
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @task
 def dvc(args: list[str], env: dict) -> str:
     done = subprocess.run(["dvc", *args], env=env, capture_output=True, text=True)
     if done.returncode != 0:
+        holder = dvc_lock_holder() if "lock" in done.stderr else None
+        if holder:  # DVC's own last line invites removing the lock of a live run
+            raise LmpipeError(f"dvc {' '.join(args)}: another DVC command is running in this project, {holder}; "
+                              "wait for it to finish (its lock is live: do not remove it)")
         raise LmpipeError(f"dvc {' '.join(args)} failed (exit {done.returncode}): "
                           + (done.stderr.strip().splitlines() or ["no output"])[-1])
     return done.stdout
@@ -56,27 +114,6 @@ def train_stage(model: str, cwd: str, env: dict) -> str:
         raise LmpipeError(f"train@{model} failed (exit {done.returncode}): "
                           + (done.stderr.strip().splitlines() or ["no output"])[-1])
     return model
-
-
-def task_runner(settings: OrchestrationParams):
-    """Prefect's task runner for the parallel training: a Dask or Ray cluster at `address`, else a local one."""
-    if settings.task_runner == "dask":
-        from prefect_dask import DaskTaskRunner
-
-        if settings.address:
-            return DaskTaskRunner(address=settings.address)
-        return DaskTaskRunner(cluster_class="distributed.LocalCluster", cluster_kwargs={
-            "n_workers": settings.workers, "threads_per_worker": 1, "processes": True,
-            "host": "127.0.0.1", "dashboard_address": None})
-    try:
-        from prefect_ray import RayTaskRunner
-    except ImportError:
-        raise ConfigError("orchestration.task_runner 'ray' needs prefect-ray: pip install -c constraints.txt "
-                          "-e '.[ray]' (or use 'dask')") from None
-    if settings.address:
-        return RayTaskRunner(address=settings.address)
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # local-only Ray: it stays on 127.0.0.1
-    return RayTaskRunner(init_kwargs={"num_cpus": settings.workers, "include_dashboard": False})
 
 
 def stages_before_training(dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
@@ -124,13 +161,14 @@ def study(overrides: list[str] | None = None) -> str:
     if overrides and settings.task_runner != "sequential":
         raise ConfigError(f"{PARAMS_FILE}: orchestration.task_runner {settings.task_runner!r} runs the study in the "
                           "workspace; set the values in params.yaml instead of passing overrides")
-    if not overrides and not json.loads(dvc(["status", "--json", "dvc.yaml"], dict(os.environ)) or "{}"):
-        print("Data and pipelines are up to date: no stage to run, no new study run")  # no empty parent in MLflow
-        return ""
-    env = _stage_env(tracking.start_study_run(params.tracking.experiment, PARAMS_FILE, "study"))
-    if overrides:
-        return dvc(["exp", "run", *[a for o in overrides for a in ("-S", o)]], env)
-    return repro(settings, env)
+    with one_study():
+        if not overrides and not json.loads(dvc(["status", "--json", "dvc.yaml"], dict(os.environ)) or "{}"):
+            print("Data and pipelines are up to date: no stage to run, no new study run")  # no empty parent in MLflow
+            return ""
+        env = _stage_env(tracking.start_study_run(params.tracking.experiment, PARAMS_FILE, "study"))
+        if overrides:
+            return dvc(["exp", "run", *[a for o in overrides for a in ("-S", o)]], env)
+        return repro(settings, env)
 
 
 @flow(name="retrain")
@@ -138,11 +176,12 @@ def retrain() -> dict:
     """Refresh the corpus, re-run what changed, compare the test perplexities with the last run; fail on regression."""
     params = load_params(PARAMS_FILE)
     before = json.loads(EVAL.read_text()) if EVAL.exists() else None
-    env = _stage_env(tracking.start_study_run(params.tracking.experiment, PARAMS_FILE, "retrain"))
-    # fetch the source again (a new dump, URL or sha256 gives new raw data); DVC's content hashes then
-    # re-run only the stages whose inputs really changed
-    dvc(["repro", "--force", "--single-item", "download"], env)
-    log = repro(params.orchestration, env)
+    with one_study():
+        env = _stage_env(tracking.start_study_run(params.tracking.experiment, PARAMS_FILE, "retrain"))
+        # fetch the source again (a new dump, URL or sha256 gives new raw data); DVC's content hashes then
+        # re-run only the stages whose inputs really changed
+        dvc(["repro", "--force", "--single-item", "download"], env)
+        log = repro(params.orchestration, env)
     rows, regressed = compare_eval(before, json.loads(EVAL.read_text()), params.retrain.max_regression)
     report = comparison_markdown(rows, regressed, params.retrain.max_regression)
     create_markdown_artifact(report, key="retrain-comparison", description="test word perplexity, before vs after")

@@ -4,7 +4,9 @@ Outputs: models/<model>/model.pt, metrics/train/<model>.json, plots/train/<model
 the model is tagged with the folder's content hash (evaluate and audit find it from there).
 Resumable checkpoints live in .cache/lmpipe/ckpt/<model>-<hash>/ (outside DVC's outputs, which DVC
 deletes before a re-run), keyed by params, training code and the token data, so a change never resumes
-a stale run; a finished run deletes its checkpoints, so `dvc repro -f` trains again from scratch.
+a stale run. They are discarded only once every output is written (model, metrics, curve, MLflow run and
+registry): a failure after training resumes the finished run without training again, and a stage that
+succeeded leaves none, so `dvc repro -f` trains again from scratch.
 
 Under torchrun (`torchrun --nproc-per-node N -m flows.train --model M`) the main process runs this
 tracked flow and the others train alongside it untracked (DDP in lmpipe.train), then `dvc commit train@M`.
@@ -18,7 +20,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows._stage import CACHE_DIR, PARAMS_FILE, main, stage_run
-from lmpipe import distributed, tracking
+from lmpipe import checkpoints, distributed, tracking
 from lmpipe.config import load_params
 from lmpipe.io import atomic_path, csv_text, write_json, write_text
 from lmpipe.models import NextTokenLogits, save_model
@@ -36,12 +38,18 @@ def progress_line(name: str, record: dict, epochs: float) -> str:
             f"bpb {record['valid_bpb']:.4f}  {record['tokens_per_sec'] / 1000:.1f}k tok/s  {minutes}m{seconds:02d}s")
 
 
+def artifact_key(model: str) -> str:
+    """Prefect artifact keys take lowercase letters, digits and dashes; model names may hold underscores too."""
+    return f"learning-curve-{model.replace('_', '-')}"
+
+
 @task(cache_policy=NO_CACHE)  # its inputs (token streams) are not worth hashing; DVC decides what re-runs
 def fit(name, settings, common, data, ckpt_dir, run_id):
-    elapsed = []
+    elapsed, logged = [], set()
 
     def on_eval(record):  # live learning curve in the model's MLflow run, and a line in the log
         tracking.log_evaluation(record, run_id)
+        logged.add(record["step"])
         elapsed.append(record["train_seconds"])
         line = progress_line(name, {**record, "elapsed_seconds": sum(elapsed)}, trainer.total_steps / trainer.steps_per_epoch)
         logger.info(line)  # the console and the flow run's page in the Prefect UI
@@ -49,8 +57,11 @@ def fit(name, settings, common, data, ckpt_dir, run_id):
     logger = get_run_logger()
     trainer = Trainer(name, settings, common, data, ckpt_dir, on_eval=on_eval)
     result = trainer.run()
+    for record in result.history:  # points trained before a resume: the whole curve on this run too
+        if record["step"] not in logged:
+            tracking.log_evaluation(record, run_id)
     m = result.metrics
-    create_table_artifact([{k: r[k] for k in CURVE_COLUMNS} for r in result.history], key=f"learning-curve-{name}",
+    create_table_artifact([{k: r[k] for k in CURVE_COLUMNS} for r in result.history], key=artifact_key(name),
                           description=f"{name}: validation at every evaluation (bits per byte, perplexity, speed)")
     logger.info(f"{name}: best valid bpb {m['valid_bpb']:.4f} (ppl {m['valid_ppl']:.1f}) at epoch {m['best_epoch']:g}; "
                 f"{m['tokens_seen']:,} tokens, {m['train_flops']:.2e} FLOPs, {m['seconds']:.0f} s")
@@ -61,6 +72,7 @@ def fit(name, settings, common, data, ckpt_dir, run_id):
 def train(model: str) -> dict:
     params, data = load_params(PARAMS_FILE), load_tokens()
     settings, chosen, ckpt_dir = run_settings(params, model, PARAMS_FILE, CKPT_ROOT, data)
+    checkpoints.prune(ckpt_dir)
     with stage_run(f"train@{model}", params, chosen, model=model) as run:
         result = fit(model, settings, params.train, data, ckpt_dir, run.info.run_id)
         with atomic_path(f"models/{model}") as tmp:
@@ -74,6 +86,7 @@ def train(model: str) -> dict:
         tracking.log_artifacts(f"plots/train/{model}.csv")
         tracking.log_torch_model(NextTokenLogits(result.model.cpu().eval()), "model", f"lmpipe-{model}",
                                  vocab_size=result.model.embed.num_embeddings)
+    checkpoints.discard(ckpt_dir)  # every output is written: only now may the training go
     return result.metrics
 
 

@@ -9,7 +9,7 @@ from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.io import atomic_path
 
-TRAIN, OUT_DIR = "data/clean/train.txt", "models/word2vec"
+TRAIN, OUT_DIR = "data/clean/train.txt", "data/word2vec"
 
 
 def stable_hash(text: str) -> int:

@@ -9,15 +9,20 @@ import ast
 import functools
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Literal, Optional, get_args
 
 import yaml
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lmpipe.errors import ConfigError
 
 SOURCES = ("enwiki-sample", "wikipedia-dump", "wikitext-2", "wikitext-103", "local")
+# A model's name is a DVC stage (train@<name>), a folder (models/<name>), a Prefect artifact key and an MLflow
+# registered model (lmpipe-<name>): lowercase letters, digits, '-' and '_', starting with a letter, which all take.
+MODEL_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")
+RESERVED_NAMES = ("ngram", "word2vec")  # the baseline's and the audit reference's rows and folders
 
 
 class _Section(BaseModel):
@@ -107,6 +112,8 @@ class OptimParams(_Section):
     nonmono: int = Field(2, ge=1, description="NT-ASGD: checks without improvement before averaging starts")
 
 
+# The registry of model families: family -> (its file in lmpipe/models/, its StreamLM class). A family of your own is
+# one line here and one file there (README: "Add a model of your own").
 MODEL_CLASSES = {"nplm": ("nplm.py", "NPLM"), "rnn": ("rnn.py", "RNNModel"), "transformer": ("transformer.py", "TransformerLM")}
 
 
@@ -139,7 +146,7 @@ class Budget(_Section):
 class ModelParams(_Section):
     """One entry of `models`: its family, architecture and how it trains."""
 
-    family: Literal["nplm", "rnn", "transformer"]
+    family: str = Field(description="a registered family (config.MODEL_CLASSES): nplm, rnn, transformer, ...")
     arch: dict = Field(default_factory=dict)
     optim: OptimParams = OptimParams()
     batch_size: int = Field(32, ge=1)
@@ -152,6 +159,9 @@ class ModelParams(_Section):
 
     @model_validator(mode="after")
     def _arch_fits_family(self):
+        if self.family not in MODEL_CLASSES:
+            raise ValueError(f"family {self.family!r} is not registered (have: {', '.join(MODEL_CLASSES)}; "
+                             "register yours in lmpipe/config.py MODEL_CLASSES)")
         allowed = arch_defaults(self.family)
         unknown = set(self.arch) - set(allowed)
         if unknown:
@@ -255,6 +265,17 @@ class Params(_Section):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
+    @field_validator("models")
+    @classmethod
+    def _model_names(cls, models: dict) -> dict:
+        for name in models:
+            if not MODEL_NAME.fullmatch(name):
+                raise ValueError(f"model name {name!r}: use lowercase letters, digits, '-' and '_', starting with a "
+                                 "letter, at most 40 characters (it names a DVC stage, a folder and an MLflow model)")
+            if name in RESERVED_NAMES:
+                raise ValueError(f"model name {name!r} is taken by the study's own {name} (choose another name)")
+        return models
+
     @model_validator(mode="after")
     def _scaling_models_exist(self):
         missing = [m for m in self.scaling.models if m not in self.models]
@@ -265,6 +286,25 @@ class Params(_Section):
     def section(self, name: str) -> dict:
         """One params section as plain data, as DVC sees it (for logging and hashing)."""
         return self.model_dump(mode="json", by_alias=True)[name]
+
+
+def unstated_settings(raw: dict, model: type[BaseModel] = Params, where: str = "") -> list[str]:
+    """Settings the raw params leave to a default in this file, which DVC cannot see: params.yaml states every one
+    (tests/test_graph.py holds the project's file to it; `lmpipe check-params` names any left out). `arch` is the
+    exception (its defaults are the model constructors', in lmpipe/models), and so is a budget's other half."""
+    if not isinstance(raw, dict) or model is Budget:
+        return []
+    missing = []
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        if key not in raw:
+            missing.append(f"{where}{key}")
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            missing += unstated_settings(raw[key], field.annotation, f"{where}{key}.")
+    if model is Params:
+        for name, entry in (raw.get("models") or {}).items():
+            missing += unstated_settings(entry, ModelParams, f"models.{name}.")
+    return missing
 
 
 def _merge(old, new):

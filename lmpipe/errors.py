@@ -25,5 +25,13 @@ class TrackingError(LmpipeError):
     """The MLflow tracking store cannot be reached or created where MLFLOW_TRACKING_URI points."""
 
 
+class ModelFileError(LmpipeError):
+    """A model file is missing, torn, corrupt, or holds more than tensors and plain values."""
+
+
+class DiskFull(LmpipeError):
+    """A write ran out of space; the message names the path."""
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM stopped a stage; the message says what was kept (e.g. the checkpoint of step N)."""

@@ -45,7 +45,10 @@ def load_lm(directory, device: str = "cpu"):
         return NGramLM.load(directory)
     if (directory / "model.pt").exists():
         return load_model(directory / "model.pt", device)
-    raise FileNotFoundError(f"{directory}: no trained model there (run: dvc repro)")
+    from lmpipe.errors import ModelFileError
+
+    stage = "ngram" if directory.name == "ngram" else f"train@{directory.name}"
+    raise ModelFileError(f"{directory}: no trained model there (train it: dvc repro {stage})")
 
 
 def evaluate_lm(model, data, chunk: int = 128, device: str = "cpu") -> dict:

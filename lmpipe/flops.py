@@ -22,6 +22,7 @@ with, per token, V the vocabulary and L the layers:
 from __future__ import annotations
 
 GATES = {"rnn_tanh": 1, "rnn_relu": 1, "gru": 3, "lstm": 4}
+ANALYTIC = ("nplm", "rnn", "transformer")  # the families forward_flops_per_token has a formula for
 
 
 def forward_flops_per_token(family: str, arch: dict, vocab_size: int, seq_len: int) -> int:
@@ -40,9 +41,13 @@ def forward_flops_per_token(family: str, arch: dict, vocab_size: int, seq_len: i
     raise ValueError(f"unknown family {family!r}")
 
 
-def train_flops_per_token(family: str, arch: dict, vocab_size: int, seq_len: int) -> int:
-    """Forward plus backward: three times the forward matmuls."""
+def train_flops_per_token(family: str, arch: dict, vocab_size: int, seq_len: int, n_params: int | None = None) -> int:
+    """Forward plus backward: three times the forward matmuls. A family without a formula here (one of your own)
+    counts Kaplan et al.'s 6 N per token, N its non-embedding parameters (`n_params`)."""
+    if family not in ANALYTIC and n_params is not None:
+        return 6 * n_params
     return 3 * forward_flops_per_token(family, arch, vocab_size, seq_len)
+
 
 
 # Dense bf16 tensor-core peak FLOP/s by device (vendor datasheets, without sparsity); the first key found in

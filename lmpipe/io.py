@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import hashlib
 import json
 import os
@@ -28,11 +29,27 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
         if dest.is_dir() and not dest.is_symlink():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise _disk_full(dest) from None
+        raise
+    except RuntimeError as exc:  # torch.save writes in C++: a full disk is "file write failed", no errno
+        if "write failed" in str(exc) and shutil.disk_usage(dest.parent).free < 64 * 2**20:
+            raise _disk_full(dest) from None
+        raise
     finally:
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
         elif tmp.exists():
             tmp.unlink()
+
+
+def _disk_full(dest: Path):
+    from lmpipe.errors import DiskFull
+
+    free = shutil.disk_usage(dest.parent).free / 2**20
+    return DiskFull(f"{dest}: no space left on device ({free:.0f} MiB free there); free some space and run again "
+                    "(a training stage resumes from its checkpoint)")
 
 
 def write_text(dest: str | os.PathLike, text: str) -> None:

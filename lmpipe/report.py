@@ -194,8 +194,9 @@ def dvc_plots_template(vega_lite: str = "5.21") -> str:
             "<body>\n{plot_divs}\n</body>\n</html>\n")
 
 
-def build_report(root: str | Path, out_dir: str | Path) -> Path:
-    """Write study.md, study.html and figures/ under `out_dir`, and metrics/models/, from the metrics under `root`."""
+def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None = None) -> Path:
+    """Write study.md, study.html and figures/ under `out_dir`, and metrics/models/, from the metrics under `root`;
+    `models` (params.yaml's) limits the per-model files read, so a removed model's leftovers never show."""
     root, out_dir = Path(root), Path(out_dir)
     figures = out_dir / "figures"
     figures.mkdir(parents=True, exist_ok=True)
@@ -204,6 +205,9 @@ def build_report(root: str | Path, out_dir: str | Path) -> Path:
     weat, weat_words = _read_json(root / "metrics/weat.json"), _read_json(root / "reports/weat_words.json")
     curves = _curves(root / "plots/train")
     trained = {p.stem: _read_json(p) for p in sorted((root / "metrics/train").glob("*.json"))}
+    if models is not None:
+        curves = {name: rows for name, rows in curves.items() if name in models}
+        trained = {name: t for name, t in trained.items() if name in models}
     lines = ["# lmpipe study", ""] + _corpus_section(corpus, validation, tokenize) + [""]
     if evaluation:
         lines += _perplexity_section(evaluation, trained) + [""]

@@ -25,6 +25,15 @@ from lmpipe.io import sha256_tree
 
 ROLE, STUDY_KEY = "lmpipe.role", "lmpipe.study_key"
 HOST, PID = "lmpipe.host", "lmpipe.pid"  # which process owns a RUNNING run
+EXPERIMENT = "dvc.exp"  # on runs and model versions made by `dvc exp run`: the experiment's name (DVC_EXP_NAME)
+# A server that answers /health but fails its API: a stage gives up within ~30 s, not after MLflow's 7 retries
+HTTP_PATIENCE = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
+
+
+def experiment_tags() -> dict:
+    """{dvc.exp: name} inside `dvc exp run`, else nothing: experiments stay apart from the study's own runs."""
+    name = os.environ.get("DVC_EXP_NAME")
+    return {EXPERIMENT: name} if name else {}
 
 
 def project_root() -> Path:
@@ -45,12 +54,21 @@ def check_store(timeout: float) -> None:
 
     uri = tracking_uri()
     if uri.startswith(("http://", "https://")):
+        for name, value in {**HTTP_PATIENCE, "MLFLOW_HTTP_REQUEST_TIMEOUT": f"{max(1, round(timeout))}"}.items():
+            os.environ.setdefault(name, value)
         try:
             requests.get(f"{uri.rstrip('/')}/health", timeout=timeout).raise_for_status()
         except requests.RequestException as exc:
             raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: no MLflow server answered within {timeout:g} s "
                                 f"({type(exc).__name__}); start the server, or unset MLFLOW_TRACKING_URI to use "
                                 f"the project's mlflow.db") from None
+        try:
+            MlflowClient(uri).search_experiments(max_results=1)
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: the MLflow server answers /health but its API fails "
+                                f"({first}); check the server's log, or unset MLFLOW_TRACKING_URI to use the "
+                                f"project's mlflow.db") from None
     elif uri.startswith("sqlite:///"):
         path = Path(uri.removeprefix("sqlite:///"))
         if not path.parent.is_dir():
@@ -174,6 +192,7 @@ def open_stage_run(
         "mlflow.source.git.commit": key.commit,
         STUDY_KEY: str(key),
         **({"lmpipe.model": model} if model else {}),
+        **experiment_tags(),
         **(tags or {}),
     }
     with _closing(experiment, run_name=stage, parent_run_id=parent, tags=run_tags) as run:
@@ -290,9 +309,30 @@ def log_torch_model(model, name: str, registered_name: str, vocab_size: int) -> 
     signature = ModelSignature(Schema([TensorSpec(np.dtype(np.int64), (-1, -1))]),
                                Schema([TensorSpec(np.dtype(np.float32), (-1, -1, vocab_size))]))
     with _quiet("mlflow.pytorch", "Pickle or CloudPickle"):  # on purpose: pt2 needs a signature and loses methods
-        mlflow.pytorch.log_model(model, name=name, serialization_format="pickle", signature=signature,
-                                 pip_requirements=pinned_requirements(), code_paths=[str(Path(__file__).parent)],
-                                 registered_model_name=registered_name)
+        info = mlflow.pytorch.log_model(model, name=name, serialization_format="pickle", signature=signature,
+                                        pip_requirements=pinned_requirements(), code_paths=[str(Path(__file__).parent)],
+                                        registered_model_name=registered_name)
+    client, version = MlflowClient(), str(info.registered_model_version)
+    for key, value in experiment_tags().items():  # a `dvc exp run` version is not one of the study's
+        client.set_model_version_tag(registered_name, version, key, value)
+    name_aliases(client, registered_name, version)
+
+
+CHAMPION, CHALLENGER = "champion", "challenger"
+
+
+def name_aliases(client: MlflowClient, registered_name: str, version: str) -> None:
+    """Every new version is the `challenger`; the first of the study's own becomes the `champion`, which after that
+    only a passing retrain moves. Users load `models:/<name>@champion` (MLflow aliases replaced stages in 2.9)."""
+    from mlflow.exceptions import MlflowException
+
+    client.set_registered_model_alias(registered_name, CHALLENGER, version)
+    if experiment_tags():
+        return
+    try:
+        client.get_model_version_by_alias(registered_name, CHAMPION)
+    except MlflowException:
+        client.set_registered_model_alias(registered_name, CHAMPION, version)
 
 
 @contextlib.contextmanager

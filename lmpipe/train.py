@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -30,6 +29,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from lmpipe import distributed
+from lmpipe import checkpoints
+from lmpipe.checkpoints import checkpoint_dir
 from lmpipe.config import ModelParams, OptimParams, TrainParams
 from lmpipe.errors import ConfigError, Interrupted
 from lmpipe.evaluate import perplexities, stream_nll
@@ -160,7 +161,8 @@ class Checkpoint:
 
     @classmethod
     def load(cls, path: Path, device: torch.device) -> Checkpoint:
-        saved = torch.load(path, map_location=device, weights_only=False)
+        """Tensors and plain values only (`weights_only=True`): a checkpoint file cannot run code."""
+        saved = torch.load(path, map_location=device, weights_only=True)
         return cls(**{**saved, "progress": _Progress(**saved["progress"])})
 
 
@@ -256,8 +258,6 @@ class Trainer:
         self.ckpt_dir = Path(ckpt_dir)
         self.on_eval = on_eval or (lambda record: None)
         self.ranks = distributed.launched()
-        if self.ranks.main:
-            prune_checkpoints(self.ckpt_dir)
         if settings.batch_size % self.ranks.world:
             raise ConfigError(f"models.{name}.batch_size: {settings.batch_size} does not split over "
                               f"{self.ranks.world} processes (make it a multiple of {self.ranks.world})")
@@ -297,7 +297,8 @@ class Trainer:
         self.streams = self.train_tokens[: columns * s.batch_size].view(s.batch_size, columns)
         self.rows = slice(self.ranks.rank * per, (self.ranks.rank + 1) * per)  # this process's rows of each batch
         self.flops_per_token = train_flops_per_token(s.family, arch_with_defaults(s.family, s.arch),
-                                                     self.data.vocab_size, s.seq_len)
+                                                     self.data.vocab_size, s.seq_len,
+                                                     count_non_embedding_parameters(self.model))
         self.steps_per_epoch = len(self._epoch_plan(0))
         self.total_steps = self._total_steps()
         self.schedule = Schedule(s.optim, self.total_steps,
@@ -379,16 +380,20 @@ class Trainer:
         path = self._last()
         if not path.exists():
             return
+        initial = {k: v.clone() for k, v in self.model.state_dict().items()}
         try:
             ckpt = Checkpoint.load(path, self.device)
-        except Exception as exc:  # a torn or foreign file: say so, start afresh
-            print(f"{path}: unreadable checkpoint ({type(exc).__name__}); training {self.name} from the start",
-                  file=sys.stderr)
-            path.unlink(missing_ok=True)
+            self.model.load_state_dict(ckpt.model)
+            optimizer = self._build_optimizer(ckpt.progress.asgd)
+            optimizer.load_state_dict(ckpt.optimizer)
+        except Exception as exc:  # a torn, foreign or ill-fitting file: set it aside, start afresh
+            aside = path.with_suffix(".rejected")
+            os.replace(path, aside)
+            print(f"{path}: unreadable checkpoint ({type(exc).__name__}), set aside as {aside.name}; "
+                  f"training {self.name} from the start", file=sys.stderr)
+            self.model.load_state_dict(initial)  # load_state_dict may have copied some tensors before it failed
             return
-        self.model.load_state_dict(ckpt.model)
-        self.optimizer = self._build_optimizer(ckpt.progress.asgd)
-        self.optimizer.load_state_dict(ckpt.optimizer)
+        self.optimizer = optimizer
         self.progress = ckpt.progress
         torch.set_rng_state(ckpt.torch_rng.cpu())
         if ckpt.cuda_rng is not None:
@@ -521,12 +526,11 @@ class Trainer:
             p.base_lr *= 0.5
 
     def _finish(self) -> TrainResult:
-        """Load the best weights, summarise the run, and drop its checkpoints: a finished run never resumes."""
+        """Load the best weights and summarise the run. The checkpoints stay until the caller has written its outputs
+        (`checkpoints.discard`): a run that finished but failed after it resumes finished, without training again."""
         distributed.barrier(self.ranks)  # best.pt is written by the main process
         self.model.load_state_dict(torch.load(self.ckpt_dir / "best.pt", map_location=self.device, weights_only=True))
         distributed.barrier(self.ranks)
-        if self.ranks.main:
-            shutil.rmtree(self.ckpt_dir, ignore_errors=True)
         p = self.progress
         best = next(h for h in p.history if h["epoch"] == p.best_epoch)
         seconds = float(sum(h["train_seconds"] for h in p.history))
@@ -548,44 +552,13 @@ class Trainer:
         return TrainResult(self.model, p.history, metrics, self.device.type)
 
 
-def code_version() -> str:
-    """A hash of the training code (this module, FLOP counting and the models): changed code never resumes an old run."""
-    import hashlib
-
-    here = Path(__file__).parent
-    digest = hashlib.sha256()
-    for path in [Path(__file__), here / "distributed.py", here / "flops.py", *sorted((here / "models").glob("*.py"))]:
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
-
-
-KEEP_CHECKPOINTS = 3  # unfinished runs kept per model; older ones (abandoned configurations) are deleted
-
-
-def checkpoint_dir(root: str | Path, model: str, chosen: dict, data: TokenData, world: int = 1) -> Path:
-    """Where a run's resumable checkpoints live: keyed by everything that determines the run - its params,
-    the training code, the token data it reads and the process count - so only the very same run resumes."""
-    from lmpipe.config import params_hash
-
-    key = params_hash({**chosen, "code": code_version(), "data": data.fingerprint})
-    return Path(root) / (f"{model}-{key}" + ("" if world == 1 else f"-x{world}"))
-
-
-def prune_checkpoints(keep_dir: Path, keep: int = KEEP_CHECKPOINTS) -> None:
-    """Delete all but the newest `keep` checkpoint folders of this model (`keep_dir` itself always stays)."""
-    model = keep_dir.name.split("-")[0]
-    others = [d for d in keep_dir.parent.glob(f"{model}-*") if d.is_dir() and d != keep_dir]
-    for old in sorted(others, key=lambda d: d.stat().st_mtime, reverse=True)[keep - 1:]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def run_settings(params, model: str, params_file: str, ckpt_root: str | Path, data: TokenData):
     """(settings, the params that define the run, its checkpoint directory) for `models.<model>` on `data`."""
     if model not in params.models:
         raise ConfigError(f"{params_file}: models has no entry {model!r} (have: {', '.join(params.models) or 'none'})")
     settings = params.models[model]
     chosen = {"train": params.section("train"), "model": settings.model_dump(mode="json")}
-    return settings, chosen, checkpoint_dir(ckpt_root, model, chosen, data, distributed.launched().world)
+    return settings, chosen, checkpoint_dir(ckpt_root, model, chosen, data.fingerprint, distributed.launched().world)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -609,6 +582,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         params, data = load_params(args.params), load_tokens()
         settings, _, ckpt_dir = run_settings(params, args.model, args.params, args.checkpoints, data)
+        if ranks.main:
+            checkpoints.prune(ckpt_dir)
         on_eval = lambda record: print(json.dumps(record), flush=True)  # noqa: E731
         result = Trainer(args.model, settings, params.train, data, ckpt_dir, on_eval=on_eval).run()
     except LmpipeError as exc:
@@ -623,6 +598,7 @@ def main(argv: list[str] | None = None) -> None:
             save_model(result.model, settings.family, settings.arch, tmp / "model.pt")
             write_json(tmp / "metrics.json", {**result.metrics, "processes": ranks.world})
             write_json(tmp / "history.json", result.history)
+        checkpoints.discard(ckpt_dir)
 
 
 if __name__ == "__main__":

@@ -123,3 +123,19 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("prefect", "flows")))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("gru_small", None), ("gru-2", None), ("GRU", "model name 'GRU': use lowercase letters"),
+    ("gru/small", "model name 'gru/small'"), ("2gru", "model name '2gru'"), ("x" * 41, "at most 40 characters"),
+    ("ngram", "model name 'ngram' is taken by the study's own ngram"), ("word2vec", "is taken"),
+])
+def test_model_names_that_every_tool_takes_or_one_line_before_training(tmp_path, name, expected):
+    """A name is a DVC stage, a folder, a Prefect artifact key and an MLflow model: refused before any training."""
+    text = f"models:\n  '{name}': {{family: rnn, arch: {{cell: gru}}}}\n"
+    if expected is None:
+        assert list(load_params(write(tmp_path, text)).models) == [name]
+        return
+    with pytest.raises(ConfigError) as info:
+        load_params(write(tmp_path, text))
+    assert expected in str(info.value) and "\n" not in str(info.value)

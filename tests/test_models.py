@@ -161,3 +161,35 @@ def test_arch_settings_are_read_from_the_model_constructors():
         signature = {name: p.default for name, p in inspect.signature(cls).parameters.items()
                      if p.default is not inspect.Parameter.empty and name != "boundary"}
         assert arch_defaults(family) == signature, family
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_model_file_that_would_run_code_is_refused_in_one_line_and_never_runs(tmp_path):
+    from lmpipe.errors import ModelFileError
+    from lmpipe.models import load_model
+
+    marker = tmp_path / "ran"
+    torch.save({"family": "rnn", "arch": {}, "vocab_size": 10, "boundary": 0, "state_dict": _Payload(marker)},
+               tmp_path / "model.pt")
+    with pytest.raises(ModelFileError) as info:
+        load_model(tmp_path / "model.pt")
+    assert str(tmp_path / "model.pt") in str(info.value) and "\n" not in str(info.value)
+    assert not marker.exists()
+
+
+def test_a_saved_model_loads_back_with_weights_only(tmp_path):
+    from lmpipe.models import load_model, save_model
+
+    model = build_model("rnn", {"cell": "gru", "emb": 8, "layers": 1}, 20, 0)
+    save_model(model, "rnn", {"cell": "gru", "emb": 8, "layers": 1}, tmp_path / "model.pt")
+    loaded = load_model(tmp_path / "model.pt")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))

@@ -101,7 +101,7 @@ def test_two_dask_workers_build_the_same_model(tmp_path, prefect_api):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.ngram import build_model
-    from flows.study import task_runner
+    from flows.runners import task_runner
     from lmpipe.config import OrchestrationParams
 
     tokens = synthetic_stream(4000)

@@ -27,12 +27,21 @@ MODELS = ("nplm", "rnn", "lstm", "gru", "transformer")
 STAGES = ("download", "prepare", "validate", "tokenize", "ngram") + tuple(f"train@{m}" for m in MODELS) + (
     "evaluate", "word2vec", "audit", "report")
 QUICK = {"epochs": 1, "max_steps_per_epoch": 3, "batch_size": 4, "seq_len": 16}
+
+
+def stated(models: dict) -> dict:
+    """Model entries with every setting written out, as params.yaml holds them (tests/test_graph.py): DVC sees each."""
+    from lmpipe.config import ModelParams
+
+    return {name: ModelParams.model_validate(entry).model_dump(mode="json") for name, entry in models.items()}
+
+
 TINY = {
     "corpus": {"max_articles": 12},
     "validate": {"min_words": 200, "max_oov_rate": 0.6},
     "tokenizer": {"vocab_size": 600},
     "evaluate": {"prompts": ["The history of"], "max_new_tokens": 8, "beam_size": 2},
-    "models": {
+    "models": stated({
         "nplm": {"family": "nplm", "arch": {"context": 3, "emb": 16, "hidden": 32}, **QUICK},
         "rnn": {"family": "rnn", "arch": {"cell": "rnn_tanh", "emb": 16, "layers": 1}, **QUICK},
         "lstm": {"family": "rnn", "arch": {"cell": "lstm", "emb": 16, "hidden": 32, "layers": 2, "weight_drop": 0.2},
@@ -40,7 +49,7 @@ TINY = {
         "gru": {"family": "rnn", "arch": {"cell": "gru", "emb": 16, "layers": 1}, **QUICK},
         "transformer": {"family": "transformer", "arch": {"dim": 16, "layers": 1, "heads": 2, "block_size": 16},
                         **QUICK},
-    },
+    }),
     "scaling": {  # 2 sizes of 2 families at 4 budgets: enough for every fit (a law needs 5 points), ~2 minutes
         "models": {"transformer": [{"dim": 8}, {"dim": 16}], "lstm": [{"emb": 8, "hidden": 8}, {"emb": 16, "hidden": 16}]},
         "budgets": [2e8, 4e8, 8e8, 1.6e9],
@@ -101,6 +110,16 @@ def project(tmp_path_factory, prefect_api):
     run(git + ["commit", "-qm", "copy"], copy, env)
     first = run(["dvc", "repro"], copy, env)
     return copy, env, first
+
+
+@pytest.fixture
+def scratch(project, tmp_path):
+    """A copy of the studied project (git, DVC cache, MLflow store and all) that a test may change freely: no test
+    depends on another's edits."""
+    copy, env, _ = project
+    target = tmp_path / "project"
+    shutil.copytree(copy, target, symlinks=True, ignore=shutil.ignore_patterns("mlartifacts", "mlflow.db*"))  # its own store
+    return target, env
 
 
 def test_repro_runs_every_stage_and_writes_contract_outputs(project):
@@ -245,7 +264,7 @@ def test_changed_params_rerun_only_what_depends_on_them(project):
         changed["models"]["gru"]["arch"]["emb"] = 24
         params.write_text(yaml.safe_dump(changed, sort_keys=False))
         status = run(["dvc", "status", "--json", "dvc.yaml"], copy, env)
-        assert set(json.loads(status.stdout)) == {"train@gru"}
+        assert set(json.loads(status.stdout)) == {"train@gru", "evaluate", "audit", "report"}  # read `models`
     finally:
         params.write_text(saved)
 
@@ -315,6 +334,13 @@ print(json.dumps({"signature": info.signature.to_dict(), "shape": list(logits.sh
     done = run(["lmpipe", "generate", "--model", "models:/lmpipe-lstm/1", "--prompt", "The history of",
                 "--max-new-tokens", "5"], copy, env)
     assert done.stdout.startswith("The history of")
+    client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
+    for model in MODELS:  # the study's first versions are the champions, and the newest the challengers
+        assert str(client.get_model_version_by_alias(f"lmpipe-{model}", "champion").version) == "1"
+        assert str(client.get_model_version_by_alias(f"lmpipe-{model}", "challenger").version) == "1"
+    by_alias = run(["lmpipe", "generate", "--model", "models:/lmpipe-gru@champion", "--prompt", "The history of",
+                    "--max-new-tokens", "5"], copy, env)
+    assert by_alias.stdout.startswith("The history of")
     missing = run(["lmpipe", "generate", "--model", "models:/lmpipe-lstm/99", "--prompt", "The"], copy, env, check=False)
     assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [
         f"error: models:/lmpipe-lstm/99: not in the MLflow model registry at sqlite:///{copy}/mlflow.db "
@@ -541,3 +567,86 @@ def test_torchrun_runs_a_train_stage_on_two_processes_and_dvc_commit_records_it(
     assert flow_runs[0]["state_type"] == "COMPLETED"
     run(["dvc", "repro"], copy, env)  # evaluate and the rest follow the new model
     assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}
+
+
+def ran_stages(output: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+def test_an_added_model_is_evaluated_audited_and_reported_and_removing_it_leaves_no_trace(scratch):
+    """The core promise: the results always cover exactly params.yaml's models."""
+    copy, env = scratch
+    params = copy / "params.yaml"
+    original, before = params.read_text(), json.loads((copy / "metrics/eval.json").read_text())
+    tree = yaml.safe_load(original)
+    tree["models"]["grusmall"] = {**tree["models"]["gru"], "arch": {**tree["models"]["gru"]["arch"], "emb": 8}}
+    params.write_text(yaml.safe_dump(tree, sort_keys=False))
+    added = run(["dvc", "repro"], copy, env)
+    assert ran_stages(added.stdout) == {"train@grusmall", "evaluate", "audit", "report"}
+    assert "grusmall" in json.loads((copy / "metrics/eval.json").read_text())["models"]
+    assert "grusmall" in json.loads((copy / "metrics/weat.json").read_text())["models"]
+    assert "| grusmall |" in (copy / "reports/study.md").read_text()
+    assert "metrics/models/grusmall.json" in run(["dvc", "metrics", "show", "--json"], copy, env).stdout
+    assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}
+
+    params.write_text(original)
+    removed = run(["dvc", "repro"], copy, env)
+    assert ran_stages(removed.stdout) == {"evaluate", "audit", "report"}
+    assert json.loads((copy / "metrics/eval.json").read_text())["models"] == before["models"]  # the same numbers
+    assert "grusmall" not in json.loads((copy / "metrics/weat.json").read_text())["models"]
+    assert "grusmall" not in (copy / "reports/study.md").read_text()
+    for leftover in ("metrics/models/grusmall.json", "metrics/train/grusmall.json", "plots/train/grusmall.csv"):
+        assert not (copy / leftover).exists(), leftover
+    assert "grusmall" not in run(["dvc", "metrics", "show", "--json"], copy, env).stdout
+    assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}
+
+
+def test_a_changed_code_default_makes_dvc_status_name_the_stages_it_affects(scratch):
+    """A default that decides an output lives where DVC sees it: params.yaml states every setting (so a default in
+    config.py reaches nothing), and the arch defaults live in lmpipe/models, a dependency of what builds a model."""
+    copy, env = scratch
+    config = copy / "lmpipe/config.py"
+    config.write_text(config.read_text().replace('patience: int = Field(3,', 'patience: int = Field(1,'))
+    assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}  # stated in params.yaml: no effect
+    rnn = copy / "lmpipe/models/rnn.py"
+    rnn.write_text(rnn.read_text().replace("dropout_hidden: float = 0.0", "dropout_hidden: float = 0.3"))
+    changed = set(json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout))
+    assert {"train@rnn", "train@lstm", "train@gru", "evaluate", "audit"} <= changed
+    assert not changed & {"download", "prepare", "validate", "tokenize", "ngram", "word2vec"}
+
+
+FAIL_AT_REGISTRY = """
+import flows.train as stage
+def unavailable(*args, **kwargs):
+    raise RuntimeError("the model registry is unavailable")
+stage.tracking.log_torch_model = unavailable
+stage.main(stage.train, model="gru")
+"""
+
+
+def test_a_failure_after_training_keeps_the_training_and_the_rerun_does_not_train_again(scratch):
+    copy, env = scratch
+    ours = (copy / "models/gru/model.pt").read_bytes()
+    failed = subprocess.run([sys.executable, "-c", FAIL_AT_REGISTRY], cwd=copy, env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert failed.returncode != 0 and "registry is unavailable" in failed.stderr
+    assert "gru epoch 1.00/1" in failed.stderr + failed.stdout  # it trained
+    assert list((copy / ".cache/lmpipe/ckpt").glob("gru-*/last.pt"))  # and kept what it trained
+    again = run(["dvc", "repro", "train@gru"], copy, env)
+    assert "Running stage 'train@gru'" in again.stdout
+    assert "gru epoch" not in again.stdout + again.stderr  # resumed finished: not one step trained again
+    assert (copy / "models/gru/model.pt").read_bytes() == ours  # the very model an uninterrupted run gives
+    assert not list((copy / ".cache/lmpipe/ckpt").glob("gru-*"))  # discarded once every output was written
+
+
+def test_a_corrupt_model_file_is_one_line_naming_it_and_dvc_checkout_restores_it(scratch):
+    copy, env = scratch
+    (copy / "models/gru/model.pt").write_bytes(b"not a model")
+    broken = run(["lmpipe", "generate", "--model", "gru", "--prompt", "The history of"], copy, env, check=False)
+    assert broken.returncode != 0
+    lines = broken.stderr.strip().splitlines()
+    assert len(lines) == 1 and "models/gru/model.pt" in lines[0] and "dvc checkout --force train@gru" in lines[0]
+    run(["dvc", "checkout", "--force", "train@gru"], copy, env)
+    assert run(["lmpipe", "generate", "--model", "gru", "--prompt", "The history of"], copy, env).stdout.strip()

@@ -93,3 +93,34 @@ def test_dvc_plots_page_draws_offline():
             "mark": "line", "encoding": {"x": {"field": "x", "type": "quantitative"},
                                          "y": {"field": "y", "type": "quantitative"}}}
     assert "<svg" in vl_convert.vegalite_to_svg(spec, vl_version="5.21")  # the inlined version compiles DVC's v5 specs
+
+
+def test_a_removed_models_leftovers_never_reach_the_report(tmp_path, monkeypatch):
+    """DVC keeps the outputs of a stage it no longer has: the report stage deletes a removed model's curve and
+    training metrics, and reads only params.yaml's models."""
+    from flows.report import drop_removed
+
+    fixture_study(tmp_path)
+    write(tmp_path / "metrics/train/nplm.json", {"n_params_non_embedding": 1, "tokens_seen": 1, "epochs": 1.0,
+                                                 "train_flops": 1e12, "seconds": 1.0})
+    write(tmp_path / "plots/train/nplm.csv", "epoch,flops,valid_bpb\n1,1e13,9.9\n")
+    md = build_report(tmp_path, tmp_path / "reports", ["lstm", "transformer"]).read_text()
+    assert "nplm" not in md
+    monkeypatch.chdir(tmp_path)
+    gone = drop_removed(["lstm", "transformer"])
+    assert sorted(p.as_posix() for p in gone) == ["metrics/train/nplm.json", "plots/train/nplm.csv"]
+    assert sorted(p.name for p in (tmp_path / "plots/train").iterdir()) == ["lstm.csv", "transformer.csv"]
+
+
+def test_an_evaluation_that_does_not_cover_the_models_is_refused_in_one_line(tmp_path, monkeypatch):
+    import pytest
+
+    from flows.report import check_covers
+    from lmpipe.errors import LmpipeError
+
+    fixture_study(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    check_covers(["lstm", "transformer"])
+    with pytest.raises(LmpipeError, match=r"metrics/eval.json covers \['lstm', 'transformer'\], params.yaml's "
+                                          r"models are \['gru', 'lstm', 'transformer'\] \(run the whole pipeline"):
+        check_covers(["lstm", "transformer", "gru"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from flows.study import study, task_runner
@@ -35,3 +37,40 @@ def test_the_stages_before_training_come_from_dvc_yaml():
     from tests.conftest import ROOT
 
     assert stages_before_training(ROOT / "dvc.yaml") == ["tokenize"]  # train@<model> reads data/tokens
+
+
+def test_a_second_study_says_who_runs_and_never_advises_removing_a_live_lock(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from flows.study import dvc_lock_holder, one_study
+    from lmpipe.errors import LmpipeError
+
+    lock = tmp_path / "study.lock"
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import time
+from pathlib import Path
+from flows.study import one_study
+with one_study(Path({str(lock)!r})):
+    print("held", flush=True)
+    time.sleep(60)
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LmpipeError) as info:
+            with one_study(lock):
+                pass
+        assert str(info.value).startswith(f"another study is running in this project (pid {holder.pid})")
+        assert "remove none" in str(info.value)
+    finally:
+        holder.kill()
+        holder.wait()
+    with one_study(lock):  # a dead holder's lock is free again
+        pass
+    (tmp_path / ".dvc/tmp").mkdir(parents=True)
+    (tmp_path / ".dvc/tmp/rwlock").write_text(json.dumps({"write": {"data/x": {"pid": os.getpid(), "cmd": "dvc repro"}},
+                                                          "read": {}}))
+    assert dvc_lock_holder(tmp_path) == f"pid {os.getpid()} (dvc repro)"
+    (tmp_path / ".dvc/tmp/rwlock").write_text(json.dumps({"write": {"data/x": {"pid": 2**22 + 7, "cmd": "dvc"}}}))
+    assert dvc_lock_holder(tmp_path) is None

@@ -85,7 +85,7 @@ def test_a_taken_port_is_one_line_not_a_server_that_never_answers():
             server.start(port, timeout=5)
 
 
-def test_ui_compare_link_holds_the_newest_training_run_of_each_model(store):
+def test_ui_compare_link_holds_the_newest_run_of_each_of_the_studys_models(store, monkeypatch):
     import json
     from urllib.parse import parse_qs, urlsplit
 
@@ -94,9 +94,28 @@ def test_ui_compare_link_holds_the_newest_training_run_of_each_model(store):
     uri, params = store
     assert compare_url("http://ui", "exp") is None  # nothing trained yet
     ids = {}
-    for stage in ("train@gru", "train@lstm", "train@gru", "evaluate"):
+    for stage in ("train@gru", "train@lstm", "train@gru", "evaluate", "ngram"):
         with tracking.open_stage_run(stage, "exp", {}, "h", params_file=params) as run:
             ids[stage] = run.info.run_id  # the second train@gru replaces the first
+    monkeypatch.setenv("DVC_EXP_NAME", "lanky-bass")  # a `dvc exp run`: tagged, and not the study's
+    with tracking.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as run:
+        assert run.data.tags[tracking.EXPERIMENT] == "lanky-bass"
     query = parse_qs(urlsplit(compare_url("http://ui", "exp")).fragment.split("?", 1)[1])
-    assert sorted(json.loads(query["runs"][0])) == sorted([ids["train@gru"], ids["train@lstm"]])
+    assert sorted(json.loads(query["runs"][0])) == sorted([ids["train@gru"], ids["train@lstm"], ids["ngram"]])
     assert json.loads(query["experiments"][0]) == [tracking.experiment_id("exp")]
+
+
+def test_the_first_version_is_the_champion_and_every_new_one_the_challenger(store, monkeypatch):
+    """Only a passing retrain may move the champion: a later study version, or an experiment's, is a challenger."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient()
+    client.create_registered_model("lmpipe-x")
+    for version in ("1", "2"):
+        client.create_model_version("lmpipe-x", source=f"file:///nowhere/{version}")
+        tracking.name_aliases(client, "lmpipe-x", version)
+    monkeypatch.setenv("DVC_EXP_NAME", "lanky-bass")
+    client.create_model_version("lmpipe-x", source="file:///nowhere/3")
+    tracking.name_aliases(client, "lmpipe-x", "3")
+    assert str(client.get_model_version_by_alias("lmpipe-x", "champion").version) == "1"
+    assert str(client.get_model_version_by_alias("lmpipe-x", "challenger").version) == "3"

@@ -11,8 +11,9 @@ import torch
 
 from lmpipe.config import ModelParams, TrainParams
 from lmpipe.errors import Interrupted
+from lmpipe.checkpoints import checkpoint_dir, discard, prune
 from lmpipe.splits import Split, TokenData
-from lmpipe.train import Trainer, checkpoint_dir, prune_checkpoints, stream_plan, window_plan
+from lmpipe.train import Trainer, stream_plan, window_plan
 
 V = 30
 
@@ -130,32 +131,38 @@ def test_ctrl_c_finishes_the_step_saves_it_and_says_so_in_one_line(tmp_path, sig
     assert drop_timings(resumed.history) == drop_timings(whole.history)
 
 
-def test_finished_run_leaves_no_checkpoint_so_a_rerun_trains_again(tmp_path):
+def test_a_finished_run_resumes_finished_until_its_outputs_are_safe_and_its_checkpoints_discarded(tmp_path):
+    """A failure after the last step (a full disk, the registry) must not cost the training: the checkpoints stay
+    until the caller discards them; a rerun before that trains no step and returns the same model."""
     first = train(tmp_path, "nplm")
-    assert not (tmp_path / "nplm").exists()
-    again = train(tmp_path, "nplm")  # "dvc repro -f": the same run from scratch, not a resumed finished one
-    assert drop_timings(again.history) == drop_timings(first.history)
-    assert len(again.history) == SETTINGS["nplm"].epochs
+    assert (tmp_path / "nplm" / "last.pt").exists()
+    steps = []
+    resumed = train(tmp_path, "nplm", on_step=steps.append)
+    assert steps == [] and resumed.history == first.history
+    assert all(torch.equal(a, b) for a, b in zip(resumed.model.state_dict().values(), first.model.state_dict().values()))
+    discard(tmp_path / "nplm")
+    again = train(tmp_path, "nplm", on_step=steps.append)  # "dvc repro -f": the same run from scratch
+    assert len(steps) > 0 and drop_timings(again.history) == drop_timings(first.history)
 
 
 def test_checkpoints_are_keyed_by_the_data(tmp_path):
     chosen = {"train": COMMON.model_dump(), "model": SETTINGS["lstm"].model_dump(mode="json")}
-    same = checkpoint_dir(tmp_path, "lstm", chosen, synthetic_data(0))
-    assert same == checkpoint_dir(tmp_path, "lstm", chosen, synthetic_data(0))
-    assert same != checkpoint_dir(tmp_path, "lstm", chosen, synthetic_data(1))  # other tokens, same sizes
+    same = checkpoint_dir(tmp_path, "lstm", chosen, synthetic_data(0).fingerprint)
+    assert same == checkpoint_dir(tmp_path, "lstm", chosen, synthetic_data(0).fingerprint)
+    assert same != checkpoint_dir(tmp_path, "lstm", chosen, synthetic_data(1).fingerprint)  # other tokens, same sizes
     assert same != checkpoint_dir(tmp_path, "lstm", {**chosen, "train": {**chosen["train"], "seed": 8}},
-                                  synthetic_data(0))
+                                  synthetic_data(0).fingerprint)
 
 
 def test_changed_data_never_resumes(tmp_path):
     """A run killed on one corpus, then started on another: its checkpoint is not touched, training starts fresh."""
     chosen = {"train": COMMON.model_dump(), "model": SETTINGS["lstm"].model_dump(mode="json")}
-    old_dir = checkpoint_dir(tmp_path, "lstm", chosen, synthetic_data(0))
+    old_dir = checkpoint_dir(tmp_path, "lstm", chosen, synthetic_data(0).fingerprint)
     with pytest.raises(KeyboardInterrupt):
         Trainer("lstm", SETTINGS["lstm"], COMMON, synthetic_data(0), old_dir, progress_bar=False).run(
             on_step=kill_at(20))
     new_data = synthetic_data(1)
-    new_dir = checkpoint_dir(tmp_path, "lstm", chosen, new_data)
+    new_dir = checkpoint_dir(tmp_path, "lstm", chosen, new_data.fingerprint)
     result = Trainer("lstm", SETTINGS["lstm"], COMMON, new_data, new_dir, progress_bar=False).run()
     fresh = train(tmp_path / "fresh", "lstm", data=synthetic_data(1))
     assert drop_timings(result.history) == drop_timings(fresh.history)
@@ -172,15 +179,41 @@ def test_unreadable_checkpoint_starts_afresh_with_one_line(tmp_path, capsys):
     assert len(message) == 1 and "unreadable checkpoint" in message[0] and "last.pt" in message[0]
 
 
-def test_old_checkpoint_folders_are_pruned(tmp_path):
+def test_pruning_keeps_the_newest_runs_of_the_model_and_touches_nothing_else(tmp_path):
+    """Only `<model>-<12 hex>` folders inside the root are the project's: a sibling sharing the prefix (another
+    project's `lmpipe-x`, a `gru-notes` folder) survives, and nothing outside the root is looked at."""
     import os
 
-    for i in range(6):
-        (tmp_path / f"gru-{i}").mkdir()
-        os.utime(tmp_path / f"gru-{i}", (i, i))
-    (tmp_path / "lstm-0").mkdir()
-    prune_checkpoints(tmp_path / "gru-new")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gru-4", "gru-5", "lstm-0"]
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    runs = [root / f"gru-{i:012x}" for i in range(6)]
+    for i, run in enumerate(runs):
+        run.mkdir()
+        os.utime(run, (i, i))
+    strangers = [root / "gru-notes", root / "gru-0000000000zz", root / "gru-small-000000000001", root / "lstm-0",
+                 tmp_path / "gru-000000000009", tmp_path / "lmpipe-x"]
+    for path in strangers:
+        path.mkdir()
+    keep = root / "gru-ffffffffffff"
+    prune(keep)
+    left = {p.name for p in root.iterdir()}
+    assert left == {"gru-000000000004", "gru-000000000005", "gru-notes", "gru-0000000000zz", "gru-small-000000000001",
+                    "lstm-0"}
+    assert all(path.exists() for path in strangers)
+    prune(tmp_path / "lmpipe-y")  # a folder name without a key: prunes nothing
+    assert (tmp_path / "lmpipe-x").exists()
+
+
+def test_a_checkpoint_that_loads_but_does_not_fit_is_set_aside_and_training_restarts(tmp_path, capsys):
+    other = Trainer("nplm", revised(SETTINGS["nplm"], arch={"context": 3, "emb": 8, "hidden": 32}), COMMON,
+                    synthetic_data(), tmp_path / "nplm", progress_bar=False)
+    other._save()  # a whole checkpoint of another shape where this run's should be
+    result = train(tmp_path, "nplm")
+    fresh = train(tmp_path / "fresh", "nplm")
+    assert drop_timings(result.history) == drop_timings(fresh.history)
+    assert (tmp_path / "nplm" / "last.rejected").exists()
+    message = capsys.readouterr().err.strip().splitlines()
+    assert len(message) == 1 and "set aside" in message[0] and "last.pt" in message[0]
 
 
 def test_budget_in_tokens_sets_the_run_length_and_the_schedule_anneals_to_it(tmp_path):

@@ -1,6 +1,9 @@
-"""The neural LM families, built by name from params: `build_model(family, arch, vocab_size, boundary)`."""
+"""The neural LM families, built by name from params: `build_model(family, arch, vocab_size, boundary)`.
+The registry is `lmpipe.config.MODEL_CLASSES` (family -> file here, class), read without importing torch."""
 
 from __future__ import annotations
+
+import importlib
 
 from torch import nn
 
@@ -9,7 +12,14 @@ from lmpipe.models.nplm import NPLM
 from lmpipe.models.rnn import RNNModel
 from lmpipe.models.transformer import TransformerLM
 
-FAMILIES = {"nplm": NPLM, "rnn": RNNModel, "transformer": TransformerLM}
+def _families() -> dict[str, type[StreamLM]]:
+    from lmpipe.config import MODEL_CLASSES
+
+    return {family: getattr(importlib.import_module(f"lmpipe.models.{source.removesuffix('.py')}"), name)
+            for family, (source, name) in MODEL_CLASSES.items()}
+
+
+FAMILIES = _families()
 
 
 def build_model(family: str, arch: dict, vocab_size: int, boundary: int) -> StreamLM:
@@ -33,11 +43,27 @@ def save_model(model: StreamLM, family: str, arch: dict, path) -> None:
 
 
 def load_model(path, device="cpu") -> StreamLM:
+    """A model saved by `save_model`. Read with `weights_only=True`: tensors and plain values only, so a file from
+    elsewhere cannot run code; a torn, foreign or corrupt file is one line naming it and how to restore it."""
+    from pathlib import Path
+
     import torch
 
-    saved = torch.load(path, map_location=device, weights_only=False)
-    model = build_model(saved["family"], saved["arch"], saved["vocab_size"], saved["boundary"])
-    model.load_state_dict(saved["state_dict"])
+    from lmpipe.errors import ModelFileError
+
+    path = Path(path)
+    if not path.is_file():
+        stage = f" train@{path.parent.name}" if path.parent.parent.name == "models" else ""
+        raise ModelFileError(f"{path}: no model file there (train it: dvc repro{stage})")
+    try:
+        saved = torch.load(path, map_location=device, weights_only=True)
+        model = build_model(saved["family"], saved["arch"], saved["vocab_size"], saved["boundary"])
+        model.load_state_dict(saved["state_dict"])
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        restore = (f"restore the study's copy: dvc checkout --force train@{path.parent.name}"
+                   if path.parent.parent.name == "models" else "use a model.pt written by lmpipe")
+        raise ModelFileError(f"{path}: not a readable lmpipe model ({type(exc).__name__}: {first}); {restore}") from None
     return model.to(device).eval()
 
 

@@ -1,0 +1,67 @@
+"""scaling pipeline's `fit` stage (scaling/dvc.yaml): the IsoFLOP and parametric fits (lmpipe.scaling) of the
+grid's runs -> reports/scaling.md, reports/scaling.html, reports/scaling/*.png and metrics/scaling.json, also logged
+to the grid's MLflow run."""
+
+from __future__ import annotations
+
+import csv
+import json
+import tempfile
+from pathlib import Path
+
+from prefect import flow
+
+from flows._stage import PARAMS_FILE, main
+from flows.paths import RUNS
+from lmpipe import tracking
+from lmpipe.config import load_params
+from lmpipe.errors import ConfigError
+from lmpipe.io import atomic_path, write_json
+from lmpipe.scaling import analyse, best_per_budget
+
+REPORTS, SUMMARY, KN5 = Path("reports"), Path("metrics/scaling.json"), Path("metrics/ngram.json")
+
+
+def read_runs(path: Path = RUNS) -> list[dict]:
+    if not path.exists():
+        raise ConfigError(f"{path}: no grid results (run: dvc repro scaling/dvc.yaml)")
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@flow(name="scaling-fit")
+def fit() -> str:
+    from lmpipe.scaling_report import write_scaling_report
+
+    params, rows = load_params(PARAMS_FILE), read_runs()
+    settings = params.scaling.fit
+    analysis = analyse(rows, settings.bootstrap, settings.seed, settings.huber_delta)
+    best = best_per_budget(rows)
+    kn5 = json.loads(KN5.read_text())["valid"]["bpb"] if KN5.exists() else None
+    meta = {"sizes": max(len(v) for v in params.scaling.models.values()), "budgets": len({r["budget"] for r in rows}),
+            "min_budget": min(float(r["budget"]) for r in rows), "max_budget": max(float(r["budget"]) for r in rows),
+            "train_tokens": int(rows[0]["epoch_tokens"]), "seconds": sum(float(r["wall_seconds"]) for r in rows),
+            "device": ", ".join(sorted({r["device"] for r in rows})), "bootstrap": settings.bootstrap,
+            "huber_delta": settings.huber_delta}
+    summary = {"kn5_valid_bpb": kn5, "best_per_budget": best, "families": analysis, "grid_seconds": meta["seconds"]}
+    with tempfile.TemporaryDirectory(dir=REPORTS, prefix=".scaling-") as build:  # the report, its HTML, its figures
+        tmp = Path(build)
+        write_scaling_report(rows, analysis, best, kn5, meta, tmp)
+        with atomic_path(REPORTS / "scaling") as figures:
+            (tmp / "scaling").rename(figures)
+        for name in ("scaling.md", "scaling.html"):
+            (tmp / name).replace(REPORTS / name)
+    write_json(SUMMARY, summary)
+    parent = tracking.run_of_output(params.tracking.experiment, RUNS)
+    if parent:  # the fits beside the runs they come from
+        tracking.log_metrics({f"{m}.{k}": v for m, a in analysis.items() for k, v in
+                              {**a["law"], **{f"law_{e}": x for e, x in a["law_exponents"].items()},
+                               "holdout_mean_abs_relative_error": a["holdout"]["mean_abs_relative_error"]}.items()
+                              if v is not None}, run_id=parent)
+        for path in (REPORTS / "scaling.md", REPORTS / "scaling.html", REPORTS / "scaling", SUMMARY):
+            tracking.log_artifacts(path, "scaling-report", run_id=parent)
+    return str(REPORTS / "scaling.md")
+
+
+if __name__ == "__main__":
+    main(fit)

@@ -1,0 +1,149 @@
+"""The stage graph is complete by test, not by care: every project file a stage's command imports is in its deps,
+every params section it reads is in its params, and params.yaml states every setting the code would default.
+
+Read with `ast` only (no torch, no Prefect): a walk of each stage's `python -m <module>` and the project modules it
+imports, function-level imports included."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from lmpipe.config import Params, unstated_settings
+from tests.conftest import ROOT
+
+PIPELINES = ("dvc.yaml", "scaling/dvc.yaml")
+PACKAGES = ("lmpipe", "flows")
+# Plumbing that cannot change any output, declared once: where runs are recorded, how errors read, atomic writes,
+# the stage harness, the Prefect server probe, where tasks run (local threads or a cluster: the same results), the
+# packages' import-time setup; and config.py, the typed reading of
+# params.yaml, whose defaults cannot reach an output because params.yaml states every setting
+# (test_params_yaml_states_every_setting).
+PLUMBING = {"lmpipe/tracking.py", "lmpipe/errors.py", "lmpipe/io.py", "lmpipe/__init__.py", "flows/__init__.py",
+            "flows/_stage.py", "flows/server.py", "flows/runners.py", "lmpipe/config.py"}
+# Params sections that say where and how a stage runs, not what it computes.
+PLUMBING_PARAMS = {"tracking", "orchestration"}
+
+
+def stages() -> list[tuple[str, str, dict]]:
+    """(pipeline, stage name, stage) for every stage; a foreach stage once, with its template."""
+    out = []
+    for pipeline in PIPELINES:
+        for name, stage in yaml.safe_load((ROOT / pipeline).read_text())["stages"].items():
+            out.append((pipeline, name, stage.get("do", stage)))
+    return out
+
+
+def module_file(dotted: str) -> Path | None:
+    """The project file of a dotted module name (a package's __init__.py), or None outside the project."""
+    if dotted.split(".")[0] not in PACKAGES:
+        return None
+    base = ROOT / Path(*dotted.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def imports_of(path: Path) -> set[Path]:
+    """Project files that `path` imports, the packages on the way included (importing a.b runs a/__init__.py)."""
+    found = set()
+
+    def add(dotted: str) -> None:
+        parts = dotted.split(".")
+        for i in range(1, len(parts) + 1):
+            file = module_file(".".join(parts[:i]))
+            if file is not None:
+                found.add(file)
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            add(node.module)
+            for alias in node.names:  # `from lmpipe import tracking`: a submodule
+                if module_file(f"{node.module}.{alias.name}"):
+                    add(f"{node.module}.{alias.name}")
+    return found
+
+
+def closure(start: Path) -> set[Path]:
+    seen, todo = set(), [start]
+    while todo:
+        path = todo.pop()
+        if path not in seen:
+            seen.add(path)
+            todo.extend(imports_of(path) - seen)
+    return seen
+
+
+def command_module(stage: dict) -> Path:
+    match = re.search(r"python -m ([\w.]+)", stage["cmd"])
+    assert match, f"{stage['cmd']}: not a `python -m` command"
+    return module_file(match.group(1))
+
+
+def covered(file: str, deps: list[str]) -> bool:
+    return any(file == d or file.startswith(d.rstrip("/") + "/") for d in deps)
+
+
+@pytest.mark.parametrize("pipeline,name,stage", stages(), ids=[f"{p}:{n}" for p, n, _ in stages()])
+def test_every_imported_project_file_is_a_dependency(pipeline, name, stage):
+    base = os.path.normpath(Path(pipeline).parent / stage.get("wdir", "."))  # deps are relative to the stage's wdir
+    deps = [os.path.normpath(os.path.join(base, d if isinstance(d, str) else next(iter(d))))
+            for d in stage.get("deps", [])]
+    files = {p.relative_to(ROOT).as_posix() for p in closure(command_module(stage))}
+    missing = sorted(f for f in files - PLUMBING if not covered(f, deps))
+    assert not missing, f"{pipeline}: stage {name} imports {missing}, not in its deps"
+
+
+def params_read(path: Path) -> set[str]:
+    """Dotted params a module reads: `params.<section>[.<field>...]` chains and `params.section("<name>")`."""
+    fields = set(Params.model_fields) | {"validate"}
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute):
+            chain, inner = [], node
+            while isinstance(inner, ast.Attribute):
+                chain.insert(0, inner.attr)
+                inner = inner.value
+            if isinstance(inner, ast.Name) and inner.id == "params" and chain[0] in fields:
+                found.add(".".join(chain).replace("validate_", "validate"))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "section"
+              and isinstance(node.func.value, ast.Name) and node.func.value.id == "params"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            found.add(node.args[0].value)
+    return {read for read in found if read.split(".")[0] in fields}
+
+
+@pytest.mark.parametrize("pipeline,name,stage", stages(), ids=[f"{p}:{n}" for p, n, _ in stages()])
+def test_every_params_section_read_is_a_params_dependency(pipeline, name, stage):
+    declared = [p if isinstance(p, str) else next(iter(p)) for p in stage.get("params", [])]
+    declared = [re.sub(r"\.\$\{key\}$", "", p) for p in declared]  # a foreach stage reads its own entry
+    read = set().union(*(params_read(p) for p in closure(command_module(stage))))
+    unread = sorted(r for r in read if r.split(".")[0] not in PLUMBING_PARAMS
+                    and not any(r == d or r.startswith(d + ".") or d.startswith(r + ".") for d in declared))
+    assert not unread, f"{pipeline}: stage {name} reads params {unread}, not in its params"
+
+
+def test_params_yaml_states_every_setting():
+    """DVC sees params.yaml, not config.py's defaults: every setting stands in the file, so changing one re-runs
+    exactly the stages that read it. `arch` is the exception: its defaults are the model constructors' (lmpipe/models,
+    in the deps of every stage that builds a model)."""
+    missing = unstated_settings(yaml.safe_load((ROOT / "params.yaml").read_text()))
+    assert not missing, f"params.yaml leaves {missing} to code defaults: state them"
+
+
+def test_the_walk_finds_what_a_stage_imports_and_reads(tmp_path):
+    """The checks above can fail: the walk sees function-level and `from package import module` imports."""
+    files = {p.relative_to(ROOT).as_posix() for p in closure(ROOT / "flows/word2vec.py")}
+    assert "lmpipe/audit.py" in files  # imported inside a task function
+    assert not covered("lmpipe/audit.py", ["flows/word2vec.py", "data/clean/train.txt"])
+    assert {"evaluate", "models"} <= params_read(ROOT / "flows/evaluate.py")
+    assert unstated_settings({"corpus": {}})[:2] == ["corpus.source", "corpus.url"]
+    assert "models.x.patience" in unstated_settings({"models": {"x": {"family": "rnn"}}})
