@@ -1,6 +1,6 @@
 """Did the study reproduce? Every model's numbers from a fresh `make study` against the committed ones.
 
-    python .ci/reproduced.py COMMITTED_METRICS_DIR metrics
+    python .ci/reproduced.py [--only MODEL ...] COMMITTED_METRICS_DIR metrics
 
 Compared: each neural model's validation bpb from its training stage (metrics/train/<model>.json, rewritten by
 every fresh run), the n-gram's valid/test bpb (metrics/ngram.json), and every model's valid/test bpb in
@@ -54,8 +54,8 @@ def verdict(model: str, old: dict, new: dict, precisions: list) -> tuple[bool, s
     return False, f"{model}: NOT REPRODUCED: bpb {change}, beyond {SEED_SPREAD_BPB} ({trained})"
 
 
-def main(committed: Path, fresh: Path) -> int:
-    models = sorted(read(committed / "eval.json")["models"])
+def main(committed: Path, fresh: Path, only: list[str] | None = None) -> int:
+    models = sorted(m for m in read(committed / "eval.json")["models"] if not only or m in only)
     passed, ranks = True, []
     for model in models:
         precisions = [read(d / "train" / f"{model}.json").get("precision") for d in (committed, fresh)]
@@ -73,4 +73,11 @@ def main(committed: Path, fresh: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1]), Path(sys.argv[2])))
+    import argparse
+
+    parser = argparse.ArgumentParser(description="compare a fresh study's numbers with the committed ones")
+    parser.add_argument("--only", nargs="+", help="these models only (e.g. ngram: the stages CI re-ran)")
+    parser.add_argument("committed", type=Path)
+    parser.add_argument("fresh", type=Path)
+    args = parser.parse_args()
+    sys.exit(main(args.committed, args.fresh, args.only))

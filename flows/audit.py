@@ -12,14 +12,15 @@ from prefect import flow, get_run_logger, task
 from tokenizers import Tokenizer
 
 from flows._stage import PARAMS_FILE, main, stage_run
+from flows import paths
 from lmpipe import tracking
 from lmpipe.audit import audit, bpe_vector, load_tests, weat_heatmap, word_counts, write_word2vec_text
 from lmpipe.config import load_params
 from lmpipe.io import atomic_path, write_json
 from lmpipe.models import load_model
 
-METRICS, HEATMAP, EMBEDDINGS = "metrics/weat.json", "plots/weat/heatmap.png", "data/embeddings"
-DETAILS = "reports/weat_words.json"  # which words each test kept or dropped, with their training counts
+METRICS, HEATMAP, EMBEDDINGS = paths.WEAT, paths.WEAT_HEATMAP, paths.EMBEDDINGS
+DETAILS = paths.WEAT_WORDS  # which words each test kept or dropped, with their training counts
 DETAIL_KEYS = ("title", "coverage", "dropped", "frequency")  # too bulky for `dvc metrics show`
 
 
@@ -27,21 +28,21 @@ def lookups(params) -> dict:
     """name -> word form -> vector (or None), for every neural model and the word2vec reference."""
     from gensim.models import KeyedVectors
 
-    tokenizer = Tokenizer.from_file("data/tokens/tokenizer.json")
+    tokenizer = Tokenizer.from_file(paths.TOKENIZER)
     out = {}
     for name in params.models:
-        model = load_model(f"models/{name}/model.pt")
+        model = load_model(f"{paths.model_dir(name)}/model.pt")
         matrix = model.embedding_matrix() if params.audit.embedding == "input" else model.output_matrix()
         embedding = matrix.detach().cpu().numpy().astype(np.float64)
         out[name] = lambda form, e=embedding: bpe_vector(form, tokenizer, e)
-    vectors = KeyedVectors.load("data/word2vec/word2vec.kv")
+    vectors = KeyedVectors.load(f"{paths.WORD2VEC}/word2vec.kv")
     out["word2vec"] = lambda form: vectors[form].astype(np.float64) if form in vectors.key_to_index else None
     return out
 
 
 @task
 def run_audit(params) -> dict:
-    counts = word_counts(Path("data/clean/train.txt").read_text(encoding="utf-8"))
+    counts = word_counts(Path(paths.TRAIN_TEXT).read_text(encoding="utf-8"))
     tests = load_tests(params.audit.custom_tests)
     results = {}
     with atomic_path(EMBEDDINGS) as tmp:
@@ -77,7 +78,7 @@ def audit_flow() -> dict:
             metrics = {f"weat_{t}_{k}": r[v] for t, r in by_test.items() if r["status"] == "ok"
                        for k, v in (("d", "effect_size"), ("p", "p_value"))}
             tracking.log_metrics({f"{name}.{k}": v for k, v in metrics.items()})
-            run_id = tracking.run_of_output(params.tracking.experiment, f"models/{name}")
+            run_id = tracking.run_of_output(params.tracking.experiment, paths.model_dir(name))
             if run_id and metrics:
                 tracking.log_metrics(metrics, run_id=run_id)
     return results

@@ -10,6 +10,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from flows import paths
 from lmpipe.config import STRATEGIES, EvaluateParams
 from lmpipe.errors import LmpipeError
 
@@ -79,7 +80,7 @@ def _scaling(args) -> int:
     """The scaling pipeline through DVC, so it is versioned and re-runs only what changed; this interpreter's
     environment first on PATH, so its stages run in it even when the venv is not activated."""
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    code = subprocess.call(["dvc", "repro", "scaling/dvc.yaml", *(["--force"] if args.force else [])], env=env)
+    code = subprocess.call(["dvc", "repro", paths.SCALING_PIPELINE, *(["--force"] if args.force else [])], env=env)
     if code == 0:
         print("report: reports/scaling.md (and .html); runs: scaling/runs.csv; fits: metrics/scaling.json")
     return code
@@ -171,7 +172,7 @@ def _generate(args) -> int:
             raise LmpipeError(f"{args.model}: not in the MLflow model registry at {tracking_uri()} "
                               f"({exc.error_code}; see the versions with `lmpipe ui`, Models)") from None
     else:
-        directory = Path("models") / args.model
+        directory = Path(paths.model_dir(args.model))
         if not directory.exists():
             raise LmpipeError(f"{directory}: no trained model '{args.model}' (run: dvc repro, or give models:/lmpipe-<name>/<version>)")
         model = load_lm(directory)
@@ -189,14 +190,20 @@ def _schedule(args) -> int:
     if not os.environ.get("PREFECT_API_URL"):
         url, _ = server.start()
         os.environ["PREFECT_API_URL"] = url
-    from flows.study import retrain
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
+    from flows.study import retrain
+    from lmpipe.config import load_params
+
+    timeout = load_params().retrain.timeout
     print(f"serving deployment 'retrain/{args.name}' on cron '{args.cron}' via {os.environ['PREFECT_API_URL']}"
-          " (Ctrl-C stops it)")
+          f" (one retrain at a time, a firing during one is cancelled; each may run {timeout:g} s; Ctrl-C stops it)")
     # Prefect 3.8's runner stops on SIGTERM through a coroutine it never awaits; the shutdown is clean all the same
     warnings.filterwarnings("ignore", message="coroutine 'Runner.astop' was never awaited")
     try:
-        retrain.serve(name=args.name, cron=args.cron, print_starting_message=False)
+        retrain.with_options(timeout_seconds=timeout).serve(
+            name=args.name, cron=args.cron, print_starting_message=False,
+            global_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW))
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (the runner exits 0 after pausing the schedule)
         pass
     print(f"stopped serving 'retrain/{args.name}'", flush=True)
@@ -223,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     ui.set_defaults(run=_ui)
     ngram = commands.add_parser("ngram", help="n-gram model tools").add_subparsers(dest="ngram_command", required=True)
     export = ngram.add_parser("export-arpa", help="write the n-gram model as an ARPA file (KenLM, SRILM)")
-    export.add_argument("--model", default="models/ngram")
+    export.add_argument("--model", default=paths.NGRAM)
     export.add_argument("--out", default="ngram.arpa")
     export.set_defaults(run=_export_arpa)
     profile = commands.add_parser("profile", help="print a params profile as `-S` overrides for dvc exp run")
@@ -237,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
         field = EvaluateParams.model_fields[name]
         gen.add_argument(f"--{name.replace('_', '-')}", type=field.annotation, default=None,
                          help=f"default: params.yaml evaluate.{name} ({field.default})")
-    gen.add_argument("--tokenizer", default="data/tokens/tokenizer.json")
+    gen.add_argument("--tokenizer", default=paths.TOKENIZER)
     gen.set_defaults(run=_generate)
     schedule = commands.add_parser("schedule", help="serve the retraining flow on a cron schedule",
                                    description=SCHEDULE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -3,16 +3,15 @@
 from prefect import flow, task
 
 from flows._stage import CACHE_DIR, PARAMS_FILE, is_transient, main, stage_run
+from flows.paths import RAW
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.corpus.sources import fetch_corpus
 
-RAW_DIR = "data/raw"
-
 
 @task(retries=2, retry_delay_seconds=10, retry_condition_fn=is_transient)
 def fetch(corpus) -> dict:
-    return fetch_corpus(corpus, RAW_DIR, f"{CACHE_DIR}/downloads")
+    return fetch_corpus(corpus, RAW, f"{CACHE_DIR}/downloads")
 
 
 @flow(name="download")

@@ -13,6 +13,7 @@ from prefect.artifacts import create_table_artifact
 from tokenizers import Tokenizer
 
 from flows._stage import PARAMS_FILE, main, stage_run
+from flows import paths
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.evaluate import evaluate_lm, load_lm
@@ -20,7 +21,7 @@ from lmpipe.io import write_json, write_text
 from lmpipe.samples import sample_all, samples_markdown, strategy_table
 from lmpipe.splits import load_tokens
 
-METRICS, SAMPLES, PLOT = "metrics/eval.json", "reports/samples.md", "plots/eval/perplexity.csv"
+METRICS, SAMPLES, PLOT = paths.EVAL, paths.SAMPLES, paths.PERPLEXITY_PLOT
 
 
 def model_names(params) -> list[str]:
@@ -31,7 +32,7 @@ def model_names(params) -> list[str]:
 def score_and_sample(names: list[str], params) -> tuple[dict, dict]:
     """Perplexities and decoding samples, loading the token streams and every model once."""
     logger, data = get_run_logger(), load_tokens()
-    models = {name: load_lm(f"models/{name}") for name in names}
+    models = {name: load_lm(paths.model_dir(name)) for name in names}
     results = {}
     for name, model in models.items():  # a line per model: scoring every split takes a while
         started = time.perf_counter()
@@ -40,7 +41,7 @@ def score_and_sample(names: list[str], params) -> tuple[dict, dict]:
         logger.info(f"{name}: test bpb {test['bpb']:.4f}, word ppl {test['word_ppl']:,.0f} "
                     f"({time.perf_counter() - started:.0f} s)")
     logger.info(f"decoding: {len(params.strategies)} strategies x {len(params.prompts)} prompts x {len(models)} models")
-    samples = sample_all(models, Tokenizer.from_file("data/tokens/tokenizer.json"), data.boundary, params)
+    samples = sample_all(models, Tokenizer.from_file(paths.TOKENIZER), data.boundary, params)
     return results, samples
 
 
@@ -67,7 +68,7 @@ def evaluate() -> dict:
                               key="test-perplexity", description="every model on the test split, best first")
         for name, r in results.items():
             tracking.log_metrics({f"{name}.{split}_{key}": r[split][key] for split in ("valid", "test") for key in r[split]})
-            run_id = tracking.run_of_output(params.tracking.experiment, f"models/{name}")
+            run_id = tracking.run_of_output(params.tracking.experiment, paths.model_dir(name))
             if run_id:  # the model's own run carries its test numbers too
                 tracking.log_metrics({f"test_{k}": v for k, v in r["test"].items()} | {"n_params": r["n_params"]},
                                      run_id=run_id)

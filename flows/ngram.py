@@ -13,14 +13,15 @@ from prefect import flow, task
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows._stage import PARAMS_FILE, main, stage_run
+from flows import paths
 from lmpipe import ngram_build, tracking
 from lmpipe.config import load_params
 from lmpipe.io import atomic_path, write_json
 from lmpipe.ngram import NGramLM, perplexity
 from lmpipe.splits import load_tokens
 
-MODEL_DIR, METRICS, WORK_DIR = "models/ngram", "metrics/ngram.json", ".cache/lmpipe/ngram"
-TOKENS = "data/tokens/train.npy"
+MODEL_DIR, METRICS, WORK_DIR = paths.NGRAM, paths.NGRAM_METRICS, ".cache/lmpipe/ngram"
+TOKENS = paths.TRAIN_TOKENS
 
 
 @flow(name="ngram-build", flow_run_name="ngram-build")

@@ -1,6 +1,50 @@
-"""Paths that two flows share (one writes, another reads): each written once, here. dvc.yaml is the map of every
-stage's inputs and outputs; tests/test_graph.py holds these to it."""
+"""Every path a stage reads or writes, written once, here. dvc.yaml is the map of which stage reads and writes
+which; tests/test_graph.py holds the two together: each data path in dvc.yaml (both pipelines) is one of these, and
+no other module of flows/ spells a path out."""
 
-from pathlib import Path
+RAW = "data/raw"  # the corpus as fetched, with its manifest
+CLEAN = "data/clean"  # {train,valid,test}.txt
+TRAIN_TEXT = f"{CLEAN}/train.txt"
+TOKENS = "data/tokens"  # tokenizer.json, {split}.npy, counts.json
+TOKENIZER = f"{TOKENS}/tokenizer.json"
+TRAIN_TOKENS = f"{TOKENS}/train.npy"
+WORD2VEC = "data/word2vec"  # the audit's reference embedding
+EMBEDDINGS = "data/embeddings"  # the audited vectors, one file per model
 
-RUNS = Path("scaling/runs.csv")  # the scaling grid's rows: written by `grid`, fitted by `fit`
+MODELS = "models"  # every language model of the study, one folder each
+NGRAM = f"{MODELS}/ngram"
+
+CORPUS_METRICS = "metrics/corpus.json"
+VALIDATION_METRICS = "metrics/validation.json"
+VALIDATION_DOCS = "reports/validation"  # Great Expectations' data docs
+TOKENIZE_METRICS = "metrics/tokenize.json"
+NGRAM_METRICS = "metrics/ngram.json"
+TRAIN_METRICS = "metrics/train"  # <model>.json, one per train@<model>
+CURVES = "plots/train"  # <model>.csv, one per train@<model>
+EVAL = "metrics/eval.json"
+SAMPLES = "reports/samples.md"
+PERPLEXITY_PLOT = "plots/eval/perplexity.csv"
+WEAT = "metrics/weat.json"
+WEAT_WORDS = "reports/weat_words.json"
+WEAT_HEATMAP = "plots/weat/heatmap.png"
+REPORTS = "reports"  # where lmpipe.report writes the study's report:
+STUDY_REPORT, STUDY_PAGE, FIGURES = f"{REPORTS}/study.md", f"{REPORTS}/study.html", f"{REPORTS}/figures"
+PLOTS_TEMPLATE = f"{REPORTS}/plots_template.html"  # .dvc/config points `dvc plots show` at it
+SUMMARIES = "metrics/models"  # <model>.json: what `dvc metrics show` lists
+
+SCALING_PIPELINE = "scaling/dvc.yaml"  # the scaling-law experiment, apart from the study
+RUNS = "scaling/runs.csv"  # the scaling grid's rows: written by `grid`, fitted by `fit`
+SCALING_METRICS = "metrics/scaling.json"
+SCALING_REPORT, SCALING_PAGE, SCALING_FIGURES = f"{REPORTS}/scaling.md", f"{REPORTS}/scaling.html", f"{REPORTS}/scaling"
+
+
+def model_dir(name: str) -> str:
+    return f"{MODELS}/{name}"
+
+
+def train_metrics(name: str) -> str:
+    return f"{TRAIN_METRICS}/{name}.json"
+
+
+def curve(name: str) -> str:
+    return f"{CURVES}/{name}.csv"

@@ -3,12 +3,13 @@
 from prefect import flow, task
 
 from flows._stage import PARAMS_FILE, main, stage_run
+from flows import paths
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.corpus.prepare import prepare_corpus
 from lmpipe.io import write_json
 
-RAW_DIR, CLEAN_DIR, METRICS = "data/raw", "data/clean", "metrics/corpus.json"
+RAW_DIR, CLEAN_DIR, METRICS = paths.RAW, paths.CLEAN, paths.CORPUS_METRICS
 
 
 @task

@@ -7,17 +7,17 @@ from pathlib import Path
 from prefect import flow, task
 
 from flows._stage import PARAMS_FILE, main, stage_run
+from flows import paths
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.errors import LmpipeError
 from lmpipe.io import write_text
 from lmpipe.report import build_report, dvc_plots_template
 
-OUT_DIR = "reports"  # study.md, study.html, figures/ (beside validation/ and samples.md of earlier stages)
+OUT_DIR = paths.REPORTS  # study.md, study.html, figures/ (beside validation/ and samples.md of earlier stages)
 
 
-EVAL = "metrics/eval.json"
-PLOTS_TEMPLATE = "reports/plots_template.html"  # .dvc/config points `dvc plots show` at it
+EVAL, PLOTS_TEMPLATE = paths.EVAL, paths.PLOTS_TEMPLATE
 
 
 def headline(models: dict) -> dict:
@@ -31,7 +31,7 @@ def headline(models: dict) -> dict:
     return out
 
 
-PER_MODEL = {"metrics/train": ".json", "plots/train": ".csv"}  # what each train@<model> stage writes beside its model
+PER_MODEL = {paths.TRAIN_METRICS: ".json", paths.CURVES: ".csv"}  # what each train@<model> writes beside its model
 
 
 def drop_removed(models: list[str]) -> list[Path]:
@@ -58,7 +58,7 @@ def write_report(models: list[str]) -> str:
     for path in drop_removed(models):
         print(f"removed {path}: its model is no longer in params.yaml", flush=True)
     write_text(PLOTS_TEMPLATE, dvc_plots_template())
-    return str(build_report(".", OUT_DIR, models))
+    return str(build_report(".", OUT_DIR, models, tracking.experiment_tags().get(tracking.EXPERIMENT)))
 
 
 @flow(name="report")

@@ -12,17 +12,17 @@ from pathlib import Path
 from prefect import flow
 
 from flows._stage import PARAMS_FILE, main
-from flows.paths import RUNS
+from flows import paths
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.errors import ConfigError
 from lmpipe.io import atomic_path, write_json
 from lmpipe.scaling import analyse, best_per_budget
 
-REPORTS, SUMMARY, KN5 = Path("reports"), Path("metrics/scaling.json"), Path("metrics/ngram.json")
+REPORTS, SUMMARY, KN5 = Path(paths.REPORTS), Path(paths.SCALING_METRICS), Path(paths.NGRAM_METRICS)
 
 
-def read_runs(path: Path = RUNS) -> list[dict]:
+def read_runs(path: Path = Path(paths.RUNS)) -> list[dict]:
     if not path.exists():
         raise ConfigError(f"{path}: no grid results (run: dvc repro scaling/dvc.yaml)")
     with open(path) as f:
@@ -52,7 +52,7 @@ def fit() -> str:
         for name in ("scaling.md", "scaling.html"):
             (tmp / name).replace(REPORTS / name)
     write_json(SUMMARY, summary)
-    parent = tracking.run_of_output(params.tracking.experiment, RUNS)
+    parent = tracking.run_of_output(params.tracking.experiment, paths.RUNS)
     if parent:  # the fits beside the runs they come from
         tracking.log_metrics({f"{m}.{k}": v for m, a in analysis.items() for k, v in
                               {**a["law"], **{f"law_{e}": x for e, x in a["law_exponents"].items()},

@@ -21,6 +21,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
+from flows import paths
 from flows._stage import PARAMS_FILE, main
 from flows.runners import task_runner
 from lmpipe import tracking
@@ -28,7 +29,7 @@ from lmpipe.compare import compare_eval, comparison_markdown
 from lmpipe.config import OrchestrationParams, load_params
 from lmpipe.errors import ConfigError, LmpipeError
 
-EVAL = Path("metrics/eval.json")
+EVAL = Path(paths.EVAL)
 
 
 def _stage_env(parent_run_id: str) -> dict:
@@ -44,6 +45,8 @@ STUDY_LOCK = Path(".cache/lmpipe/study.lock")  # held (flock) by the running stu
 
 
 def _alive(pid: int) -> bool:
+    if pid <= 0:  # os.kill(0, ...) would signal our own process group
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -96,7 +99,8 @@ def one_study(lock: Path = STUDY_LOCK):
 def dvc(args: list[str], env: dict) -> str:
     done = subprocess.run(["dvc", *args], env=env, capture_output=True, text=True)
     if done.returncode != 0:
-        holder = dvc_lock_holder() if "lock" in done.stderr else None
+        busy = any(words in done.stderr for words in ("is busy, it is being blocked by", "Unable to acquire lock"))
+        holder = dvc_lock_holder() if busy else None
         if holder:  # DVC's own last line invites removing the lock of a live run
             raise LmpipeError(f"dvc {' '.join(args)}: another DVC command is running in this project, {holder}; "
                               "wait for it to finish (its lock is live: do not remove it)")
@@ -182,15 +186,16 @@ def retrain() -> dict:
         # re-run only the stages whose inputs really changed
         dvc(["repro", "--force", "--single-item", "download"], env)
         log = repro(params.orchestration, env)
-    rows, regressed = compare_eval(before, json.loads(EVAL.read_text()), params.retrain.max_regression)
+        rows, regressed = compare_eval(before, json.loads(EVAL.read_text()), params.retrain.max_regression)
     report = comparison_markdown(rows, regressed, params.retrain.max_regression)
     create_markdown_artifact(report, key="retrain-comparison", description="test word perplexity, before vs after")
     get_run_logger().info("stages run: %s", [l for l in log.splitlines() if l.startswith("Running stage")])
     if regressed:
         raise LmpipeError(f"models regressed beyond retrain.max_regression={params.retrain.max_regression}: "
                           + ", ".join(regressed) + " (see the retrain-comparison artifact)")
-    return {"rows": rows, "regressed": regressed}
-
+    promoted = tracking.promote_challengers(params.models)  # the gate passed: the new versions serve
+    get_run_logger().info("champions: %s", promoted)
+    return {"rows": rows, "regressed": regressed, "champions": promoted}
 
 if __name__ == "__main__":
     main(retrain) if sys.argv[1:] == ["retrain"] else main(study, overrides=sys.argv[1:] or None)

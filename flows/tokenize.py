@@ -3,12 +3,13 @@
 from prefect import flow, task
 
 from flows._stage import PARAMS_FILE, main, stage_run
+from flows import paths
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.io import write_json
 from lmpipe.tokenize import tokenize_corpus
 
-CLEAN_DIR, TOKENS_DIR, METRICS = "data/clean", "data/tokens", "metrics/tokenize.json"
+CLEAN_DIR, TOKENS_DIR, METRICS = paths.CLEAN, paths.TOKENS, paths.TOKENIZE_METRICS
 
 
 @task

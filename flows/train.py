@@ -20,6 +20,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows._stage import CACHE_DIR, PARAMS_FILE, main, stage_run
+from flows import paths
 from lmpipe import checkpoints, distributed, tracking
 from lmpipe.config import load_params
 from lmpipe.io import atomic_path, csv_text, write_json, write_text
@@ -75,15 +76,15 @@ def train(model: str) -> dict:
     checkpoints.prune(ckpt_dir)
     with stage_run(f"train@{model}", params, chosen, model=model) as run:
         result = fit(model, settings, params.train, data, ckpt_dir, run.info.run_id)
-        with atomic_path(f"models/{model}") as tmp:
+        with atomic_path(paths.model_dir(model)) as tmp:
             tmp.mkdir()
             save_model(result.model, settings.family, settings.arch, tmp / "model.pt")
-        tracking.mark_output(f"models/{model}")
-        write_json(f"metrics/train/{model}.json", result.metrics)
-        write_text(f"plots/train/{model}.csv", csv_text(result.history))
+        tracking.mark_output(paths.model_dir(model))
+        write_json(paths.train_metrics(model), result.metrics)
+        write_text(paths.curve(model), csv_text(result.history))
         tracking.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
         tracking.log_compare_axes(model, result.metrics["n_params"], result.metrics["tokens_seen"])
-        tracking.log_artifacts(f"plots/train/{model}.csv")
+        tracking.log_artifacts(paths.curve(model))
         tracking.log_torch_model(NextTokenLogits(result.model.cpu().eval()), "model", f"lmpipe-{model}",
                                  vocab_size=result.model.embed.num_embeddings)
     checkpoints.discard(ckpt_dir)  # every output is written: only now may the training go

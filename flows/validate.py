@@ -3,13 +3,14 @@
 from prefect import flow, get_run_logger, task
 
 from flows._stage import PARAMS_FILE, main, stage_run
+from flows import paths
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.errors import ValidationFailed
 from lmpipe.io import write_json
 from lmpipe.validation import validate_corpus
 
-CLEAN_DIR, DOCS_DIR, METRICS = "data/clean", "reports/validation", "metrics/validation.json"
+CLEAN_DIR, DOCS_DIR, METRICS = paths.CLEAN, paths.VALIDATION_DOCS, paths.VALIDATION_METRICS
 
 
 @task

@@ -5,11 +5,12 @@ import zlib
 from prefect import flow, task
 
 from flows._stage import PARAMS_FILE, main, stage_run
+from flows import paths
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.io import atomic_path
 
-TRAIN, OUT_DIR = "data/clean/train.txt", "data/word2vec"
+TRAIN, OUT_DIR = paths.TRAIN_TEXT, paths.WORD2VEC
 
 
 def stable_hash(text: str) -> int:

@@ -211,6 +211,7 @@ class AuditParams(_Section):
 
 class RetrainParams(_Section):
     max_regression: float = Field(0.05, ge=0, description="fail when a model's test word ppl grows more than this")
+    timeout: float = Field(7200, gt=0, description="seconds a retrain may run before Prefect ends it (TimedOut)")
 
 
 class TrackingParams(_Section):

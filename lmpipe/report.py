@@ -194,9 +194,11 @@ def dvc_plots_template(vega_lite: str = "5.21") -> str:
             "<body>\n{plot_divs}\n</body>\n</html>\n")
 
 
-def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None = None) -> Path:
+def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None = None,
+                 experiment: str | None = None) -> Path:
     """Write study.md, study.html and figures/ under `out_dir`, and metrics/models/, from the metrics under `root`;
-    `models` (params.yaml's) limits the per-model files read, so a removed model's leftovers never show."""
+    `models` (params.yaml's) limits the per-model files read, so a removed model's leftovers never show;
+    `experiment` names the `dvc exp run` that made them, so its report never passes for the study's."""
     root, out_dir = Path(root), Path(out_dir)
     figures = out_dir / "figures"
     figures.mkdir(parents=True, exist_ok=True)
@@ -208,7 +210,11 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     if models is not None:
         curves = {name: rows for name, rows in curves.items() if name in models}
         trained = {name: t for name, t in trained.items() if name in models}
-    lines = ["# lmpipe study", ""] + _corpus_section(corpus, validation, tokenize) + [""]
+    lines = ["# lmpipe study", ""]
+    if experiment:
+        lines += [f"**Experiment `{experiment}`** (`dvc exp run`): these are its results, not the study's committed "
+                  "ones (`dvc exp show` compares them).", ""]
+    lines += _corpus_section(corpus, validation, tokenize) + [""]
     if evaluation:
         lines += _perplexity_section(evaluation, trained) + [""]
         bpb_figure(evaluation["models"], figures / "bpb.png")

@@ -45,6 +45,21 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
 
 
+@contextlib.contextmanager
+def _env(**values: str) -> Iterator[None]:
+    """Environment variables set for the duration of a block, then put back as they were."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def check_store(timeout: float) -> None:
     """Fail fast, in one line, when the tracking store is unusable: a server that does not answer within `timeout`
     seconds, or a SQLite path in a directory that does not exist. A new SQLite store gets its schema here, under a
@@ -54,7 +69,7 @@ def check_store(timeout: float) -> None:
 
     uri = tracking_uri()
     if uri.startswith(("http://", "https://")):
-        for name, value in {**HTTP_PATIENCE, "MLFLOW_HTTP_REQUEST_TIMEOUT": f"{max(1, round(timeout))}"}.items():
+        for name, value in HTTP_PATIENCE.items():  # the whole stage: a failing server is said within ~30 s
             os.environ.setdefault(name, value)
         try:
             requests.get(f"{uri.rstrip('/')}/health", timeout=timeout).raise_for_status()
@@ -63,7 +78,8 @@ def check_store(timeout: float) -> None:
                                 f"({type(exc).__name__}); start the server, or unset MLFLOW_TRACKING_URI to use "
                                 f"the project's mlflow.db") from None
         try:
-            MlflowClient(uri).search_experiments(max_results=1)
+            with _env(MLFLOW_HTTP_REQUEST_TIMEOUT=f"{max(1, round(timeout))}"):  # the probe only: uploads take longer
+                MlflowClient(uri).search_experiments(max_results=1)
         except Exception as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
             raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: the MLflow server answers /health but its API fails "
@@ -195,7 +211,12 @@ def open_stage_run(
         **experiment_tags(),
         **(tags or {}),
     }
-    with _closing(experiment, run_name=stage, parent_run_id=parent, tags=run_tags) as run:
+    training = stage.startswith("train@")  # CPU and memory every 10 s beside the learning curve (system/* metrics)
+    if training:
+        import logging
+
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its start/stop lines, 4 per stage
+    with _closing(experiment, run_name=stage, parent_run_id=parent, tags=run_tags, log_system_metrics=training) as run:
         flat = {k: ("null" if v is None else v) for k, v in flatten(params).items()}
         mlflow.log_params(flat)
         yield run
@@ -323,7 +344,8 @@ CHAMPION, CHALLENGER = "champion", "challenger"
 
 def name_aliases(client: MlflowClient, registered_name: str, version: str) -> None:
     """Every new version is the `challenger`; the first of the study's own becomes the `champion`, which after that
-    only a passing retrain moves. Users load `models:/<name>@champion` (MLflow aliases replaced stages in 2.9)."""
+    only a passing retrain moves (`promote_challengers`). Users load `models:/<name>@champion` (MLflow aliases
+    replaced stages in 2.9)."""
     from mlflow.exceptions import MlflowException
 
     client.set_registered_model_alias(registered_name, CHALLENGER, version)
@@ -386,3 +408,19 @@ def run_of_output(experiment: str, path: str | Path) -> str | None:
 def parent_run_id(run) -> str | None:
     """The study run a stage run is nested under."""
     return MlflowClient().get_run(run.info.run_id).data.tags.get("mlflow.parentRunId")
+
+
+def promote_challengers(models) -> dict[str, str]:
+    """A passing retrain: each model's challenger becomes its champion. {registered name: version promoted}."""
+    from mlflow.exceptions import MlflowException
+
+    client, moved = MlflowClient(), {}
+    for model in models:
+        name = f"lmpipe-{model}"
+        try:
+            version = client.get_model_version_by_alias(name, CHALLENGER).version
+        except MlflowException:
+            continue  # never registered (the n-gram), or nothing new
+        client.set_registered_model_alias(name, CHAMPION, str(version))
+        moved[name] = str(version)
+    return moved

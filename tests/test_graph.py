@@ -18,12 +18,11 @@ from tests.conftest import ROOT
 
 PIPELINES = ("dvc.yaml", "scaling/dvc.yaml")
 PACKAGES = ("lmpipe", "flows")
-# Plumbing that cannot change any output, declared once: where runs are recorded, how errors read, atomic writes,
-# the stage harness, the Prefect server probe, where tasks run (local threads or a cluster: the same results), the
+# Plumbing that cannot change any output, declared once: where runs are recorded, how errors read, the stage harness, the Prefect server probe, where tasks run (local threads or a cluster: the same results), the
 # packages' import-time setup; and config.py, the typed reading of
 # params.yaml, whose defaults cannot reach an output because params.yaml states every setting
 # (test_params_yaml_states_every_setting).
-PLUMBING = {"lmpipe/tracking.py", "lmpipe/errors.py", "lmpipe/io.py", "lmpipe/__init__.py", "flows/__init__.py",
+PLUMBING = {"lmpipe/tracking.py", "lmpipe/errors.py", "lmpipe/__init__.py", "flows/__init__.py",
             "flows/_stage.py", "flows/server.py", "flows/runners.py", "lmpipe/config.py"}
 # Params sections that say where and how a stage runs, not what it computes.
 PLUMBING_PARAMS = {"tracking", "orchestration"}
@@ -147,3 +146,37 @@ def test_the_walk_finds_what_a_stage_imports_and_reads(tmp_path):
     assert {"evaluate", "models"} <= params_read(ROOT / "flows/evaluate.py")
     assert unstated_settings({"corpus": {}})[:2] == ["corpus.source", "corpus.url"]
     assert "models.x.patience" in unstated_settings({"models": {"x": {"family": "rnn"}}})
+
+
+DATA_PATH = re.compile(r"(data|models|metrics|plots|reports|scaling)/")
+
+
+def literal_paths(path: Path) -> list[str]:
+    """String constants (f-string pieces included) in a module that spell out a data path."""
+    return [node.value for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and DATA_PATH.match(node.value)]
+
+
+def test_no_flow_spells_out_a_path_but_flows_paths():
+    spelled = {p.name: literal_paths(p) for p in sorted((ROOT / "flows").glob("*.py")) if p.name != "paths.py"}
+    assert {name: found for name, found in spelled.items() if found} == {}
+
+
+def test_every_data_path_in_dvc_yaml_is_one_of_flows_paths():
+    """dvc.yaml is the map; flows/paths.py the one place the code names a path: a path renamed in one and not the
+    other fails here."""
+    import flows.paths as paths
+
+    known = {v for k, v in vars(paths).items() if isinstance(v, str) and not k.startswith("_")}
+    known |= {f(KEY) for f in (paths.model_dir, paths.train_metrics, paths.curve)}
+    for pipeline, name, stage in stages():
+        base = os.path.normpath(Path(pipeline).parent / stage.get("wdir", "."))
+        listed = [item if isinstance(item, str) else next(iter(item))
+                  for field in ("deps", "outs", "metrics", "plots") for item in stage.get(field, [])]
+        for path in listed:
+            path = os.path.normpath(os.path.join(base, path)).replace("${key}", KEY)
+            if not path.startswith(("lmpipe/", "flows/")):
+                assert path in known, f"{pipeline}: stage {name} names {path}, which flows/paths.py does not"
+
+
+KEY = "some-model"

@@ -34,3 +34,16 @@ def test_other_errors_pass_through_and_leave_no_partial_output(tmp_path):
             (tmp / "half").write_text("x")
             raise ValueError("boom")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_anywhere_in_a_stage_is_one_line_naming_the_file():
+    from flows._stage import full_disk
+
+    assert full_disk(OSError(errno.ENOSPC, "No space left on device", ".cache/lmpipe/ckpt/gru-0/last.tmp")) == (
+        ".cache/lmpipe/ckpt/gru-0/last.tmp: no space left on device; free some space and run again (a training "
+        "stage resumes from its checkpoint)")
+    torch_says = RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file "
+                              "data/0: file write failed")
+    assert full_disk(torch_says).startswith("a checkpoint or model file (torch.save): no space left on device")
+    assert full_disk(OSError(errno.EACCES, "Permission denied", "x")) is None
+    assert full_disk(ValueError("x")) is None

@@ -101,7 +101,8 @@ def project(tmp_path_factory, prefect_api):
     for name in ("dvc.lock", "scaling/dvc.lock"):  # a fresh study: nothing recorded yet
         (copy / name).unlink(missing_ok=True)
     override(copy / "params.yaml", TINY)
-    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1"}  # a tiny training lasts seconds: sample each one
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("LMPIPE_PARENT_RUN_ID", None)
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
@@ -298,6 +299,7 @@ def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_ap
         assert trained.data.tags["lmpipe.model"] == model
         assert {"valid_ppl", "tokens_per_sec", "n_params", "train_loss", "valid_word_ppl", "grad_norm", "lr"} <= set(
             trained.data.metrics)
+        assert "system/cpu_utilization_percentage" in trained.data.metrics  # MLflow's system metrics
         assert trained.data.tags["lmpipe.output_sha256"] == sha256_tree(copy / f"models/{model}")
         versions = client.search_model_versions(f"name = 'lmpipe-{model}'")
         assert [v.run_id for v in versions] == [trained.info.run_id]
@@ -509,6 +511,16 @@ def test_scheduled_retrain_deployment_registers_and_runs(project, prefect_api):
                                   json={"artifacts": {"flow_run_id": {"any_": [run_id]}}}, timeout=10).json()
         assert any("No model regressed" in (a.get("data") or "") for a in artifacts)
         assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}  # nothing left to do
+        assert (deployment["global_concurrency_limit"] or {}).get("limit") == 1, deployment
+        assert deployment["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
+        both = [created_flow_run(f"{prefect_api}/deployments/{deployment['id']}/create_flow_run") for _ in range(2)]
+        deadline, states = time.monotonic() + 400, []
+        while time.monotonic() < deadline:  # two firings at once: one retrains, the other is cancelled
+            states = sorted(requests.get(f"{prefect_api}/flow_runs/{r}", timeout=10).json()["state_type"] for r in both)
+            if all(s in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") for s in states):
+                break
+            time.sleep(2)
+        assert states == ["CANCELLED", "COMPLETED"], (copy / "schedule.log").read_text()[-3000:]
     finally:
         stop(serve)
         log.close()
@@ -609,7 +621,10 @@ def test_a_changed_code_default_makes_dvc_status_name_the_stages_it_affects(scra
     copy, env = scratch
     config = copy / "lmpipe/config.py"
     config.write_text(config.read_text().replace('patience: int = Field(3,', 'patience: int = Field(1,'))
-    assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}  # stated in params.yaml: no effect
+    effective = run([sys.executable, "-c", "from lmpipe.config import ModelParams, load_params; "
+                     "print(ModelParams(family='rnn').patience, load_params().models['gru'].patience)"], copy, env)
+    assert effective.stdout.split() == ["1", "3"]  # the copy's new default is in force, yet the study's setting holds
+    assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}
     rnn = copy / "lmpipe/models/rnn.py"
     rnn.write_text(rnn.read_text().replace("dropout_hidden: float = 0.0", "dropout_hidden: float = 0.3"))
     changed = set(json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout))
@@ -634,7 +649,7 @@ def test_a_failure_after_training_keeps_the_training_and_the_rerun_does_not_trai
     assert failed.returncode != 0 and "registry is unavailable" in failed.stderr
     assert "gru epoch 1.00/1" in failed.stderr + failed.stdout  # it trained
     assert list((copy / ".cache/lmpipe/ckpt").glob("gru-*/last.pt"))  # and kept what it trained
-    again = run(["dvc", "repro", "train@gru"], copy, env)
+    again = run(["dvc", "repro", "--no-run-cache", "train@gru"], copy, env)  # not the fixture's cached run
     assert "Running stage 'train@gru'" in again.stdout
     assert "gru epoch" not in again.stdout + again.stderr  # resumed finished: not one step trained again
     assert (copy / "models/gru/model.pt").read_bytes() == ours  # the very model an uninterrupted run gives

@@ -124,3 +124,10 @@ def test_an_evaluation_that_does_not_cover_the_models_is_refused_in_one_line(tmp
     with pytest.raises(LmpipeError, match=r"metrics/eval.json covers \['lstm', 'transformer'\], params.yaml's "
                                           r"models are \['gru', 'lstm', 'transformer'\] \(run the whole pipeline"):
         check_covers(["lstm", "transformer", "gru"])
+
+
+def test_an_experiments_report_says_it_is_one(tmp_path):
+    fixture_study(tmp_path)
+    md = build_report(tmp_path, tmp_path / "reports", experiment="lanky-bass").read_text()
+    assert "**Experiment `lanky-bass`** (`dvc exp run`)" in md.splitlines()[2]
+    assert "Experiment" not in build_report(tmp_path, tmp_path / "reports").read_text()

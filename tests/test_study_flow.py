@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from flows.study import study, task_runner
+from flows.runners import task_runner
+from flows.study import study
 from lmpipe.config import OrchestrationParams
 from lmpipe.errors import ConfigError
 

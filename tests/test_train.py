@@ -92,14 +92,18 @@ def test_same_seed_same_metrics(tmp_path):
 
 
 @pytest.mark.parametrize("name, step", [("lstm", 11), ("lstm", 30), ("lstm_asgd", 130), ("transformer", 9)])
-def test_kill_and_resume_gives_identical_weights_and_curve(tmp_path, name, step):
+def test_kill_and_resume_gives_identical_weights_and_curve(tmp_path, name, step, capsys):
     """Killed between checkpoints (every 7 steps), inside an epoch: the resumed run repeats the lost steps and
     ends with the same weights and the same learning curve, the interrupted epoch's training sums included."""
     whole = train(tmp_path / "whole", name)
     with pytest.raises(KeyboardInterrupt):
         train(tmp_path / "killed", name, on_step=kill_at(step))
     assert (tmp_path / "killed" / name / "last.pt").exists()
-    resumed = train(tmp_path / "killed", name)
+    capsys.readouterr()
+    steps = []
+    resumed = train(tmp_path / "killed", name, on_step=steps.append)
+    assert "unreadable checkpoint" not in capsys.readouterr().err  # it resumed, it did not start afresh
+    assert steps and 1 < steps[0] <= step + 1  # from the last checkpoint before the kill
     for (key, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items()):
         assert torch.equal(a, b), key
     assert drop_timings(resumed.history) == drop_timings(whole.history)
