@@ -11,8 +11,8 @@ import numpy as np
 from prefect import flow, get_run_logger, task
 from tokenizers import Tokenizer
 
-from flows._stage import PARAMS_FILE, main, stage_run
 from flows import paths
+from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import tracking
 from lmpipe.audit import audit, bpe_vector, load_tests, weat_heatmap, word_counts, write_word2vec_text
 from lmpipe.config import load_params

@@ -12,8 +12,8 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from tokenizers import Tokenizer
 
-from flows._stage import PARAMS_FILE, main, stage_run
 from flows import paths
+from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.evaluate import evaluate_lm, load_lm

@@ -12,8 +12,8 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows._stage import PARAMS_FILE, main, stage_run
 from flows import paths
+from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import ngram_build, tracking
 from lmpipe.config import load_params
 from lmpipe.io import atomic_path, write_json

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from flows._stage import PARAMS_FILE, main, stage_run
 from flows import paths
+from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.errors import LmpipeError
@@ -15,9 +15,8 @@ from lmpipe.io import write_text
 from lmpipe.report import build_report, dvc_plots_template
 
 OUT_DIR = paths.REPORTS  # study.md, study.html, figures/ (beside validation/ and samples.md of earlier stages)
-
-
 EVAL, PLOTS_TEMPLATE = paths.EVAL, paths.PLOTS_TEMPLATE
+PER_MODEL = {paths.TRAIN_METRICS: ".json", paths.CURVES: ".csv"}  # what each train@<model> writes beside its model
 
 
 def headline(models: dict) -> dict:
@@ -29,9 +28,6 @@ def headline(models: dict) -> dict:
         out["best_neural_test_bpb"] = models[best]["test"]["bpb"]
         out["best_neural_vs_ngram_word_ppl"] = models[best]["test"]["word_ppl"] / models["ngram"]["test"]["word_ppl"]
     return out
-
-
-PER_MODEL = {paths.TRAIN_METRICS: ".json", paths.CURVES: ".csv"}  # what each train@<model> writes beside its model
 
 
 def drop_removed(models: list[str]) -> list[Path]:

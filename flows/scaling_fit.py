@@ -11,8 +11,8 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows._stage import PARAMS_FILE, main
 from flows import paths
+from flows._stage import PARAMS_FILE, main
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.errors import ConfigError

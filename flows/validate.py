@@ -2,8 +2,8 @@
 
 from prefect import flow, get_run_logger, task
 
-from flows._stage import PARAMS_FILE, main, stage_run
 from flows import paths
+from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.errors import ValidationFailed

@@ -4,8 +4,8 @@ import zlib
 
 from prefect import flow, task
 
-from flows._stage import PARAMS_FILE, main, stage_run
 from flows import paths
+from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.io import atomic_path
