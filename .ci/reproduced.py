@@ -1,6 +1,6 @@
 """Did the study reproduce? Every model's numbers from a fresh `make study` against the committed ones.
 
-    python .ci/reproduced.py [--only MODEL ...] COMMITTED_METRICS_DIR metrics
+    python .ci/reproduced.py [--only MODEL]... COMMITTED_METRICS_DIR metrics
 
 Compared: each neural model's validation bpb from its training stage (metrics/train/<model>.json, rewritten by
 every fresh run), the n-gram's valid/test bpb (metrics/ngram.json), and every model's valid/test bpb in
@@ -76,7 +76,7 @@ if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description="compare a fresh study's numbers with the committed ones")
-    parser.add_argument("--only", nargs="+", help="these models only (e.g. ngram: the stages CI re-ran)")
+    parser.add_argument("--only", action="append", help="this model only, repeatable (e.g. ngram: the stages CI re-ran)")
     parser.add_argument("committed", type=Path)
     parser.add_argument("fresh", type=Path)
     args = parser.parse_args()

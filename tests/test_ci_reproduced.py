@@ -50,3 +50,17 @@ def test_only_the_named_models_are_compared(tmp_path, capsys):
     assert reproduced.main(committed, fresh, only=["ngram"]) == 0
     assert capsys.readouterr().out.strip() == "ngram: reproduced bit for bit (test bpb 2.0500)"
     assert reproduced.main(committed, metrics(tmp_path, "off", {"ngram": 2.06}), only=["ngram"]) == 1
+
+
+
+def test_the_command_line_ci_runs(tmp_path):
+    import subprocess
+    import sys
+
+    committed, fresh = metrics(tmp_path, "committed"), metrics(tmp_path, "fresh", {"gru": math.nan})
+    done = subprocess.run([sys.executable, str(ROOT / ".ci" / "reproduced.py"), "--only", "ngram", str(committed),
+                           str(fresh)], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ngram: reproduced bit for bit (test bpb 2.0500)"
+    whole = subprocess.run([sys.executable, str(ROOT / ".ci" / "reproduced.py"), str(committed), str(fresh)],
+                           capture_output=True, text=True)
+    assert whole.returncode == 1 and "gru: NOT REPRODUCED" in whole.stderr
