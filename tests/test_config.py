@@ -139,3 +139,15 @@ def test_model_names_that_every_tool_takes_or_one_line_before_training(tmp_path,
     with pytest.raises(ConfigError) as info:
         load_params(write(tmp_path, text))
     assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_the_family_registry_is_one_table(tmp_path):
+    """config.MODEL_CLASSES names each family's file and class; the model builder is derived from it, and a family
+    not in it is one line naming where to register it."""
+    from lmpipe.config import MODEL_CLASSES
+    from lmpipe.models import FAMILIES
+
+    assert {f: (c.__module__.rsplit(".", 1)[1] + ".py", c.__name__) for f, c in FAMILIES.items()} == MODEL_CLASSES
+    with pytest.raises(ConfigError, match=r"family 'mylm' is not registered \(have: nplm, rnn, transformer; "
+                                          r"register yours in lmpipe/config.py MODEL_CLASSES\)"):
+        load_params(write(tmp_path, "models:\n  mine: {family: mylm}\n"))

@@ -61,3 +61,11 @@ def test_non_embedding_parameters_leave_out_the_tables():
     model = build_model("transformer", {"dim": 32, "layers": 2, "heads": 4, "block_size": T}, V, 0)
     per_layer = 12 * 32 * 32 + 13 * 32  # weights + biases + two LayerNorms
     assert count_non_embedding_parameters(model) == 2 * per_layer + 2 * 32  # + the final LayerNorm (head is tied)
+
+
+def test_a_family_of_your_own_counts_six_n_per_training_token():
+    from lmpipe.flops import train_flops_per_token
+
+    assert train_flops_per_token("mylm", {}, 100, 16, n_params=1000) == 6000
+    with pytest.raises(ValueError, match="unknown family 'mylm'"):
+        train_flops_per_token("mylm", {}, 100, 16)
