@@ -84,8 +84,8 @@ def main(flow: Callable, **flow_kwargs) -> None:
         exc = state.result(raise_on_failure=False)
         if isinstance(exc, LmpipeError):
             sys.exit(f"error: {exc}")
-        if full_disk(exc):
-            sys.exit(f"error: {full_disk(exc)}")
+        if line := full_disk(exc):
+            sys.exit(f"error: {line}")
         sys.exit(f"error: stage failed: {exc!r}")
 
 

@@ -44,18 +44,6 @@ def _stage_env(parent_run_id: str) -> dict:
 STUDY_LOCK = Path(".cache/lmpipe/study.lock")  # held (flock) by the running study or retrain: its pid inside
 
 
-def _alive(pid: int) -> bool:
-    if pid <= 0:  # os.kill(0, ...) would signal our own process group
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def dvc_lock_holder(root: Path = Path(".")) -> str | None:
     """'pid N (command)' of a live process holding DVC's lock on this project (.dvc/tmp/rwlock), else None."""
     try:
@@ -64,7 +52,7 @@ def dvc_lock_holder(root: Path = Path(".")) -> str | None:
         return None
     holders = list(info.get("write", {}).values()) + [h for hs in info.get("read", {}).values() for h in hs]
     for holder in holders:
-        if isinstance(holder, dict) and _alive(int(holder.get("pid", 0))):
+        if isinstance(holder, dict) and tracking.process_alive(int(holder.get("pid", 0))):
             return f"pid {holder['pid']} ({holder.get('cmd', 'dvc')})"
     return None
 

@@ -246,21 +246,24 @@ def _end_ghosts(exp_id: str) -> list[str]:
     client = MlflowClient(tracking_uri())
     running = client.search_runs([exp_id], f"attributes.status = 'RUNNING' and tags.`{HOST}` = "
                                  f"'{socket.gethostname()}'", max_results=1000)
-    ghosts = [r.info.run_id for r in running if not _alive(int(r.data.tags.get(PID, 0)))]
+    ghosts = [r.info.run_id for r in running if not process_alive(int(r.data.tags.get(PID, 0)))]
     for run_id in ghosts:
         client.set_tag(run_id, "lmpipe.ended", "its process died; ended by the next stage")
         client.set_terminated(run_id, "FAILED")
     return ghosts
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs on this host (0 and negative ids name process groups: never a live holder)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
         return True
-    return pid > 0
+    return True
 
 
 @contextlib.contextmanager
