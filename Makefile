@@ -1,10 +1,11 @@
-# Two commands: `make study` sets up .venv (once) and runs the whole study; `make test` runs the tests.
+# Two commands: `make study` sets up .venv (once) and runs the whole study; `make test` runs the tests
+# (`make test-fast`: all but the end-to-end ones).
 # Both are idempotent: a second `make study` finds everything up to date. The long form is in the README.
 VENV := .venv
 READY := $(VENV)/.installed
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
-.PHONY: study test server stop
+.PHONY: study test test-fast server stop
 
 study: $(READY) server
 	dvc repro
@@ -12,6 +13,9 @@ study: $(READY) server
 
 test: $(READY)
 	python -m pytest -q
+
+test-fast: $(READY)
+	python -m pytest -q -m "not e2e"
 
 server: $(READY)
 	lmpipe server

@@ -15,6 +15,12 @@ from lmpipe.config import STRATEGIES, EvaluateParams
 from lmpipe.errors import LmpipeError
 
 
+def this_environment() -> dict:
+    """os.environ with this interpreter's environment first on PATH: the tools it starts (dvc, uvicorn) run in it
+    even when the venv is not activated."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
 def _server(args) -> int:
     from flows import server
 
@@ -32,38 +38,34 @@ def _server(args) -> int:
     return 0
 
 
-def compare_url(base: str, experiment: str = "lmpipe") -> str | None:
-    """The MLflow compare view of the newest run of each of the study's models, the n-gram included; runs of
-    `dvc exp run` experiments (tagged dvc.exp) are left out (None when nothing is trained yet)."""
+def compare_url(base: str, models: list[str], experiment: str = "lmpipe") -> str | None:
+    """The MLflow compare view of the runs that made the models the workspace holds now (`models` and the n-gram,
+    found by their files' content hash): never an experiment's or a replaced run (None when none is trained)."""
     import json
     from urllib.parse import quote
 
-    from mlflow.tracking import MlflowClient
+    from lmpipe.tracking import experiment_id, run_of_output
 
-    from lmpipe.tracking import EXPERIMENT, experiment_id
-
-    exp_id = experiment_id(experiment)
-    runs = MlflowClient().search_runs([exp_id], "tags.`lmpipe.role` = 'stage' and attributes.status = 'FINISHED'",
-                                      order_by=["attributes.start_time DESC"], max_results=500)
-    newest = {}
-    for run in runs:
-        stage = run.data.tags.get("lmpipe.stage", "")
-        if (stage.startswith("train@") or stage == "ngram") and stage not in newest and EXPERIMENT not in run.data.tags:
-            newest[stage] = run.info.run_id
-    if not newest:
+    folders = [Path(paths.model_dir(m)) for m in models] + [Path(paths.NGRAM)]
+    runs = sorted(filter(None, (run_of_output(experiment, f) for f in folders if f.is_dir())))
+    if not runs:
         return None
-    ids = json.dumps(sorted(newest.values()), separators=(",", ":"))
-    return f"{base}/#/compare-runs?runs={quote(ids)}&experiments={quote(json.dumps([exp_id]))}"
+    ids = json.dumps(runs, separators=(",", ":"))
+    return f"{base}/#/compare-runs?runs={quote(ids)}&experiments={quote(json.dumps([experiment_id(experiment)]))}"
 
 
 def _ui(args) -> int:
-    from lmpipe.tracking import tracking_uri
+    from lmpipe.config import load_params
+    from lmpipe.tracking import champion_versions, tracking_uri
 
-    uri = tracking_uri()
+    uri, params = tracking_uri(), load_params()
     print(f"MLflow UI on http://127.0.0.1:{args.port} over {uri}")
-    compare = compare_url(f"http://127.0.0.1:{args.port}")
+    compare = compare_url(f"http://127.0.0.1:{args.port}", list(params.models), params.tracking.experiment)
     if compare:
-        print(f"the trained models side by side: {compare}")
+        print(f"the models this workspace holds, side by side: {compare}")
+    crowned = champion_versions(params.models)
+    print("champions (models:/lmpipe-<model>@champion): "
+          + (", ".join(f"{m} v{v.version}" for m, v in crowned.items()) or "none yet (run the study: make study)"))
     command = ["mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(args.port)]
     return subprocess.call(command, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
 
@@ -77,10 +79,8 @@ def _sweep(args) -> int:
 
 
 def _scaling(args) -> int:
-    """The scaling pipeline through DVC, so it is versioned and re-runs only what changed; this interpreter's
-    environment first on PATH, so its stages run in it even when the venv is not activated."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    code = subprocess.call(["dvc", "repro", paths.SCALING_PIPELINE, *(["--force"] if args.force else [])], env=env)
+    """The scaling pipeline through DVC, so it is versioned and re-runs only what changed."""
+    code = subprocess.call(["dvc", "repro", paths.SCALING_PIPELINE, *(["--force"] if args.force else [])], env=this_environment())
     if code == 0:
         print("report: reports/scaling.md (and .html); runs: scaling/runs.csv; fits: metrics/scaling.json")
     return code
@@ -147,41 +147,50 @@ DECODE_FLAGS = ("max_new_tokens", "temperature", "top_k", "top_p", "typical_p", 
 
 
 def _generate(args) -> int:
-    import numpy as np
     from tokenizers import Tokenizer
 
     from lmpipe.config import load_params
-    from lmpipe.decode import DecodeSettings, generate
+    from lmpipe.decode import DecodeSettings
     from lmpipe.evaluate import load_lm
-    from lmpipe.tokenize import boundary_id, decode_stream
+    from lmpipe.serving import continuation, load_bundle
+    from lmpipe.tokenize import boundary_id
 
     params = load_params()
-    if not Path(args.tokenizer).exists():
-        raise LmpipeError(f"{args.tokenizer}: no tokenizer (run: dvc repro tokenize)")
-    tokenizer = Tokenizer.from_file(args.tokenizer)
-    boundary = boundary_id(tokenizer, params.tokenizer.boundary_token)
-    if args.model.startswith("models:/"):  # a registered model in MLflow, e.g. models:/lmpipe-lstm/1
-        import mlflow.pytorch
+    if args.model.startswith("models:/"):  # a registered model, e.g. models:/lmpipe-gru@champion: its own tokenizer
+        from lmpipe.tracking import registered_artifacts
 
-        from lmpipe.tracking import tracking_uri
-
-        mlflow.set_tracking_uri(tracking_uri())
-        try:
-            model = mlflow.pytorch.load_model(args.model, map_location="cpu").lm.eval()  # NextTokenLogits(lm)
-        except mlflow.exceptions.MlflowException as exc:
-            raise LmpipeError(f"{args.model}: not in the MLflow model registry at {tracking_uri()} "
-                              f"({exc.error_code}; see the versions with `lmpipe ui`, Models)") from None
+        model, tokenizer, boundary, _ = load_bundle(registered_artifacts(args.model))
     else:
+        if not Path(args.tokenizer).exists():
+            raise LmpipeError(f"{args.tokenizer}: no tokenizer (run: dvc repro tokenize)")
+        tokenizer = Tokenizer.from_file(args.tokenizer)
+        boundary = boundary_id(tokenizer, params.tokenizer.boundary_token)
         directory = Path(paths.model_dir(args.model))
         if not directory.exists():
-            raise LmpipeError(f"{directory}: no trained model '{args.model}' (run: dvc repro, or give models:/lmpipe-<name>/<version>)")
+            raise LmpipeError(f"{directory}: no trained model '{args.model}' (run: dvc repro, or give "
+                              "models:/lmpipe-<name>@champion)")
         model = load_lm(directory)
     flags = {name: getattr(args, name) for name in DECODE_FLAGS if getattr(args, name) is not None}
     settings = DecodeSettings.from_params(params.evaluate, strategy=args.strategy, **flags)
-    prompt = tokenizer.encode(args.prompt, add_special_tokens=False).ids
-    new = generate(model, prompt, settings, boundary)
-    print(args.prompt + decode_stream(tokenizer, np.array(new + [boundary]), boundary)[:-1])
+    print(args.prompt + continuation(model, tokenizer, boundary, args.prompt, settings))
     return 0
+
+
+def _serve(args) -> int:
+    """`mlflow models serve` of a registered model, on 127.0.0.1 and in this environment (--env-manager local)."""
+    from lmpipe.tracking import champion_versions, tracking_uri
+
+    uri = f"models:/lmpipe-{args.model}" + (f"/{args.alias}" if args.alias.isdigit() else f"@{args.alias}")
+    if args.alias == "champion" and not champion_versions([args.model]):
+        raise LmpipeError(f"{uri}: no such model in the registry at {tracking_uri()} (train it: dvc repro; "
+                          "the models: lmpipe ui)")
+    print(f"serving {uri} on http://127.0.0.1:{args.port}/invocations; Ctrl-C stops it", flush=True)
+    print(f"""  curl -s http://127.0.0.1:{args.port}/invocations -H 'Content-Type: application/json' \\
+    -d '{{"inputs": {{"prompt": ["The history of"]}}, "params": {{"strategy": "greedy", "max_new_tokens": 20}}}}'""",
+          flush=True)
+    command = [sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local",
+               "--host", "127.0.0.1", "--port", str(args.port)]
+    return subprocess.call(command, env={**this_environment(), "MLFLOW_TRACKING_URI": tracking_uri()})
 
 
 def _schedule(args) -> int:
@@ -192,7 +201,7 @@ def _schedule(args) -> int:
         os.environ["PREFECT_API_URL"] = url
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
-    from flows.study import retrain
+    from flows.retrain import retrain
     from lmpipe.config import load_params
 
     timeout = load_params().retrain.timeout
@@ -210,9 +219,25 @@ def _schedule(args) -> int:
     return 0
 
 
+RETRAIN_HELP = """Each retrain fetches the corpus source again and runs what a new corpus (or the given overrides)
+changes as a DVC experiment in a temporary copy (dvc exp run --temp), then compares each model's
+test word perplexity and bpb with its champion's in the MLflow registry.
+Pass: the experiment is applied and committed (one commit; dvc push when a remote is set) and its
+models become the champions. Fail (a model regressed beyond retrain.max_regression): HEAD, the
+workspace and the champions stay as they were, the experiment stays for `dvc exp show`, and the
+run fails naming the regressed models."""
+
+
+def _retrain(args) -> int:
+    from flows._stage import main as run_flow
+    from flows.retrain import retrain
+
+    run_flow(retrain, overrides=args.overrides or None)
+    return 0
+
+
 SCHEDULE_HELP = """Serve a Prefect deployment of the `retrain` flow on a cron schedule, from this project directory.
-Each run refreshes the corpus, re-runs only what changed (dvc repro) and compares the test
-perplexities with the previous run, failing when a model regressed beyond retrain.max_regression.
+""" + RETRAIN_HELP + """
 Schedules need a Prefect server: set PREFECT_API_URL (e.g. http://prefect.example:4200/api for a
 shared server, or your Prefect Cloud workspace URL); without it `lmpipe server` is started on
 127.0.0.1:4200 and its UI shows the deployment and its runs. The command keeps running: it is the worker."""
@@ -237,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_argument("file")
     profile.set_defaults(run=_profile)
     gen = commands.add_parser("generate", help="continue a prompt with a trained model")
-    gen.add_argument("--model", required=True, help="ngram, a name under models/, or models:/lmpipe-<name>/<version>")
+    gen.add_argument("--model", required=True, help="ngram, a name under models/, or a registered model: models:/lmpipe-<name>@champion "
+                     "(or /<version>)")
     gen.add_argument("--prompt", default="The history of")
     gen.add_argument("--strategy", default="top-p", choices=STRATEGIES)
     for name in DECODE_FLAGS:  # one definition of each setting: params.yaml's `evaluate` gives the default
@@ -246,6 +272,15 @@ def build_parser() -> argparse.ArgumentParser:
                          help=f"default: params.yaml evaluate.{name} ({field.default})")
     gen.add_argument("--tokenizer", default=paths.TOKENIZER)
     gen.set_defaults(run=_generate)
+    serve = commands.add_parser("serve", help="answer prompts over HTTP with a registered model (mlflow models serve)")
+    serve.add_argument("--model", required=True, help="an entry of params.yaml's `models`, e.g. gru")
+    serve.add_argument("--alias", default="champion", help="registry alias or version number (default: champion)")
+    serve.add_argument("--port", type=int, default=5001)
+    serve.set_defaults(run=_serve)
+    again = commands.add_parser("retrain", help="retrain now: a DVC experiment, applied only when no model regressed",
+                                description=RETRAIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    again.add_argument("overrides", nargs="*", help="params overrides for the experiment, e.g. models.gru.epochs=4")
+    again.set_defaults(run=_retrain)
     schedule = commands.add_parser("schedule", help="serve the retraining flow on a cron schedule",
                                    description=SCHEDULE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     schedule.add_argument("--cron", required=True, help='cron expression, e.g. "0 3 * * 1" (Mondays 03:00)')

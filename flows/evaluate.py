@@ -1,6 +1,7 @@
 """evaluate stage: one perplexity table for every model (n-gram included) and decoding samples.
 
-Outputs metrics/eval.json, reports/samples.md, plots/eval/perplexity.csv; each model's MLflow run
+Outputs metrics/eval.json, reports/samples.md, plots/eval/perplexity.csv, and each model's per-token
+log-probabilities on valid and test (data/logprobs/<model>.npz, float32), which `combine` mixes; each model's MLflow run
 (found by the content hash of models/<model>, tracking.run_of_output) gets its test_* metrics, so the MLflow UI compares all.
 """
 
@@ -8,6 +9,7 @@ import csv
 import io
 import time
 
+import numpy as np
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from tokenizers import Tokenizer
@@ -17,7 +19,7 @@ from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.evaluate import evaluate_lm, load_lm
-from lmpipe.io import write_json, write_text
+from lmpipe.io import atomic_path, write_json, write_text
 from lmpipe.samples import sample_all, samples_markdown, strategy_table
 from lmpipe.splits import load_tokens
 
@@ -33,16 +35,25 @@ def score_and_sample(names: list[str], params) -> tuple[dict, dict]:
     """Perplexities and decoding samples, loading the token streams and every model once."""
     logger, data = get_run_logger(), load_tokens()
     models = {name: load_lm(paths.model_dir(name)) for name in names}
-    results = {}
+    results, logprobs = {}, {}
     for name, model in models.items():  # a line per model: scoring every split takes a while
         started = time.perf_counter()
-        results[name] = evaluate_lm(model, data, params.chunk)
+        logprobs[name] = {}
+        results[name] = evaluate_lm(model, data, params.chunk, token_logprobs=logprobs[name])
         test = results[name]["test"]
         logger.info(f"{name}: test bpb {test['bpb']:.4f}, word ppl {test['word_ppl']:,.0f} "
                     f"({time.perf_counter() - started:.0f} s)")
     logger.info(f"decoding: {len(params.strategies)} strategies x {len(params.prompts)} prompts x {len(models)} models")
     samples = sample_all(models, Tokenizer.from_file(paths.TOKENIZER), data.boundary, params)
-    return results, samples
+    return results, samples, logprobs
+
+
+def write_logprobs(logprobs: dict) -> None:
+    """One .npz per model, the folder replaced as a whole (a removed model's file goes with it)."""
+    with atomic_path(paths.LOGPROBS) as tmp:
+        tmp.mkdir()
+        for name, splits in logprobs.items():
+            np.savez(tmp / f"{name}.npz", **splits)
 
 
 def perplexity_csv(results: dict) -> str:
@@ -59,7 +70,8 @@ def evaluate() -> dict:
     params = load_params(PARAMS_FILE)
     names = model_names(params)
     with stage_run("evaluate", params, ["evaluate"]):
-        results, samples = score_and_sample(names, params.evaluate)
+        results, samples, logprobs = score_and_sample(names, params.evaluate)
+        write_logprobs(logprobs)
         write_json(METRICS, {"models": results, "decoding": strategy_table(samples)})
         write_text(SAMPLES, samples_markdown(samples, params.evaluate))
         write_text(PLOT, perplexity_csv(results))

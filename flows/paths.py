@@ -10,6 +10,7 @@ TOKENIZER = f"{TOKENS}/tokenizer.json"
 TRAIN_TOKENS = f"{TOKENS}/train.npy"
 WORD2VEC = "data/word2vec"  # the audit's reference embedding
 EMBEDDINGS = "data/embeddings"  # the audited vectors, one file per model
+LOGPROBS = "data/logprobs"  # <model>.npz: each token's log-probability on valid and test (what `combine` mixes)
 
 MODELS = "models"  # every language model of the study, one folder each
 NGRAM = f"{MODELS}/ngram"
@@ -22,6 +23,7 @@ NGRAM_METRICS = "metrics/ngram.json"
 TRAIN_METRICS = "metrics/train"  # <model>.json, one per train@<model>
 CURVES = "plots/train"  # <model>.csv, one per train@<model>
 EVAL = "metrics/eval.json"
+COMBINE = "metrics/combine.json"  # the models interpolated with each other, shaped like eval.json's `models`
 SAMPLES = "reports/samples.md"
 PERPLEXITY_PLOT = "plots/eval/perplexity.csv"
 WEAT = "metrics/weat.json"
@@ -48,3 +50,7 @@ def train_metrics(name: str) -> str:
 
 def curve(name: str) -> str:
     return f"{CURVES}/{name}.csv"
+
+
+def logprobs(name: str) -> str:
+    return f"{LOGPROBS}/{name}.npz"

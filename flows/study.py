@@ -1,9 +1,9 @@
-"""Flows that drive the whole pipeline: `study` (dvc repro / dvc exp run -S ...) and scheduled `retrain`.
+"""The flow that drives the whole pipeline: `study` (dvc repro / dvc exp run -S ...); flows/retrain.py builds on it.
 
-Both create the study's MLflow parent run themselves and hand it to every stage (LMPIPE_PARENT_RUN_ID),
-and point the stages at this flow's Prefect server (PREFECT_API_URL), so one execution is one study.
+It creates the study's MLflow parent run itself and hands it to every stage (LMPIPE_PARENT_RUN_ID),
+and points the stages at this flow's Prefect server (PREFECT_API_URL), so one execution is one study.
 
-With `orchestration.task_runner: dask` (or `ray`) both flows run the independent train@<model> stages in parallel
+With `orchestration.task_runner: dask` (or `ray`) it runs the independent train@<model> stages in parallel
 on a Dask (Ray) cluster through Prefect's task runner: DVC runs the stages before them, the stale
 train stages run as tasks (each its own stage process, as under DVC), `dvc commit` records them in
 dvc.lock exactly as `dvc repro` would have, and `dvc repro` finishes the rest.
@@ -18,21 +18,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact
+from prefect import flow, task
 
-from flows import paths
 from flows._stage import PARAMS_FILE, main
 from flows.runners import task_runner
 from lmpipe import tracking
-from lmpipe.compare import compare_eval, comparison_markdown
 from lmpipe.config import OrchestrationParams, load_params
 from lmpipe.errors import ConfigError, LmpipeError
 
-EVAL = Path(paths.EVAL)
-
-
-def _stage_env(parent_run_id: str) -> dict:
+def stage_env(parent_run_id: str) -> dict:
     from prefect.settings import PREFECT_API_URL
 
     env = {**os.environ, "LMPIPE_PARENT_RUN_ID": parent_run_id}
@@ -157,33 +151,11 @@ def study(overrides: list[str] | None = None) -> str:
         if not overrides and not json.loads(dvc(["status", "--json", "dvc.yaml"], dict(os.environ)) or "{}"):
             print("Data and pipelines are up to date: no stage to run, no new study run")  # no empty parent in MLflow
             return ""
-        env = _stage_env(tracking.start_study_run(params.tracking.experiment, PARAMS_FILE, "study"))
+        env = stage_env(tracking.start_study_run(params.tracking.experiment, PARAMS_FILE, "study"))
         if overrides:
             return dvc(["exp", "run", *[a for o in overrides for a in ("-S", o)]], env)
         return repro(settings, env)
 
 
-@flow(name="retrain")
-def retrain() -> dict:
-    """Refresh the corpus, re-run what changed, compare the test perplexities with the last run; fail on regression."""
-    params = load_params(PARAMS_FILE)
-    before = json.loads(EVAL.read_text()) if EVAL.exists() else None
-    with one_study():
-        env = _stage_env(tracking.start_study_run(params.tracking.experiment, PARAMS_FILE, "retrain"))
-        # fetch the source again (a new dump, URL or sha256 gives new raw data); DVC's content hashes then
-        # re-run only the stages whose inputs really changed
-        dvc(["repro", "--force", "--single-item", "download"], env)
-        log = repro(params.orchestration, env)
-        rows, regressed = compare_eval(before, json.loads(EVAL.read_text()), params.retrain.max_regression)
-    report = comparison_markdown(rows, regressed, params.retrain.max_regression)
-    create_markdown_artifact(report, key="retrain-comparison", description="test word perplexity, before vs after")
-    get_run_logger().info("stages run: %s", [l for l in log.splitlines() if l.startswith("Running stage")])
-    if regressed:
-        raise LmpipeError(f"models regressed beyond retrain.max_regression={params.retrain.max_regression}: "
-                          + ", ".join(regressed) + " (see the retrain-comparison artifact)")
-    promoted = tracking.promote_challengers(params.models)  # the gate passed: the new versions serve
-    get_run_logger().info("champions: %s", promoted)
-    return {"rows": rows, "regressed": regressed, "champions": promoted}
-
 if __name__ == "__main__":
-    main(retrain) if sys.argv[1:] == ["retrain"] else main(study, overrides=sys.argv[1:] or None)
+    main(study, overrides=sys.argv[1:] or None)

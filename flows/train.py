@@ -24,7 +24,7 @@ from flows._stage import CACHE_DIR, PARAMS_FILE, main, stage_run
 from lmpipe import checkpoints, distributed, tracking
 from lmpipe.config import load_params
 from lmpipe.io import atomic_path, csv_text, write_json, write_text
-from lmpipe.models import NextTokenLogits, save_model
+from lmpipe.models import save_model
 from lmpipe.splits import load_tokens
 from lmpipe.train import Trainer, run_settings
 
@@ -85,8 +85,7 @@ def train(model: str) -> dict:
         tracking.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
         tracking.log_compare_axes(model, result.metrics["n_params"], result.metrics["tokens_seen"])
         tracking.log_artifacts(paths.curve(model))
-        tracking.log_torch_model(NextTokenLogits(result.model.cpu().eval()), "model", f"lmpipe-{model}",
-                                 vocab_size=result.model.embed.num_embeddings)
+        tracking.log_lm(paths.model_dir(model), paths.TOKENIZER, f"lmpipe-{model}", result.model.embed.num_embeddings)
     checkpoints.discard(ckpt_dir)  # every output is written: only now may the training go
     return result.metrics
 

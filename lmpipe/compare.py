@@ -1,29 +1,71 @@
-"""Compare two runs of the study's metrics: what a retraining changed, and whether a model regressed."""
+"""Compare a retrain's test metrics with the champions': what changed, and whether a model regressed."""
 
 from __future__ import annotations
 
+import math
+from typing import Mapping
 
-def compare_eval(old: dict | None, new: dict, max_regression: float) -> tuple[list[dict], list[str]]:
-    """Rows of old vs new test word perplexity per model, and the models worse by more than `max_regression`."""
-    old_models = (old or {}).get("models", {})
+METRICS = {"word_ppl": "word ppl", "bpb": "bpb"}  # both gate: bpb is what a model learns, word ppl what the report ranks
+
+
+def metrics_of(eval_json: Mapping | None) -> dict[str, dict[str, float]]:
+    """{model: {word_ppl, bpb}} on the test split, from a metrics/eval.json."""
+    return {name: {key: result["test"][key] for key in METRICS}
+            for name, result in (eval_json or {}).get("models", {}).items()}
+
+
+def compare_eval(before: Mapping[str, Mapping], after: Mapping[str, Mapping],
+                 max_regression: float) -> tuple[list[dict], list[str]]:
+    """One row per model of `after` with each metric before, after and its relative change, and the models worse by
+    more than `max_regression` in either metric (a non-finite result is worse than any)."""
     rows, regressed = [], []
-    for name, result in sorted(new.get("models", {}).items()):
-        after = result["test"]["word_ppl"]
-        before = old_models.get(name, {}).get("test", {}).get("word_ppl")
-        change = None if before is None else after / before - 1
-        rows.append({"model": name, "before": before, "after": after, "change": change})
-        if change is not None and change > max_regression:
+    for name, new in sorted(after.items()):
+        old = before.get(name) or {}
+        row = {"model": name, "version": old.get("version")}
+        for key in METRICS:
+            was, now = old.get(key), new[key]
+            change = None if was is None else (now / was - 1 if math.isfinite(now) else math.inf)
+            row[key] = {"before": was, "after": now, "change": change}
+        rows.append(row)
+        if any((row[key]["change"] or 0) > max_regression for key in METRICS):
             regressed.append(name)
     return rows, regressed
 
 
+def _cell(value: float | None, digits: int) -> str:
+    return "new" if value is None else f"{value:.{digits}f}"
+
+
+def _change(change: float | None) -> str:
+    return "" if change is None else f"{100 * change:+.2f}%"
+
+
+DIGITS = {"word_ppl": 1, "bpb": 4}
+
+
+def describe(row: Mapping) -> str:
+    """'gru word ppl 120.0 -> 131.2 (+9.33%), bpb 1.9720 -> 1.9931 (+1.07%)'."""
+    parts = [f"{label} {_cell(row[key]['before'], DIGITS[key])} -> {_cell(row[key]['after'], DIGITS[key])}"
+             + (f" ({_change(row[key]['change'])})" if row[key]["change"] is not None else "")
+             for key, label in METRICS.items()]
+    return f"{row['model']} " + ", ".join(parts)
+
+
+def changed(rows: list[dict]) -> list[dict]:
+    """The rows whose numbers moved (a model DVC did not retrain keeps them exactly)."""
+    return [r for r in rows if any(r[key]["before"] != r[key]["after"] for key in METRICS)]
+
+
 def comparison_markdown(rows: list[dict], regressed: list[str], max_regression: float) -> str:
-    lines = ["# Retraining: test word perplexity", "", "| model | before | after | change |", "|---|---|---|---|"]
+    lines = ["# Retraining: test metrics, champion vs challenger", "",
+             "| model | champion | word ppl before | after | change | bpb before | after | change |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        before = "new" if r["before"] is None else f"{r['before']:.1f}"
-        change = "" if r["change"] is None else f"{100 * r['change']:+.2f}%"
+        version = f"v{r['version']}" if r["version"] else "-"
+        cells = [f"{_cell(r[k]['before'], DIGITS[k])} | {_cell(r[k]['after'], DIGITS[k])} | {_change(r[k]['change'])}"
+                 for k in METRICS]
         flag = " **regressed**" if r["model"] in regressed else ""
-        lines.append(f"| {r['model']} | {before} | {r['after']:.1f} | {change}{flag} |")
+        lines.append(f"| {r['model']}{flag} | {version} | " + " | ".join(cells) + " |")
     verdict = (f"Regressed beyond {100 * max_regression:.1f}%: {', '.join(regressed)}." if regressed
                else f"No model regressed beyond {100 * max_regression:.1f}%.")
     return "\n".join(lines + ["", verdict]) + "\n"

@@ -17,8 +17,10 @@ from lmpipe.perplexity import perplexities  # noqa: F401  (re-exported: the eval
 
 
 @torch.no_grad()
-def stream_nll(model, tokens: np.ndarray, chunk: int, device: torch.device | str = "cpu") -> tuple[float, int]:
-    """Total natural-log loss of every token of `tokens`, and how many were scored."""
+def stream_nll(model, tokens: np.ndarray, chunk: int, device: torch.device | str = "cpu",
+               token_logprobs: list | None = None) -> tuple[float, int]:
+    """Total natural-log loss of every token of `tokens`, and how many were scored; each token's log-probability
+    (float32) goes to `token_logprobs` when one is given."""
     model.eval()
     stream = torch.from_numpy(np.concatenate([[model.boundary], np.asarray(tokens, dtype=np.int64)]))
     stream = stream.to(device).unsqueeze(0)
@@ -29,7 +31,10 @@ def stream_nll(model, tokens: np.ndarray, chunk: int, device: torch.device | str
     state = None
     for start in range(0, inputs.size(1), chunk):
         logits, state = model(inputs[:, start:start + chunk], state)
-        total += F.cross_entropy(logits.float().flatten(0, 1), targets[:, start:start + chunk].flatten(), reduction="sum")
+        logits, target = logits.float().flatten(0, 1), targets[:, start:start + chunk].flatten()
+        total += F.cross_entropy(logits, target, reduction="sum")
+        if token_logprobs is not None:
+            token_logprobs.append(-F.cross_entropy(logits, target, reduction="none").cpu().numpy())
     return float(total), int(targets.size(1))
 
 
@@ -51,18 +56,23 @@ def load_lm(directory, device: str = "cpu"):
     raise ModelFileError(f"{directory}: no trained model there (train it: dvc repro {stage})")
 
 
-def evaluate_lm(model, data, chunk: int = 128, device: str = "cpu") -> dict:
-    """valid and test loss/ppl/word_ppl/bpb of any model, with the same accounting for all."""
+def evaluate_lm(model, data, chunk: int = 128, device: str = "cpu", token_logprobs: dict | None = None) -> dict:
+    """valid and test loss/ppl/word_ppl/bpb of any model, with the same accounting for all; each token's
+    log-probability per split (float32) goes to `token_logprobs` when one is given (what `combine` mixes)."""
     from lmpipe.models import count_parameters
     from lmpipe.ngram import NGramLM
 
     out = {}
     for name in ("valid", "test"):
-        split = data.splits[name]
+        split, kept = data.splits[name], []
         if isinstance(model, NGramLM):
-            nll, n = -float(model.token_log_probs(split.tokens).sum()), len(split.tokens)
+            scores = model.token_log_probs(split.tokens)
+            nll, n = -float(scores.sum()), len(split.tokens)
+            kept.append(scores.astype(np.float32))
         else:
-            nll, n = stream_nll(model, split.tokens, chunk, device)
+            nll, n = stream_nll(model, split.tokens, chunk, device, kept)
         out[name] = perplexities(nll, n, split.words, split.bytes)
+        if token_logprobs is not None:
+            token_logprobs[name] = np.concatenate(kept)
     out["n_params"] = model.n_ngrams if isinstance(model, NGramLM) else count_parameters(model)
     return out

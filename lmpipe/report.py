@@ -130,6 +130,32 @@ def _perplexity_section(evaluation, trained: dict) -> list[str]:
                          else "Every neural model is ahead of the baseline in bpb.")
                       + " One training run per model (seed `train.seed`): differences between neural models smaller "
                         "than the seed spread in [docs/tuning.md](../docs/tuning.md) are not evidence of an order."]
+    if neural:
+        lines += ["", "Each neural model is registered in MLflow as `lmpipe-<model>`; `models:/lmpipe-<model>@champion` "
+                      "is the version the first study or the last passing retrain made (`lmpipe ui` prints each "
+                      "champion's version: registry state, which this reproducible report does not hold)."]
+    return lines
+
+
+def _combine_section(combined: dict, evaluation: dict) -> list[str]:
+    """The interpolated models against the single ones: what mixing adds, with weights fitted on valid only."""
+    models, rows = evaluation["models"], combined["models"]
+    single = min((n for n in models if n != BASELINE), key=lambda n: models[n]["test"]["bpb"], default=None)
+    kn = models.get(BASELINE)
+    lines = ["## Combined models", "", "Per-token linear interpolation of the models' probabilities (the same BPE "
+             "stream), weights fitted by EM on the valid split only and scored once on test (`lmpipe/combine.py`).", "",
+             "| combination | weights | valid bpb | test bpb | test word ppl | vs best single (bpb) | vs KN-5 (word ppl) |",
+             "|---|---|---|---|---|---|---|"]
+    for name, r in sorted(rows.items(), key=lambda kv: kv[1]["test"]["bpb"]):
+        weights = ", ".join(f"{m} {w:.2f}" for m, w in r["weights"].items())
+        gain = f"{r['test']['bpb'] - models[single]['test']['bpb']:+.3f}" if single else "-"
+        versus = f"{100 * (r['test']['word_ppl'] / kn['test']['word_ppl'] - 1):+.1f}%" if kn else "-"
+        lines.append(f"| {name} | {weights} | {r['valid']['bpb']:.3f} | {r['test']['bpb']:.3f} | "
+                     f"{r['test']['word_ppl']:.0f} | {gain} | {versus} |")
+    if rows and single:
+        best = min(rows, key=lambda n: rows[n]["test"]["bpb"])
+        lines += ["", f"Best combination: **{best}**, test {rows[best]['test']['bpb']:.3f} bpb against the best single "
+                      f"model's ({single}) {models[single]['test']['bpb']:.3f}."]
     return lines
 
 
@@ -204,6 +230,7 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     figures.mkdir(parents=True, exist_ok=True)
     corpus, validation = _read_json(root / "metrics/corpus.json"), _read_json(root / "metrics/validation.json")
     tokenize, evaluation = _read_json(root / "metrics/tokenize.json"), _read_json(root / "metrics/eval.json")
+    combined = _read_json(root / "metrics/combine.json")
     weat, weat_words = _read_json(root / "metrics/weat.json"), _read_json(root / "reports/weat_words.json")
     curves = _curves(root / "plots/train")
     trained = {p.stem: _read_json(p) for p in sorted((root / "metrics/train").glob("*.json"))}
@@ -219,6 +246,8 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
         lines += _perplexity_section(evaluation, trained) + [""]
         bpb_figure(evaluation["models"], figures / "bpb.png")
         lines += ["![Test bits per byte](figures/bpb.png)", ""]
+        if combined:
+            lines += _combine_section(combined, evaluation) + [""]
     if curves:
         baseline = evaluation["models"].get(BASELINE, {}).get("valid", {}).get("bpb") if evaluation else None
         learning_curves_figure(curves, baseline, figures / "learning_curves.png")

@@ -310,7 +310,8 @@ def log_evaluation(record: Mapping, run_id: str) -> None:
     log_metrics({k: v for k, v in record.items() if k != "step"}, step=record["step"], run_id=run_id)
 
 
-MODEL_REQUIREMENTS = ("torch", "numpy")  # all a pickled lmpipe LM needs besides lmpipe's own code, which goes with it
+# all an lmpipe LM's pyfunc models import besides lmpipe's own code, which goes with them
+MODEL_REQUIREMENTS = ("mlflow", "torch", "numpy", "pandas", "tokenizers", "pydantic", "pyyaml")
 
 
 def pinned_requirements(names=MODEL_REQUIREMENTS, lock_file: str | Path = "constraints.txt") -> list[str]:
@@ -321,25 +322,55 @@ def pinned_requirements(names=MODEL_REQUIREMENTS, lock_file: str | Path = "const
     return [pins.get(name, name) for name in names]
 
 
-def log_torch_model(model, name: str, registered_name: str, vocab_size: int) -> None:
-    """Log a PyTorch LM (pickle format keeps its methods) and register it with its signature:
-    int64 token ids (batch, time) -> float32 logits (batch, time, vocab_size). The model carries lmpipe's code
-    (`code_paths`) and requires only torch and numpy, so loading it elsewhere warns of nothing it does not need."""
-    import mlflow.pytorch
-    import numpy as np
-    from mlflow.models import ModelSignature
-    from mlflow.types import Schema, TensorSpec
+def log_lm(model_dir: str | Path, tokenizer: str | Path, registered_name: str, vocab_size: int) -> None:
+    """Log a trained LM as two pyfunc models of the active run (lmpipe.serving): `model`, prompts in and text out,
+    registered as `registered_name` (so `mlflow models serve -m models:/<name>@champion` answers prompts), and
+    `logits`, token ids in and next-token logits out. Both carry the model's files (a state dict and JSON), the
+    tokenizer and lmpipe's code, and are logged as code: loading them unpickles nothing."""
+    import tempfile
 
-    signature = ModelSignature(Schema([TensorSpec(np.dtype(np.int64), (-1, -1))]),
-                               Schema([TensorSpec(np.dtype(np.float32), (-1, -1, vocab_size))]))
-    with _quiet("mlflow.pytorch", "Pickle or CloudPickle"):  # on purpose: pt2 needs a signature and loses methods
-        info = mlflow.pytorch.log_model(model, name=name, serialization_format="pickle", signature=signature,
-                                        pip_requirements=pinned_requirements(), code_paths=[str(Path(__file__).parent)],
-                                        registered_model_name=registered_name)
+    import mlflow.pyfunc
+    import numpy as np
+    import pandas as pd
+
+    from lmpipe import serving
+    from lmpipe.decode import DecodeSettings
+
+    here, defaults = Path(__file__).parent, DecodeSettings()
+    signatures = serving.signatures(vocab_size, defaults)
+    with tempfile.TemporaryDirectory() as scratch:
+        common = {"artifacts": serving.bundle_files(model_dir, tokenizer, defaults, Path(scratch)),
+                  "code_paths": [str(here)], "pip_requirements": pinned_requirements()}
+        mlflow.pyfunc.log_model(name="logits", python_model=str(here / "pyfunc/logits.py"), **common,
+                                signature=signatures["logits"], input_example=np.zeros((1, 2), dtype=np.int64))
+        info = mlflow.pyfunc.log_model(name="model", python_model=str(here / "pyfunc/text.py"), **common,
+                                       signature=signatures["text"], registered_model_name=registered_name,
+                                       input_example=(pd.DataFrame({"prompt": ["The history of"]}),
+                                                      {"max_new_tokens": 8}))
     client, version = MlflowClient(), str(info.registered_model_version)
     for key, value in experiment_tags().items():  # a `dvc exp run` version is not one of the study's
         client.set_model_version_tag(registered_name, version, key, value)
     name_aliases(client, registered_name, version)
+
+
+def registered_artifacts(uri: str) -> dict[str, Path]:
+    """A registered model's artifacts (e.g. models:/lmpipe-gru@champion), downloaded and named as it names them;
+    nothing of it is imported or unpickled."""
+    import yaml
+    from mlflow.exceptions import MlflowException
+
+    mlflow.set_tracking_uri(tracking_uri())
+    try:
+        with _env(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false"):
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri))
+    except MlflowException as exc:
+        raise TrackingError(f"{uri}: not in the MLflow model registry at {tracking_uri()} ({exc.error_code}; see the "
+                            "versions with `lmpipe ui`, Models)") from None
+    spec = yaml.safe_load((local / "MLmodel").read_text()).get("flavors", {}).get("python_function", {})
+    if "artifacts" not in spec:
+        raise TrackingError(f"{uri}: not an lmpipe text model (no artifacts in its MLmodel); register it anew by "
+                            "re-training: dvc repro --force train@<model>")
+    return {name: local / artifact["path"] for name, artifact in spec["artifacts"].items()}
 
 
 CHAMPION, CHALLENGER = "champion", "challenger"
@@ -347,7 +378,7 @@ CHAMPION, CHALLENGER = "champion", "challenger"
 
 def name_aliases(client: MlflowClient, registered_name: str, version: str) -> None:
     """Every new version is the `challenger`; the first of the study's own becomes the `champion`, which after that
-    only a passing retrain moves (`promote_challengers`). Users load `models:/<name>@champion` (MLflow aliases
+    only a passing retrain moves (`promote_experiment`). Users load `models:/<name>@champion` (MLflow aliases
     replaced stages in 2.9)."""
     from mlflow.exceptions import MlflowException
 
@@ -413,17 +444,38 @@ def parent_run_id(run) -> str | None:
     return MlflowClient().get_run(run.info.run_id).data.tags.get("mlflow.parentRunId")
 
 
-def promote_challengers(models) -> dict[str, str]:
-    """A passing retrain: each model's challenger becomes its champion. {registered name: version promoted}."""
+def champion_versions(models) -> dict:
+    """{model: its champion ModelVersion}, for the models that have one (the n-gram is never registered)."""
     from mlflow.exceptions import MlflowException
 
-    client, moved = MlflowClient(), {}
+    client, found = MlflowClient(), {}
     for model in models:
-        name = f"lmpipe-{model}"
-        try:
-            version = client.get_model_version_by_alias(name, CHALLENGER).version
-        except MlflowException:
-            continue  # never registered (the n-gram), or nothing new
-        client.set_registered_model_alias(name, CHAMPION, str(version))
-        moved[name] = str(version)
+        with contextlib.suppress(MlflowException):
+            found[model] = client.get_model_version_by_alias(f"lmpipe-{model}", CHAMPION)
+    return found
+
+
+def champion_metrics(models) -> dict[str, dict]:
+    """{model: {version, word_ppl, bpb}}: each champion's test metrics, from its run (the retrain gate's baseline)."""
+    client, found = MlflowClient(), {}
+    for model, version in champion_versions(models).items():
+        metrics = client.get_run(version.run_id).data.metrics
+        if {"test_word_ppl", "test_bpb"} <= set(metrics):
+            found[model] = {"version": str(version.version), "word_ppl": metrics["test_word_ppl"],
+                            "bpb": metrics["test_bpb"]}
+    return found
+
+
+def promote_experiment(name: str) -> dict[str, str]:
+    """A passing retrain: the versions its experiment registered become the champions. {registered name: version}."""
+    client, moved = MlflowClient(), {}
+    for version in client.search_model_versions(f"tags.`{EXPERIMENT}` = '{name}'"):
+        client.set_registered_model_alias(version.name, CHAMPION, str(version.version))
+        moved[version.name] = str(version.version)
     return moved
+
+
+def set_tags(run_id: str, tags: Mapping[str, str]) -> None:
+    client = MlflowClient()
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)

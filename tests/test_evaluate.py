@@ -87,3 +87,27 @@ def test_window_models_score_every_token_with_at_least_half_a_block_of_context()
     assert n == 100 and nll == pytest.approx(100 * math.log(5))  # every token once
     assert model.contexts[0] == 0  # the stream's start has nothing before it
     assert min(model.contexts[1:]) >= model.block_size // 2, model.contexts  # a stride of a whole block gives 0
+
+
+def test_the_saved_per_token_log_probabilities_add_up_to_the_same_scores():
+    """What `combine` mixes is what `evaluate` scored: same tokens, same accounting, and asking for them changes
+    no number."""
+    from lmpipe.ngram import NGramLM
+
+    v, rng = 7, np.random.default_rng(4)
+    tokens = rng.integers(0, v, 400)
+    data = TokenData(v, 0, {s: Split(s, tokens, 150, 1000) for s in ("train", "valid", "test")})
+    table = rng.dirichlet(np.ones(v), size=v)
+    for model in (TableLM(table), NGramLM(2, v, 0, "kneser_ney").fit(tokens)):
+        kept = {}
+        if isinstance(model, TableLM):
+            neural = kept
+        result = evaluate_lm(model, data, chunk=33, token_logprobs=kept)
+        assert result == evaluate_lm(model, data, chunk=33)
+        for split in ("valid", "test"):
+            assert kept[split].dtype == np.float32 and kept[split].shape == (400,)
+            total = -float(kept[split].astype(np.float64).sum())
+            assert perplexities(total, 400, 150, 1000)["bpb"] == pytest.approx(result[split]["bpb"], rel=1e-6)
+    # token by token: the first is conditioned on the boundary (0), each next one on the token before it
+    expected = np.log(table[np.concatenate([[0], tokens[:-1]]), tokens])
+    np.testing.assert_allclose(neural["test"], expected, rtol=1e-5)

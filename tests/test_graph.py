@@ -24,6 +24,9 @@ PACKAGES = ("lmpipe", "flows")
 # (test_params_yaml_states_every_setting).
 PLUMBING = {"lmpipe/tracking.py", "lmpipe/errors.py", "lmpipe/__init__.py", "flows/__init__.py",
             "flows/_stage.py", "flows/server.py", "flows/runners.py", "lmpipe/config.py"}
+# Modules whose function-level imports build MLflow side outputs only (tracking.log_lm: the registered model's
+# serving code), which DVC does not version: only their module-level imports are followed.
+SIDE_OUTPUTS = {"lmpipe/tracking.py"}
 # Params sections that say where and how a stage runs, not what it computes.
 PLUMBING_PARAMS = {"tracking", "orchestration"}
 
@@ -59,7 +62,9 @@ def imports_of(path: Path) -> set[Path]:
             if file is not None:
                 found.add(file)
 
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    top_level_only = path.relative_to(ROOT).as_posix() in SIDE_OUTPUTS
+    for node in (tree.body if top_level_only else ast.walk(tree)):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add(alias.name)

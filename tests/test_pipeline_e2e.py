@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import json
 import os
@@ -25,7 +26,7 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.e2e
 MODELS = ("nplm", "rnn", "lstm", "gru", "transformer")
 STAGES = ("download", "prepare", "validate", "tokenize", "ngram") + tuple(f"train@{m}" for m in MODELS) + (
-    "evaluate", "word2vec", "audit", "report")
+    "evaluate", "combine", "word2vec", "audit", "report")
 QUICK = {"epochs": 1, "max_steps_per_epoch": 3, "batch_size": 4, "seq_len": 16}
 
 
@@ -157,6 +158,14 @@ def test_repro_runs_every_stage_and_writes_contract_outputs(project):
     assert set(evaluation["models"]) == {"ngram", *MODELS}
     assert evaluation["models"]["ngram"]["test"]["ppl"] == pytest.approx(ngram["test"]["ppl"])  # one accounting
     assert set(evaluation["decoding"]) == {"greedy", "beam", "top-k", "top-p", "typical"}
+    combined = json.loads((copy / "metrics/combine.json").read_text())["models"]
+    assert {f"{m}+ngram" for m in MODELS} | {"+".join(sorted(("ngram", *MODELS)))} <= set(combined)
+    assert len(combined) == len(MODELS) + 2  # each with KN, the best neural pair, all of them
+    for name, row in combined.items():
+        assert abs(sum(row["weights"].values()) - 1) < 1e-9 and set(row["weights"]) == set(name.split("+"))
+        best_part = min(evaluation["models"][m]["valid"]["bpb"] for m in row["weights"])
+        assert row["valid"]["bpb"] <= best_part + 1e-4  # fitted on valid: never worse there than its best part
+    assert "## Combined models" in (copy / "reports/study.md").read_text()
     samples = (copy / "reports/samples.md").read_text()
     assert samples.count("- The history of") == len(MODELS + ("ngram",)) * 5
     study = (copy / "reports/study.md").read_text()
@@ -265,7 +274,7 @@ def test_changed_params_rerun_only_what_depends_on_them(project):
         changed["models"]["gru"]["arch"]["emb"] = 24
         params.write_text(yaml.safe_dump(changed, sort_keys=False))
         status = run(["dvc", "status", "--json", "dvc.yaml"], copy, env)
-        assert set(json.loads(status.stdout)) == {"train@gru", "evaluate", "audit", "report"}  # read `models`
+        assert set(json.loads(status.stdout)) == {"train@gru", "evaluate", "combine", "audit", "report"}  # read `models`
     finally:
         params.write_text(saved)
 
@@ -320,16 +329,24 @@ def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_ap
 def test_registered_models_carry_a_signature_and_serve_through_pyfunc(project):
     copy, env, _ = project
     check = """
-import json, mlflow, numpy as np
+import json, mlflow, numpy as np, pandas as pd
 mlflow.set_tracking_uri("sqlite:///mlflow.db")
 info = mlflow.models.get_model_info("models:/lmpipe-lstm/1")
-logits = mlflow.pyfunc.load_model("models:/lmpipe-lstm/1").predict(np.array([[5, 6, 7]], dtype=np.int64))
-print(json.dumps({"signature": info.signature.to_dict(), "shape": list(logits.shape)}))
+text = mlflow.pyfunc.load_model("models:/lmpipe-lstm/1").predict(pd.DataFrame({"prompt": ["The history of", "A"]}),
+                                                                 params={"strategy": "greedy", "max_new_tokens": 4})
+raw = f"runs:/{mlflow.MlflowClient().get_model_version('lmpipe-lstm', '1').run_id}/logits"
+logits = mlflow.pyfunc.load_model(raw).predict(np.array([[5, 6, 7]], dtype=np.int64))
+print(json.dumps({"signature": info.signature.to_dict(), "logits": mlflow.models.get_model_info(raw).signature.to_dict(),
+                  "shape": list(logits.shape), "text": text["continuation"].tolist()}))
 """
     loaded = run([sys.executable, "-c", check], copy, env)
-    assert "mismatch" not in loaded.stderr, loaded.stderr[-2000:]  # the model requires only what it needs
+    assert "mismatch" not in loaded.stderr and "Warning" not in loaded.stderr, loaded.stderr[-2000:]
     out = json.loads(loaded.stdout.strip().splitlines()[-1])
-    inputs, outputs = json.loads(out["signature"]["inputs"]), json.loads(out["signature"]["outputs"])
+    assert json.loads(out["signature"]["inputs"]) == [{"type": "string", "name": "prompt", "required": True}]
+    assert json.loads(out["signature"]["outputs"]) == [{"type": "string", "name": "continuation", "required": True}]
+    assert [p["name"] for p in json.loads(out["signature"]["params"])] == ["strategy", "max_new_tokens", "seed"]
+    assert len(out["text"]) == 2 and all(isinstance(t, str) and t for t in out["text"])
+    inputs, outputs = json.loads(out["logits"]["inputs"]), json.loads(out["logits"]["outputs"])
     assert inputs == [{"type": "tensor", "tensor-spec": {"dtype": "int64", "shape": [-1, -1]}}]
     assert outputs == [{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": [-1, -1, 600]}}]
     assert out["shape"] == [1, 3, 600]  # next-token logits over the 600-piece vocabulary
@@ -347,6 +364,45 @@ print(json.dumps({"signature": info.signature.to_dict(), "shape": list(logits.sh
     assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [
         f"error: models:/lmpipe-lstm/99: not in the MLflow model registry at sqlite:///{copy}/mlflow.db "
         "(RESOURCE_DOES_NOT_EXIST; see the versions with `lmpipe ui`, Models)"]
+
+
+def test_the_champion_answers_prompts_over_http_and_bad_input_is_a_400_of_one_reason(project):
+    """`lmpipe serve` (mlflow models serve, --env-manager local) on 127.0.0.1: text in, the same text
+    `lmpipe generate` prints out."""
+    import time
+
+    from tests.conftest import free_port
+
+    copy, env, _ = project
+    port, log = free_port(), open(copy / "serve.log", "wb")
+    server = subprocess.Popen(["lmpipe", "serve", "--model", "gru", "--port", str(port)], cwd=copy, env=env,
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"{url}/ping", timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                time.sleep(1)
+        body = {"inputs": {"prompt": ["The history of", "In 1990"]}, "params": {"strategy": "greedy", "max_new_tokens": 6}}
+        answer = requests.post(f"{url}/invocations", json=body, timeout=60)
+        assert answer.status_code == 200, (copy / "serve.log").read_text()[-2000:]
+        served = [p["continuation"] for p in answer.json()["predictions"]]
+        printed = run(["lmpipe", "generate", "--model", "models:/lmpipe-gru@champion", "--prompt", "The history of",
+                       "--strategy", "greedy", "--max-new-tokens", "6"], copy, env).stdout
+        assert len(served) == 2 and printed == "The history of" + served[0] + "\n"
+        for params, reason in (({"strategy": "nucleus"}, "strategy 'nucleus' is unknown: use one of greedy, beam, "
+                                "top-k, top-p, typical, sample"),
+                               ({"max_new_tokens": 0}, "max_new_tokens 0 is out of range: use 1 to 1024"),
+                               ({"max_new_tokens": 1025}, "max_new_tokens 1025 is out of range: use 1 to 1024")):
+            bad = requests.post(f"{url}/invocations", json={"inputs": {"prompt": ["The"]}, "params": params}, timeout=60)
+            assert bad.status_code == 400 and bad.json()["message"].splitlines()[-1] == f"Error: {reason}", bad.text
+        assert requests.post(f"{url}/invocations", json={"inputs": {"text": ["The"]}}, timeout=60).status_code == 400
+    finally:
+        stop(server)
+        log.close()
 
 
 def test_mlflow_server_serves_every_stage_run(project):
@@ -483,10 +539,10 @@ def created_flow_run(url: str, patience: float = 60.0) -> str:
         time.sleep(2)
 
 
-def test_scheduled_retrain_deployment_registers_and_runs(project, prefect_api):
+def test_scheduled_retrain_deployment_registers_and_runs(committed, prefect_api):
     import time
 
-    copy, env, _ = project
+    copy, env = committed
     log = open(copy / "schedule.log", "wb")
     serve = subprocess.Popen(["lmpipe", "schedule", "--cron", "0 3 * * 1", "--name", "e2e-retrain"], cwd=copy,
                              env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -509,7 +565,7 @@ def test_scheduled_retrain_deployment_registers_and_runs(project, prefect_api):
         assert state == "COMPLETED", f"{detail}\n" + (copy / "schedule.log").read_text()[-3000:]
         artifacts = requests.post(f"{prefect_api}/artifacts/filter",
                                   json={"artifacts": {"flow_run_id": {"any_": [run_id]}}}, timeout=10).json()
-        assert any("No model regressed" in (a.get("data") or "") for a in artifacts)
+        assert any("nothing to retrain" in (a.get("data") or "") for a in artifacts)  # same corpus, same code
         assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}  # nothing left to do
         assert (deployment["global_concurrency_limit"] or {}).get("limit") == 1, deployment
         assert deployment["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
@@ -596,19 +652,21 @@ def test_an_added_model_is_evaluated_audited_and_reported_and_removing_it_leaves
     tree["models"]["grusmall"] = {**tree["models"]["gru"], "arch": {**tree["models"]["gru"]["arch"], "emb": 8}}
     params.write_text(yaml.safe_dump(tree, sort_keys=False))
     added = run(["dvc", "repro"], copy, env)
-    assert ran_stages(added.stdout) == {"train@grusmall", "evaluate", "audit", "report"}
+    assert ran_stages(added.stdout) == {"train@grusmall", "evaluate", "combine", "audit", "report"}
     assert "grusmall" in json.loads((copy / "metrics/eval.json").read_text())["models"]
     assert "grusmall" in json.loads((copy / "metrics/weat.json").read_text())["models"]
     assert "| grusmall |" in (copy / "reports/study.md").read_text()
+    assert "grusmall+ngram" in json.loads((copy / "metrics/combine.json").read_text())["models"]
     assert "metrics/models/grusmall.json" in run(["dvc", "metrics", "show", "--json"], copy, env).stdout
     assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}
 
     params.write_text(original)
     removed = run(["dvc", "repro"], copy, env)
-    assert ran_stages(removed.stdout) == {"evaluate", "audit", "report"}
+    assert ran_stages(removed.stdout) == {"evaluate", "combine", "audit", "report"}
     assert json.loads((copy / "metrics/eval.json").read_text())["models"] == before["models"]  # the same numbers
     assert "grusmall" not in json.loads((copy / "metrics/weat.json").read_text())["models"]
     assert "grusmall" not in (copy / "reports/study.md").read_text()
+    assert "grusmall" not in (copy / "metrics/combine.json").read_text()
     for leftover in ("metrics/models/grusmall.json", "metrics/train/grusmall.json", "plots/train/grusmall.csv"):
         assert not (copy / leftover).exists(), leftover
     assert "grusmall" not in run(["dvc", "metrics", "show", "--json"], copy, env).stdout
@@ -636,7 +694,7 @@ FAIL_AT_REGISTRY = """
 import flows.train as stage
 def unavailable(*args, **kwargs):
     raise RuntimeError("the model registry is unavailable")
-stage.tracking.log_torch_model = unavailable
+stage.tracking.log_lm = unavailable
 stage.main(stage.train, model="gru")
 """
 
@@ -667,3 +725,108 @@ def test_a_corrupt_model_file_is_one_line_naming_it_and_dvc_checkout_restores_it
     assert len(lines) == 1 and "models/gru/model.pt" in lines[0] and "dvc checkout --force train@gru" in lines[0]
     run(["dvc", "checkout", "--force", "train@gru"], copy, env)
     assert run(["lmpipe", "generate", "--model", "gru", "--prompt", "The history of"], copy, env).stdout.strip()
+
+
+@pytest.fixture
+def committed(project, tmp_path):
+    """A copy of the studied project with its MLflow store (so its champions), everything committed: a retrain
+    commits on top of HEAD, and the test can tell what changed."""
+    copy, env, _ = project
+    target = tmp_path / "project"
+    shutil.copytree(copy, target, symlinks=True)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    run(git + ["add", "-A"], target, env)
+    run(git + ["commit", "-qm", "studied"], target, env)
+    return target, env
+
+
+def workspace(copy: Path) -> dict:
+    """What users read: HEAD, the tracked files' state, the models and the metrics."""
+    return {"head": run(["git", "rev-parse", "HEAD"], copy, os.environ).stdout.strip(),
+            "status": run(["git", "status", "--porcelain"], copy, os.environ).stdout,
+            "models": {m: sha256_tree(copy / f"models/{m}") for m in MODELS},
+            "eval": (copy / "metrics/eval.json").read_text(), "lock": (copy / "dvc.lock").read_text()}
+
+
+def champions(copy: Path) -> dict:
+    client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
+    return {m: str(client.get_model_version_by_alias(f"lmpipe-{m}", "champion").version) for m in MODELS}
+
+
+def retrain_runs(copy: Path) -> list:
+    client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("lmpipe")
+    return client.search_runs([exp.experiment_id], "tags.`lmpipe.driver` = 'retrain'",
+                              order_by=["attributes.start_time DESC"])
+
+
+def newest_flow_run_state(prefect_api: str, flow_name: str) -> str:
+    runs = requests.post(f"{prefect_api}/flow_runs/filter", timeout=10, json={
+        "flows": {"name": {"any_": [flow_name]}}, "sort": "EXPECTED_START_TIME_DESC", "limit": 1}).json()
+    return runs[0]["state_type"]
+
+
+def test_a_retrain_whose_models_regress_changes_nothing_users_read(committed, prefect_api):
+    """(b) A crippled model: the gate fails, HEAD, the workspace and the champions stay, the experiment stays."""
+    copy, env = committed
+    before, crowned = workspace(copy), champions(copy)
+    failed = run(["lmpipe", "retrain", "models.gru.optim.lr=1.0"], copy, env, check=False)
+    assert failed.returncode == 1, failed.stdout[-2000:] + failed.stderr[-2000:]
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: retrain-") and "regressed beyond retrain.max_regression=0.05: gru word ppl" in last
+    assert "nothing applied" in last and "lstm" not in last, last  # only the crippled model regressed
+    assert workspace(copy) == before and champions(copy) == crowned
+    name = last.split()[1]
+    shown = run(["dvc", "exp", "show", "--json"], copy, env).stdout
+    assert name in shown  # the failed experiment stays for inspection
+    assert newest_flow_run_state(prefect_api, "retrain") == "FAILED"
+    tags = retrain_runs(copy)[0].data.tags
+    assert tags["lmpipe.retrain.decision"] == "failed" and tags["lmpipe.retrain.regressed"] == "gru"
+    assert tags["lmpipe.retrain.experiment"] == name and "| gru **regressed** |" in tags["lmpipe.retrain.comparison"]
+    client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
+    challenger = client.get_model_version_by_alias("lmpipe-gru", "challenger")
+    assert challenger.tags["dvc.exp"] == name and str(challenger.version) != crowned["gru"]
+
+
+def test_a_retrain_on_a_changed_corpus_that_holds_level_is_committed_and_crowned(committed, prefect_api, tmp_path):
+    """(a) The source's corpus changes: the experiment passes the gate, is applied in one commit, and its models
+    become the champions."""
+    import bz2
+
+    from lmpipe.corpus.sources import ENWIKI_SAMPLE
+
+    copy, env = committed
+    dump = tmp_path / "enwiki.xml.bz2"
+    shutil.copyfile(ENWIKI_SAMPLE, dump)
+    override(copy / "params.yaml", {"corpus": {"source": "wikipedia-dump", "url": str(dump)}})
+    run(["dvc", "repro"], copy, env)  # the same articles from a dump file: only download and prepare run
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    run(git + ["commit", "-qam", "the corpus from a dump file"], copy, env)
+    before, crowned = workspace(copy), champions(copy)
+    text = bz2.decompress(dump.read_bytes())
+    edited = text.replace(b"Parents usually notice signs", b"Parents often notice signs", 1)  # a training article
+    assert edited != text
+    dump.write_bytes(bz2.compress(edited))
+
+    done = run(["lmpipe", "retrain"], copy, env)
+    after = workspace(copy)
+    assert after["status"] == ""  # applied and committed: nothing left over
+    log = run(["git", "log", "--format=%H%n%B", "-n", "1"], copy, env).stdout
+    assert log.startswith(after["head"]) and after["head"] != before["head"]
+    parent = run(["git", "rev-parse", "HEAD~1"], copy, env).stdout.strip()
+    assert parent == before["head"]  # one commit on top
+    assert "retrained within retrain.max_regression=0.05" in log and "- gru word ppl" in log, log
+    pinned = yaml.safe_load((copy / "params.yaml").read_text())["corpus"]["sha256"]
+    assert pinned == hashlib.sha256(dump.read_bytes()).hexdigest()  # the commit names the corpus it trained on
+    assert after["models"] != before["models"] and after["eval"] != before["eval"]
+    crowned_now = champions(copy)
+    assert all(int(crowned_now[m]) > int(crowned[m]) for m in MODELS), (crowned, crowned_now)
+    client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
+    for m in MODELS:  # the champion is the model the workspace holds
+        version = client.get_model_version_by_alias(f"lmpipe-{m}", "champion")
+        assert client.get_run(version.run_id).data.tags["lmpipe.output_sha256"] == after["models"][m]
+    tags = retrain_runs(copy)[0].data.tags
+    assert tags["lmpipe.retrain.decision"] == "passed" and tags["lmpipe.retrain.commit"] == after["head"]
+    assert newest_flow_run_state(prefect_api, "retrain") == "COMPLETED"
+    assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}
+    assert "applied" in done.stdout + done.stderr

@@ -85,22 +85,27 @@ def test_a_taken_port_is_one_line_not_a_server_that_never_answers():
             server.start(port, timeout=5)
 
 
-def test_ui_compare_link_holds_the_newest_run_of_each_of_the_studys_models(store, monkeypatch):
+def test_ui_compare_link_holds_the_runs_that_made_the_models_the_workspace_holds(store, monkeypatch, tmp_path):
     import json
     from urllib.parse import parse_qs, urlsplit
 
     from flows.cli import compare_url
 
     uri, params = store
-    assert compare_url("http://ui", "exp") is None  # nothing trained yet
+    monkeypatch.chdir(tmp_path)
+    assert compare_url("http://ui", ["gru", "lstm"], "exp") is None  # nothing trained yet
     ids = {}
-    for stage in ("train@gru", "train@lstm", "train@gru", "evaluate", "ngram"):
+    for stage, folder, content in (("train@gru", "models/gru", "first"), ("train@lstm", "models/lstm", "l"),
+                                   ("train@gru", "models/gru", "second"), ("ngram", "models/ngram", "n")):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / folder / "model.pt").write_text(content)
         with tracking.open_stage_run(stage, "exp", {}, "h", params_file=params) as run:
-            ids[stage] = run.info.run_id  # the second train@gru replaces the first
-    monkeypatch.setenv("DVC_EXP_NAME", "lanky-bass")  # a `dvc exp run`: tagged, and not the study's
+            tracking.mark_output(folder)
+            ids[stage] = run.info.run_id  # the second gru replaces the first
+    monkeypatch.setenv("DVC_EXP_NAME", "lanky-bass")  # an experiment's run made no file the workspace holds
     with tracking.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as run:
         assert run.data.tags[tracking.EXPERIMENT] == "lanky-bass"
-    query = parse_qs(urlsplit(compare_url("http://ui", "exp")).fragment.split("?", 1)[1])
+    query = parse_qs(urlsplit(compare_url("http://ui", ["gru", "lstm", "gone"], "exp")).fragment.split("?", 1)[1])
     assert sorted(json.loads(query["runs"][0])) == sorted([ids["train@gru"], ids["train@lstm"], ids["ngram"]])
     assert json.loads(query["experiments"][0]) == [tracking.experiment_id("exp")]
 
@@ -119,3 +124,8 @@ def test_the_first_version_is_the_champion_and_every_new_one_the_challenger(stor
     tracking.name_aliases(client, "lmpipe-x", "3")
     assert str(client.get_model_version_by_alias("lmpipe-x", "champion").version) == "1"
     assert str(client.get_model_version_by_alias("lmpipe-x", "challenger").version) == "3"
+    client.set_model_version_tag("lmpipe-x", "3", tracking.EXPERIMENT, "lanky-bass")
+    assert tracking.promote_experiment("other-exp") == {}  # another experiment's pass moves nothing here
+    assert tracking.promote_experiment("lanky-bass") == {"lmpipe-x": "3"}
+    assert str(client.get_model_version_by_alias("lmpipe-x", "champion").version) == "3"
+    assert {m: str(v.version) for m, v in tracking.champion_versions(["x", "missing"]).items()} == {"x": "3"}

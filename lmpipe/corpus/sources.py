@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 from urllib.parse import urlparse
@@ -110,3 +111,17 @@ def fetch_corpus(corpus: CorpusParams, raw_dir: str | Path, cache_dir: str | Pat
         }
         write_json(tmp / MANIFEST, manifest)
     return manifest
+
+
+def corpus_sha256(raw_dir: str | Path) -> str | None:
+    """The value of `corpus.sha256` that pins the corpus in `raw_dir`: its file's sha256, or a local corpus's three
+    files concatenated (None when `raw_dir` holds no fetched corpus)."""
+    raw_dir = Path(raw_dir)
+    try:
+        manifest = json.loads((raw_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if manifest.get("source") == "local":
+        return local_sha256([raw_dir / f"{split}.txt" for split in SPLITS])
+    (only,) = manifest["files"].values()
+    return only["sha256"]
