@@ -11,8 +11,13 @@ import warnings
 from pathlib import Path
 
 from flows import paths
+from lmpipe import __version__
 from lmpipe.config import STRATEGIES, EvaluateParams
 from lmpipe.errors import LmpipeError
+
+DESCRIPTION = """Tools around the lmpipe language-modelling study. The study itself is `dvc repro` (or `make study`);
+these commands sample from its models, serve and retrain them, open its MLflow and Prefect views,
+and run the experiments beside it (sweeps, the scaling grid)."""
 
 
 def this_environment() -> dict:
@@ -55,19 +60,39 @@ def compare_url(base: str, models: list[str], experiment: str = "lmpipe") -> str
 
 
 def _ui(args) -> int:
+    """`mlflow ui` on this study's store, one worker and no job runner (a viewer needs neither), on 127.0.0.1; the
+    links are printed once it answers."""
+    import time
+
+    from flows import server
     from lmpipe.config import load_params
     from lmpipe.tracking import champion_versions, tracking_uri
 
-    uri, params = tracking_uri(), load_params()
-    print(f"MLflow UI on http://127.0.0.1:{args.port} over {uri}")
-    compare = compare_url(f"http://127.0.0.1:{args.port}", list(params.models), params.tracking.experiment)
-    if compare:
-        print(f"the models this workspace holds, side by side: {compare}")
-    crowned = champion_versions(params.models)
-    print("champions (models:/lmpipe-<model>@champion): "
-          + (", ".join(f"{m} v{v.version}" for m, v in crowned.items()) or "none yet (run the study: make study)"))
-    command = ["mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1", "--port", str(args.port)]
-    return subprocess.call(command, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"})
+    if not server.port_free(args.port):
+        raise LmpipeError(f"127.0.0.1:{args.port} is taken by another program (choose another: lmpipe ui --port N)")
+    uri, params, base = tracking_uri(), load_params(), f"http://127.0.0.1:{args.port}"
+    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
+               "--port", str(args.port), "--workers", "1"]
+    env = {**this_environment(), "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    print(f"starting the MLflow UI over {uri} ...", flush=True)
+    process = subprocess.Popen(command, env=env)
+    try:
+        deadline = time.monotonic() + 180
+        while not server.healthy(base) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if process.poll() is None:
+            print(f"MLflow UI: {base}", flush=True)
+            compare = compare_url(base, list(params.models), params.tracking.experiment)
+            if compare:
+                print(f"the models this workspace holds, side by side: {compare}")
+            crowned = champion_versions(params.models)
+            print("champions (models:/lmpipe-<model>@champion): "
+                  + (", ".join(f"{m} v{v.version}" for m, v in crowned.items()) or "none yet (run the study)"),
+                  flush=True)
+        return process.wait()
+    except KeyboardInterrupt:
+        process.terminate()
+        return process.wait()
 
 
 def _sweep(args) -> int:
@@ -108,6 +133,7 @@ def _export_arpa(args) -> int:
     model = NGramLM.load(args.model)
     if model.method != "kneser_ney":
         raise LmpipeError(f"{args.model}: ARPA needs a kneser_ney model, this one is {model.method} (set ngram.method)")
+    print(f"writing {args.out} ...", file=sys.stderr, flush=True)
     counts = write_arpa(model, args.out)
     print(f"wrote {args.out}: " + ", ".join(f"{n} {k}-grams" for k, n in counts.items()))
     print("tokens are written as their ids; the boundary token is </s> (and <s> as context)")
@@ -146,6 +172,18 @@ def _profile(args) -> int:
 DECODE_FLAGS = ("max_new_tokens", "temperature", "top_k", "top_p", "typical_p", "beam_size", "seed")
 
 
+def checked_flags(defaults: EvaluateParams, flags: dict) -> EvaluateParams:
+    """The decoding flags checked by the rules of params.yaml's `evaluate` (top_p in (0, 1], top_k >= 1, ...)."""
+    from pydantic import ValidationError
+
+    try:
+        return EvaluateParams.model_validate({**defaults.model_dump(), **flags})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise LmpipeError(f"--{str(error['loc'][0]).replace('_', '-')} {flags.get(error['loc'][0])}: "
+                          f"{error['msg'].lower()}") from None
+
+
 def _generate(args) -> int:
     from tokenizers import Tokenizer
 
@@ -156,9 +194,12 @@ def _generate(args) -> int:
     from lmpipe.tokenize import boundary_id
 
     params = load_params()
+    flags = {name: getattr(args, name) for name in DECODE_FLAGS if getattr(args, name) is not None}
+    settings = DecodeSettings.from_params(checked_flags(params.evaluate, flags), strategy=args.strategy)
     if args.model.startswith("models:/"):  # a registered model, e.g. models:/lmpipe-gru@champion: its own tokenizer
         from lmpipe.tracking import registered_artifacts
 
+        print(f"loading {args.model} from the MLflow registry ...", file=sys.stderr, flush=True)
         model, tokenizer, boundary, _ = load_bundle(registered_artifacts(args.model))
     else:
         if not Path(args.tokenizer).exists():
@@ -170,8 +211,6 @@ def _generate(args) -> int:
             raise LmpipeError(f"{directory}: no trained model '{args.model}' (run: dvc repro, or give "
                               "models:/lmpipe-<name>@champion)")
         model = load_lm(directory)
-    flags = {name: getattr(args, name) for name in DECODE_FLAGS if getattr(args, name) is not None}
-    settings = DecodeSettings.from_params(params.evaluate, strategy=args.strategy, **flags)
     print(args.prompt + continuation(model, tokenizer, boundary, args.prompt, settings))
     return 0
 
@@ -193,9 +232,21 @@ def _serve(args) -> int:
     return subprocess.call(command, env={**this_environment(), "MLFLOW_TRACKING_URI": tracking_uri()})
 
 
+def check_cron(cron: str) -> None:
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    try:
+        CronSchedule(cron=cron)
+    except ValidationError:
+        raise LmpipeError(f'--cron {cron!r}: not a cron expression (five fields: minute hour day-of-month month '
+                          'day-of-week, e.g. "0 3 * * 1" for Mondays 03:00)') from None
+
+
 def _schedule(args) -> int:
     from flows import server
 
+    check_cron(args.cron)
     if not os.environ.get("PREFECT_API_URL"):
         url, _ = server.start()
         os.environ["PREFECT_API_URL"] = url
@@ -244,38 +295,42 @@ shared server, or your Prefect Cloud workspace URL); without it `lmpipe server` 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lmpipe", description=__doc__)
+    parser = argparse.ArgumentParser(prog="lmpipe", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"lmpipe {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     server = commands.add_parser("server", help="start (or --stop) the local Prefect server the stages report to")
-    server.add_argument("--port", type=int, default=4200)
-    server.add_argument("--stop", action="store_true")
+    server.add_argument("--port", type=int, default=4200, help="port on 127.0.0.1 (default: 4200)")
+    server.add_argument("--stop", action="store_true", help="stop the server this checkout started on that port")
     server.set_defaults(run=_server)
     ui = commands.add_parser("ui", help="open the MLflow UI on this study's tracking store (127.0.0.1)")
-    ui.add_argument("--port", type=int, default=5000)
+    ui.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default: 5000)")
     ui.set_defaults(run=_ui)
     ngram = commands.add_parser("ngram", help="n-gram model tools").add_subparsers(dest="ngram_command", required=True)
     export = ngram.add_parser("export-arpa", help="write the n-gram model as an ARPA file (KenLM, SRILM)")
-    export.add_argument("--model", default=paths.NGRAM)
-    export.add_argument("--out", default="ngram.arpa")
+    export.add_argument("--model", default=paths.NGRAM, help=f"the n-gram model's folder (default: {paths.NGRAM})")
+    export.add_argument("--out", default="ngram.arpa", help="the ARPA file to write (default: ngram.arpa)")
     export.set_defaults(run=_export_arpa)
     profile = commands.add_parser("profile", help="print a params profile as `-S` overrides for dvc exp run")
-    profile.add_argument("file")
+    profile.add_argument("file", help="a YAML file of params to change, e.g. profiles/gpu.yaml or sweeps/gru/best.yaml")
     profile.set_defaults(run=_profile)
     gen = commands.add_parser("generate", help="continue a prompt with a trained model")
     gen.add_argument("--model", required=True, help="ngram, a name under models/, or a registered model: models:/lmpipe-<name>@champion "
                      "(or /<version>)")
-    gen.add_argument("--prompt", default="The history of")
-    gen.add_argument("--strategy", default="top-p", choices=STRATEGIES)
+    gen.add_argument("--prompt", default="The history of", help="the text to continue (default: The history of)")
+    gen.add_argument("--strategy", default="top-p", choices=STRATEGIES, help="decoding strategy (default: top-p)")
     for name in DECODE_FLAGS:  # one definition of each setting: params.yaml's `evaluate` gives the default
         field = EvaluateParams.model_fields[name]
         gen.add_argument(f"--{name.replace('_', '-')}", type=field.annotation, default=None,
                          help=f"default: params.yaml evaluate.{name} ({field.default})")
-    gen.add_argument("--tokenizer", default=paths.TOKENIZER)
+    gen.add_argument("--tokenizer", default=paths.TOKENIZER,
+                     help=f"the study's tokenizer, for models under models/ (default: {paths.TOKENIZER}; a registered "
+                          "model carries its own)")
     gen.set_defaults(run=_generate)
     serve = commands.add_parser("serve", help="answer prompts over HTTP with a registered model (mlflow models serve)")
     serve.add_argument("--model", required=True, help="an entry of params.yaml's `models`, e.g. gru")
     serve.add_argument("--alias", default="champion", help="registry alias or version number (default: champion)")
-    serve.add_argument("--port", type=int, default=5001)
+    serve.add_argument("--port", type=int, default=5001, help="port on 127.0.0.1 (default: 5001)")
     serve.set_defaults(run=_serve)
     again = commands.add_parser("retrain", help="retrain now: a DVC experiment, applied only when no model regressed",
                                 description=RETRAIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -296,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     scaling.add_argument("--force", action="store_true", help="retrain every run (dvc repro --force)")
     scaling.set_defaults(run=_scaling)
     check = commands.add_parser("check-params", help="validate params.yaml and say what is wrong in one line")
-    check.add_argument("file", nargs="?", default="params.yaml")
+    check.add_argument("file", nargs="?", default="params.yaml", help="the params file (default: params.yaml)")
     check.set_defaults(run=_check_params)
     return parser
 

@@ -47,7 +47,7 @@ def start(port: int = PORT, log_dir: str | Path = ".cache/lmpipe", timeout: floa
     url = api_url(port)
     if healthy(url):
         return url, None
-    if not _free(port):
+    if not port_free(port):
         raise LmpipeError(f"{HOST}:{port} is taken by another program (choose another: lmpipe server --port N)")
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -71,7 +71,7 @@ def start(port: int = PORT, log_dir: str | Path = ".cache/lmpipe", timeout: floa
     raise RuntimeError(f"prefect server did not answer on {url} within {timeout:.0f} s; see {log_dir}/prefect-server-{port}.log")
 
 
-def _free(port: int) -> bool:
+def port_free(port: int) -> bool:
     with socket.socket() as probe:
         try:
             probe.bind((HOST, port))
@@ -81,15 +81,34 @@ def _free(port: int) -> bool:
 
 
 def stop(port: int = PORT, log_dir: str | Path = ".cache/lmpipe") -> bool:
-    """Stop a server started by `start` (found by its pid file)."""
+    """Stop a server `start` started from this checkout (found by its pid file). A copied checkout carries the pid
+    file of its original's server: a pid whose process is not a Prefect server running in this directory is left
+    alone, and its stale file removed."""
     pid_file = Path(log_dir) / f"prefect-server-{port}.pid"
     if not pid_file.exists():
         return False
     import signal
 
-    try:
-        os.killpg(int(pid_file.read_text()), signal.SIGTERM)
-    except ProcessLookupError:
-        pass
+    pid = int(pid_file.read_text())
     pid_file.unlink()
+    if not started_here(pid):
+        return False
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
     return True
+
+
+def started_here(pid: int, root: Path | None = None) -> bool:
+    """Whether `pid` is a `prefect server` whose working directory is this checkout (Linux /proc; where /proc is
+    missing, the pid file is trusted)."""
+    if not Path("/proc/self").exists():
+        return True
+    proc = Path(f"/proc/{pid}")
+    try:
+        command = proc.joinpath("cmdline").read_bytes().split(b"\0")
+        cwd = proc.joinpath("cwd").resolve(strict=True)
+    except OSError:
+        return False
+    return b"prefect" in b" ".join(command) and b"server" in command and cwd == (root or Path.cwd()).resolve()

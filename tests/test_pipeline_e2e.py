@@ -362,6 +362,7 @@ print(json.dumps({"signature": info.signature.to_dict(), "logits": mlflow.models
     assert by_alias.stdout.startswith("The history of")
     missing = run(["lmpipe", "generate", "--model", "models:/lmpipe-lstm/99", "--prompt", "The"], copy, env, check=False)
     assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [
+        "loading models:/lmpipe-lstm/99 from the MLflow registry ...",
         f"error: models:/lmpipe-lstm/99: not in the MLflow model registry at sqlite:///{copy}/mlflow.db "
         "(RESOURCE_DOES_NOT_EXIST; see the versions with `lmpipe ui`, Models)"]
 

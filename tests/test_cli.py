@@ -1,0 +1,79 @@
+"""The `lmpipe` command line: help for every option, a version, and one-line errors for a user's mistakes."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from flows.cli import build_parser, main
+from tests.conftest import ROOT
+
+
+def every_action(parser: argparse.ArgumentParser):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from ((f"{name} {where}", a) for where, a in every_action(sub))
+        else:
+            yield parser.prog, action
+
+
+def test_every_option_has_help_and_there_is_a_version(capsys):
+    missing = [f"{where}: {action.dest}" for where, action in every_action(build_parser())
+               if not action.help and action.dest not in ("help", "command", "ngram_command")]
+    assert not missing
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.startswith("lmpipe 0.")
+
+
+@pytest.mark.parametrize("flag, value, reason", [("--top-p", "1.5", "less than or equal to 1"),
+                                                 ("--top-k", "0", "greater than or equal to 1"),
+                                                 ("--temperature", "0.0", "greater than 0")])
+def test_an_out_of_range_sampling_value_is_one_line_before_any_model_loads(flag, value, reason):
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "generate", "--model", "no-such-model", flag, value],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [f"error: {flag} {value}: input should be {reason}"]
+
+
+def test_a_bad_cron_is_one_line_and_starts_no_server():
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "schedule", "--cron", "bad cron"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "error: --cron 'bad cron': not a cron expression (five fields: minute hour day-of-month month day-of-week, "
+        'e.g. "0 3 * * 1" for Mondays 03:00)']
+
+
+def test_server_stop_leaves_a_process_it_did_not_start_alone(tmp_path):
+    """A copied checkout carries its original's pid file: `lmpipe server --stop` there must not kill that pid."""
+    from flows import server
+
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        (tmp_path / "prefect-server-4200.pid").write_text(str(other.pid))
+        assert server.stop(4200, log_dir=tmp_path) is False
+        assert other.poll() is None  # still running
+        assert not (tmp_path / "prefect-server-4200.pid").exists()  # the stale file is gone
+        assert server.stop(4200, log_dir=tmp_path) is False
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_ui_on_a_taken_port_is_one_line():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"error: 127.0.0.1:{port} is taken by another program (choose another: lmpipe ui --port N)"]
