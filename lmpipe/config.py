@@ -99,7 +99,8 @@ class TrainParams(_Section):
 
 
 class OptimParams(_Section):
-    name: Literal["sgd", "adam", "adamw"] = "adamw"
+    name: Literal["sgd", "adam", "adamw", "muon"] = Field(
+        "adamw", description="muon: Muon on the hidden matrices, AdamW on embeddings, head, norms (lmpipe/optim.py)")
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     momentum: float = Field(0.0, ge=0, lt=1)

@@ -12,8 +12,8 @@ with, per token, V the vocabulary and L the layers:
 - NPLM (context n, embedding e, hidden h): 2 (n e h + h V) [+ 2 n e V with direct connections]
 - RNN layer with input i, hidden h and G gate blocks (Elman 1, GRU 3, LSTM 4): 2 G h (i + h);
   plus the decoder 2 h_last V
-- Transformer (width d, window T = seq_len): per layer 2 * 12 d^2 (qkv 3d^2, projection d^2, MLP 8d^2)
-  plus attention 2 * 2 T d (scores Q K^T and their weighted sum of V, over the T window positions, as
+- Transformer (width d, window T = seq_len): per layer 2 * (4 d^2 + M) (qkv 3d^2, projection d^2, and the MLP's
+  matrices M: 2 d * 4d, or 3 d * 8d/3 for SwiGLU, ~8d^2 either way) plus attention 2 * 2 T d (scores Q K^T and their weighted sum of V, over the T window positions, as
   a dense attention kernel computes them); plus the head 2 d V
 
 `tests/test_flops.py` checks these against torch.utils.flop_counter.FlopCounterMode on tiny models.
@@ -36,8 +36,11 @@ def forward_flops_per_token(family: str, arch: dict, vocab_size: int, seq_len: i
         recurrent = sum(2 * gates * out * (inp + out) for inp, out in zip(sizes, sizes[1:]))
         return recurrent + 2 * sizes[-1] * vocab_size
     if family == "transformer":
-        d, layers = arch["dim"], arch["layers"]
-        return layers * (24 * d * d + 4 * seq_len * d) + 2 * d * vocab_size
+        from lmpipe.models.transformer import mlp_hidden
+
+        d, layers, kind = arch["dim"], arch["layers"], arch.get("mlp", "gelu")
+        mlp = (3 if kind == "swiglu" else 2) * d * mlp_hidden(d, kind)
+        return layers * (2 * (4 * d * d + mlp) + 4 * seq_len * d) + 2 * d * vocab_size
     raise ValueError(f"unknown family {family!r}")
 
 

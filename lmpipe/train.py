@@ -34,6 +34,7 @@ from lmpipe.checkpoints import checkpoint_dir
 from lmpipe.config import ModelParams, OptimParams, TrainParams
 from lmpipe.errors import ConfigError, Interrupted
 from lmpipe.evaluate import perplexities, stream_nll
+from lmpipe.optim import MuonAdamW
 from lmpipe.flops import peak_flops, train_flops_per_token
 from lmpipe.models import (StreamLM, arch_with_defaults, build_model, count_non_embedding_parameters,
                            count_parameters)
@@ -311,6 +312,8 @@ class Trainer:
             return torch.optim.ASGD(params, lr=optim.lr, t0=0, lambd=0.0, weight_decay=optim.weight_decay)
         if optim.name == "sgd":
             return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+        if optim.name == "muon":
+            return MuonAdamW(self.model, self.data.vocab_size, optim.lr, optim.weight_decay)
         kwargs = {"fused": True} if self.device.type == "cuda" else {}
         cls = torch.optim.AdamW if optim.name == "adamw" else torch.optim.Adam
         return cls(params, lr=optim.lr, weight_decay=optim.weight_decay, **kwargs)

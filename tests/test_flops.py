@@ -17,6 +17,10 @@ CASES = [
     ("nplm", {"context": 4, "emb": 8, "hidden": 24}),
     ("nplm", {"context": 3, "emb": 8, "hidden": 16, "direct": True}),
     ("transformer", {"dim": 32, "layers": 2, "heads": 4, "block_size": T, "dropout": 0.0}),
+    ("transformer", {"dim": 24, "layers": 2, "heads": 2, "block_size": T, "dropout": 0.0, "position": "rope",
+                     "norm": "rmsnorm", "qk_norm": True, "mlp": "swiglu", "tie": False, "zero_init": True,
+                     "softcap": 15.0}),
+    ("transformer", {"dim": 32, "layers": 1, "heads": 4, "block_size": T, "dropout": 0.0, "mlp": "relu2"}),
 ]
 
 

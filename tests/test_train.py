@@ -48,6 +48,14 @@ SETTINGS = {
 }
 
 
+# today's small-budget recipe: rotary positions, RMS norms with QK-norm, a squared-ReLU MLP, an untied zero-initialised
+# head, soft-capped logits, and Muon on the hidden matrices
+SETTINGS["modern"] = ModelParams(
+    family="transformer", arch={"dim": 32, "layers": 1, "heads": 2, "block_size": 32, "position": "rope",
+                                "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2", "tie": False, "zero_init": True,
+                                "softcap": 15.0},
+    optim={"name": "muon", "lr": 3e-3, "warmup_steps": 5}, batch_size=8, seq_len=32, epochs=2)
+
 # a learning rate high enough that validation stalls after a few epochs, so averaging starts for the last ones
 SETTINGS["lstm_asgd"] = SETTINGS["lstm"].model_copy(update={
     "epochs": 6, "patience": 6, "optim": SETTINGS["lstm"].optim.model_copy(update={"lr": 40.0})})
@@ -74,7 +82,7 @@ def kill_at(step):
     return on_step
 
 
-@pytest.mark.parametrize("name", ["lstm", "transformer", "nplm"])
+@pytest.mark.parametrize("name", ["lstm", "transformer", "modern", "nplm"])
 def test_learns_far_below_unigram(tmp_path, name):
     result = train(tmp_path, name)
     assert result.metrics["valid_ppl"] < 8  # uniform is 30; the rule makes the next token nearly certain
@@ -91,7 +99,8 @@ def test_same_seed_same_metrics(tmp_path):
     assert drop_timings(first.history) == drop_timings(second.history)
 
 
-@pytest.mark.parametrize("name, step", [("lstm", 11), ("lstm", 30), ("lstm_asgd", 130), ("transformer", 9)])
+@pytest.mark.parametrize("name, step", [("lstm", 11), ("lstm", 30), ("lstm_asgd", 130), ("transformer", 9),
+                                        ("modern", 9)])
 def test_kill_and_resume_gives_identical_weights_and_curve(tmp_path, name, step, capsys):
     """Killed between checkpoints (every 7 steps), inside an epoch: the resumed run repeats the lost steps and
     ends with the same weights and the same learning curve, the interrupted epoch's training sums included."""
@@ -308,3 +317,18 @@ def test_batch_plans_cover_the_data_without_overlap():
     flat = np.sort(windows.ravel())
     assert windows.shape[1] == 8 and np.all(np.diff(flat) >= 32)  # whole batches of non-overlapping windows
     assert flat[-1] + 33 <= 5000 and len(flat) >= 5000 // 32 - 8 - 1  # at most one partial batch is left out
+
+
+def test_muon_takes_the_hidden_matrices_and_adamw_the_embeddings_head_norms_and_biases():
+    from lmpipe.models import build_model
+    from lmpipe.optim import muon_split
+
+    for arch in ({"dim": 16, "layers": 2, "heads": 2, "block_size": 8}, {"dim": 16, "layers": 1, "heads": 2,
+                                                                           "block_size": 8, "tie": False}):
+        model = build_model("transformer", arch, V, 0)
+        matrices, rest = muon_split(model, V)
+        names = {id(p): n for n, p in model.named_parameters()}
+        assert sorted(names[id(p)] for p in matrices) == sorted(
+            f"blocks.{i}.{m}.weight" for i in range(arch["layers"]) for m in ("qkv", "proj", "mlp.0", "mlp.2"))
+        assert {names[id(p)] for p in rest} >= {"embed.weight", "pos.weight", "ln_f.weight", "blocks.0.qkv.bias"}
+        assert len(matrices) + len(rest) == len(list(model.parameters()))  # a tied head counted once

@@ -1,4 +1,14 @@
-"""GPT-style causal decoder: pre-LayerNorm blocks, learned positions, SDPA attention, tied embeddings."""
+"""GPT-style causal decoder with SDPA attention, from the 2019 GPT-2 recipe to today's small-budget one.
+
+Each modern part is a setting, so an ablation changes one at a time (docs/tuning.md):
+- `position`: `learned` absolute embeddings (GPT-2) or `rope` (rotary, Su et al. 2021) on queries and keys;
+- `norm`: `layernorm` or `rmsnorm`; `qk_norm` normalises queries and keys per head (an RMS norm without weights);
+- `mlp`: `gelu` (4d), `relu2` (ReLU squared, 4d) or `swiglu` (gated SiLU, 8d/3 wide: the same parameters);
+- `tie`: the head shares the embedding; untied, `zero_init` starts the head and the residual projections at zero
+  (modded-nanogpt, nanochat), so each block starts as the identity;
+- `softcap`: logits = c * tanh(logits / c) when c > 0 (Gemma 2, modded-nanogpt).
+The defaults are GPT-2's, so a params file that names none of these trains what it always did.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +18,61 @@ from torch import nn
 
 from lmpipe.models.base import StreamLM
 
+POSITIONS, NORMS, MLPS = ("learned", "rope"), ("layernorm", "rmsnorm"), ("gelu", "relu2", "swiglu")
+
+
+def mlp_hidden(dim: int, mlp: str) -> int:
+    """The MLP's inner width: 4d, or 8d/3 for the gated SwiGLU (three matrices instead of two, same parameters)."""
+    return 8 * dim // 3 if mlp == "swiglu" else 4 * dim
+
+
+def _norm(kind: str, dim: int) -> nn.Module:
+    return nn.LayerNorm(dim) if kind == "layernorm" else nn.RMSNorm(dim)
+
+
+class Activation(nn.Module):
+    """The MLP's nonlinearity; `swiglu` gates one half of its input with the SiLU of the other."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if self.kind == "swiglu":
+            gate, value = h.chunk(2, dim=-1)
+            return F.silu(gate) * value
+        return F.gelu(h) if self.kind == "gelu" else F.relu(h).square()
+
+
+def mlp_block(dim: int, kind: str, dropout: float) -> nn.Sequential:
+    hidden = mlp_hidden(dim, kind)
+    return nn.Sequential(nn.Linear(dim, 2 * hidden if kind == "swiglu" else hidden), Activation(kind),
+                         nn.Linear(hidden, dim), nn.Dropout(dropout))
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each pair of channels (first half, second half) of (batch, heads, time, head_dim) by its angle."""
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+
 
 class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, dropout: float):
+    def __init__(self, dim: int, heads: int, dropout: float, norm: str = "layernorm", qk_norm: bool = False,
+                 mlp: str = "gelu"):
         super().__init__()
-        self.heads, self.dropout = heads, dropout
-        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.heads, self.dropout, self.qk_norm = heads, dropout, qk_norm
+        self.ln1, self.ln2 = _norm(norm, dim), _norm(norm, dim)
         self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim), nn.Dropout(dropout))
+        self.mlp = mlp_block(dim, mlp, dropout)
         self.resid_drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple | None = None) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+        if rope is not None:
+            q, k = rotary(q, *rope), rotary(k, *rope)
         # flash / memory-efficient kernels on CUDA, a fused kernel on CPU; causal mask built in
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         x = x + self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, t, d)))
@@ -29,23 +81,39 @@ class Block(nn.Module):
 
 class TransformerLM(StreamLM):
     def __init__(self, vocab_size: int, dim: int = 256, layers: int = 4, heads: int = 4, block_size: int = 256,
-                 dropout: float = 0.1, tie: bool = True, boundary: int = 0):
+                 dropout: float = 0.1, tie: bool = True, position: str = "learned", norm: str = "layernorm",
+                 qk_norm: bool = False, mlp: str = "gelu", zero_init: bool = False, softcap: float = 0.0,
+                 boundary: int = 0):
         super().__init__()
+        for name, value, allowed in (("position", position, POSITIONS), ("norm", norm, NORMS), ("mlp", mlp, MLPS)):
+            if value not in allowed:
+                raise ValueError(f"arch.{name} {value!r} is unknown: use one of {', '.join(allowed)}")
         if dim % heads:
             raise ValueError(f"dim {dim} must be divisible by heads {heads}")
-        self.block_size, self.boundary = block_size, boundary
+        if position == "rope" and (dim // heads) % 2:
+            raise ValueError(f"rope needs an even head width: dim {dim} / heads {heads} is odd")
+        if zero_init and tie:
+            raise ValueError("zero_init starts the head at zero: it needs an untied head (arch.tie: false)")
+        self.block_size, self.boundary, self.softcap = block_size, boundary, softcap
         self.embed = nn.Embedding(vocab_size, dim)
-        self.pos = nn.Embedding(block_size, dim)
+        self.pos = nn.Embedding(block_size, dim) if position == "learned" else None
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(dim, heads, dropout) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(dim)
+        self.blocks = nn.ModuleList(Block(dim, heads, dropout, norm, qk_norm, mlp) for _ in range(layers))
+        self.ln_f = _norm(norm, dim)
         self.head = nn.Linear(dim, vocab_size, bias=False)
         if tie:
             self.head.weight = self.embed.weight
+        if position == "rope":  # angles of every position the window can hold: a buffer, not a parameter
+            half = dim // heads // 2
+            angles = torch.outer(torch.arange(block_size).float(), 10000.0 ** (-torch.arange(half).float() / half))
+            self.register_buffer("rope_cos", angles.cos(), persistent=False)
+            self.register_buffer("rope_sin", angles.sin(), persistent=False)
         self.apply(self._init)
-        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
+        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth; or start them at 0
             if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
-                nn.init.normal_(p, 0.0, 0.02 / (2 * layers) ** 0.5)
+                nn.init.zeros_(p) if zero_init else nn.init.normal_(p, 0.0, 0.02 / (2 * layers) ** 0.5)
+        if zero_init:
+            nn.init.zeros_(self.head.weight)
 
     @staticmethod
     def _init(module: nn.Module) -> None:
@@ -60,9 +128,17 @@ class TransformerLM(StreamLM):
         if t > self.block_size:
             raise ValueError(f"chunk of {t} tokens exceeds block_size {self.block_size}")
         full = x if state is None else torch.cat([state, x], dim=1)[:, -self.block_size:]
-        positions = torch.arange(full.size(1), device=x.device)
-        h = self.drop(self.embed(full) + self.pos(positions))
+        n = full.size(1)
+        h = self.embed(full)
+        rope = None
+        if self.pos is not None:
+            h = h + self.pos(torch.arange(n, device=x.device))
+        else:
+            rope = (self.rope_cos[:n].to(h.dtype), self.rope_sin[:n].to(h.dtype))
+        h = self.drop(h)
         for block in self.blocks:
-            h = block(h)
+            h = block(h, rope)
         logits = self.head(self.ln_f(h[:, -t:]))
+        if self.softcap > 0:
+            logits = self.softcap * torch.tanh(logits / self.softcap)
         return logits, full[:, -(self.block_size - 1):]

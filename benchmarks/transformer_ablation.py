@@ -1,0 +1,85 @@
+"""The transformer from the GPT-2 recipe to today's, one change at a time, at one FLOP budget.
+
+Each row adds one modern part to the row before it (lmpipe/models/transformer.py, lmpipe/optim.py) and trains
+`models.transformer` of params.yaml with `benchmarks/probe.py` (the Trainer, data and evaluation of the study,
+outside DVC and MLflow), two rows side by side on one thread each. Rows already in the CSV are kept, so a run that
+stops resumes. Prints the table docs/tuning.md holds.
+
+    python benchmarks/transformer_ablation.py --budget 5e12 --out benchmarks/results/transformer_ablation.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (row name, the settings it adds to the row before it)
+STEPS = [
+    ("GPT-2 recipe (default)", []),
+    ("+ rotary positions", ["arch.position=rope"]),
+    ("+ RMSNorm and QK-norm", ["arch.norm=rmsnorm", "arch.qk_norm=true"]),
+    ("+ ReLU^2 MLP", ["arch.mlp=relu2"]),
+    ("+ untied zero-init head", ["arch.tie=false", "arch.zero_init=true"]),
+    ("+ logit soft-cap 15", ["arch.softcap=15.0"]),
+    ("+ Muon", ["optim.name=muon"]),
+]
+COLUMNS = ("row", "settings", "valid_bpb", "test_bpb", "test_word_ppl", "train_seconds")
+
+
+def rows(budget: float) -> list[tuple[str, list[str]]]:
+    out, settings = [], [f"budget={{flops: {budget:g}}}"]
+    for name, adds in STEPS:
+        settings = settings + adds
+        out.append((name, settings))
+    return out
+
+
+def probe(settings: list[str]) -> dict:
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/probe.py"), "--model", "transformer", "--set",
+                           *settings], capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"probe failed: {settings}\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=5e12, help="training FLOPs of every row")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/transformer_ablation.csv"))
+    parser.add_argument("--parallel", type=int, default=2)
+    args = parser.parse_args()
+    out = Path(args.out)
+    done = {r["row"]: r for r in csv.DictReader(out.open())} if out.exists() else {}
+    todo = [(name, settings) for name, settings in rows(args.budget) if name not in done]
+
+    def run(item):
+        name, settings = item
+        result = probe(settings)
+        return {"row": name, "settings": " ".join(settings), **{k: result[k] for k in COLUMNS[2:]}}
+
+    with ThreadPoolExecutor(args.parallel) as pool:
+        for row in pool.map(run, todo):
+            done[row["row"]] = row
+            order = [name for name, _ in rows(args.budget)]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with out.open("w", newline="") as f:
+                writer = csv.DictWriter(f, COLUMNS)
+                writer.writeheader()
+                writer.writerows(done[name] for name in order if name in done)
+            print(json.dumps(row), flush=True)
+    print("| row | valid bpb | test bpb | train s |\n|---|---|---|---|")
+    for name, _ in rows(args.budget):
+        if name in done:
+            r = done[name]
+            print(f"| {name} | {float(r['valid_bpb']):.4f} | {float(r['test_bpb']):.4f} | {float(r['train_seconds']):.0f} |")
+
+
+if __name__ == "__main__":
+    main()
