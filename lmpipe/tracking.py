@@ -353,20 +353,36 @@ def log_lm(model_dir: str | Path, tokenizer: str | Path, registered_name: str, v
     name_aliases(client, registered_name, version)
 
 
+def registered_version(uri: str):
+    """The ModelVersion a `models:/<name>/<version>` or `models:/<name>@<alias>` URI names."""
+    client, ref = MlflowClient(), uri.removeprefix("models:/")
+    if "@" in ref:
+        return client.get_model_version_by_alias(*ref.split("@", 1))
+    name, _, version = ref.rpartition("/")
+    return client.get_model_version(name, version)
+
+
 def registered_artifacts(uri: str) -> dict[str, Path]:
     """A registered model's artifacts (e.g. models:/lmpipe-gru@champion), downloaded and named as it names them;
-    nothing of it is imported or unpickled."""
+    nothing of it is imported or unpickled. A version the registry lacks and a version whose files are gone are
+    told apart."""
     import yaml
     from mlflow.exceptions import MlflowException
 
     mlflow.set_tracking_uri(tracking_uri())
     try:
-        with _env(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false"):
-            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri))
+        version = registered_version(uri)
     except MlflowException as exc:
         raise TrackingError(f"{uri}: not in the MLflow model registry at {tracking_uri()} ({exc.error_code}; see the "
                             "versions with `lmpipe ui`, Models)") from None
-    spec = yaml.safe_load((local / "MLmodel").read_text()).get("flavors", {}).get("python_function", {})
+    try:
+        with _env(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false"):
+            local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri))
+        spec = yaml.safe_load((local / "MLmodel").read_text()).get("flavors", {}).get("python_function", {})
+    except (MlflowException, OSError) as exc:
+        raise TrackingError(f"{uri}: version {version.version} is registered, but its files are missing "
+                            f"({type(exc).__name__}): the store at {tracking_uri()} records absolute artifact paths; "
+                            "was the project moved, or its mlartifacts/ removed?") from None
     if "artifacts" not in spec:
         raise TrackingError(f"{uri}: not an lmpipe text model (no artifacts in its MLmodel); register it anew by "
                             "re-training: dvc repro --force train@<model>")

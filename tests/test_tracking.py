@@ -129,3 +129,26 @@ def test_the_first_version_is_the_champion_and_every_new_one_the_challenger(stor
     assert tracking.promote_experiment("lanky-bass") == {"lmpipe-x": "3"}
     assert str(client.get_model_version_by_alias("lmpipe-x", "champion").version) == "3"
     assert {m: str(v.version) for m, v in tracking.champion_versions(["x", "missing"]).items()} == {"x": "3"}
+
+
+def test_a_missing_version_and_a_version_whose_files_are_gone_are_told_apart(store, tmp_path):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from lmpipe.errors import TrackingError
+
+    uri, _ = store
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("registry")
+    gone = tmp_path / "moved-away"  # where the version's files were: a moved checkout's old path
+    with mlflow.start_run():
+        (tmp_path / "note.txt").write_text("x")
+        mlflow.log_artifact(str(tmp_path / "note.txt"), "model")
+        run_id = mlflow.active_run().info.run_id
+    client = MlflowClient()
+    client.create_registered_model("lmpipe-x")
+    client.create_model_version("lmpipe-x", source=str(gone), run_id=run_id)
+    with pytest.raises(TrackingError, match=r"^models:/lmpipe-x/7: not in the MLflow model registry at sqlite:"):
+        tracking.registered_artifacts("models:/lmpipe-x/7")
+    with pytest.raises(TrackingError, match=r"^models:/lmpipe-x/1: version 1 is registered, but its files are missing "):
+        tracking.registered_artifacts("models:/lmpipe-x/1")
