@@ -332,3 +332,15 @@ def test_muon_takes_the_hidden_matrices_and_adamw_the_embeddings_head_norms_and_
             f"blocks.{i}.{m}.weight" for i in range(arch["layers"]) for m in ("qkv", "proj", "mlp.0", "mlp.2"))
         assert {names[id(p)] for p in rest} >= {"embed.weight", "pos.weight", "ln_f.weight", "blocks.0.qkv.bias"}
         assert len(matrices) + len(rest) == len(list(model.parameters()))  # a tied head counted once
+
+
+@pytest.mark.parametrize("name", ["transformer", "modern"])
+def test_a_compiled_training_run_matches_the_eager_one(tmp_path, name):
+    """train.compile: torch.compile (inductor on the CPU) trains the same model as eager execution, within float
+    tolerance: the path the GPU profiles rely on, run here first. Without dropout: inductor draws its own masks."""
+    short = revised(SETTINGS[name], epochs=1, max_steps_per_epoch=6, arch={**SETTINGS[name].arch, "dropout": 0.0})
+    eager = train(tmp_path / "eager", name, settings=short)
+    compiled = train(tmp_path / "compiled", name, settings=short, common=COMMON.model_copy(update={"compile": True}))
+    for (key, a), (_, b) in zip(eager.model.state_dict().items(), compiled.model.state_dict().items()):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3, msg=key)  # Muon orthogonalises in bf16: looser
+    assert compiled.metrics["valid_bpb"] == pytest.approx(eager.metrics["valid_bpb"], rel=1e-5)
