@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# (row name, the settings it adds to the row before it)
+# (row name, the settings it adds to the row before it; a later value of a setting replaces an earlier one)
 STEPS = [
     ("GPT-2 recipe (default)", []),
     ("+ rotary positions", ["arch.position=rope"]),
@@ -29,6 +29,8 @@ STEPS = [
     ("+ untied zero-init head", ["arch.tie=false", "arch.zero_init=true"]),
     ("+ logit soft-cap 15", ["arch.softcap=15.0"]),
     ("+ Muon", ["optim.name=muon"]),
+    ("+ the tied head again (no zero-init)", ["arch.tie=true", "arch.zero_init=false"]),  # the head hurt at this budget
+    ("- Muon (AdamW again)", ["optim.name=adamw"]),
 ]
 COLUMNS = ("row", "settings", "valid_bpb", "test_bpb", "test_word_ppl", "train_seconds")
 
