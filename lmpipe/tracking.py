@@ -359,6 +359,10 @@ def registered_version(uri: str):
     if "@" in ref:
         return client.get_model_version_by_alias(*ref.split("@", 1))
     name, _, version = ref.rpartition("/")
+    if version == "latest":
+        found = client.search_model_versions(f"name = '{name}'")
+        if found:
+            return max(found, key=lambda v: int(v.version))
     return client.get_model_version(name, version)
 
 
