@@ -7,7 +7,7 @@ import importlib
 
 from torch import nn
 
-from lmpipe.models.base import NextTokenLogits, StreamLM  # noqa: F401
+from lmpipe.models.base import StreamLM  # noqa: F401
 from lmpipe.models.nplm import NPLM
 from lmpipe.models.rnn import RNNModel
 from lmpipe.models.transformer import TransformerLM

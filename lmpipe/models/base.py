@@ -57,15 +57,3 @@ class StreamLM(nn.Module):
         logits, _ = self(tokens[:, -window:] if window else tokens, None)
         self.train(was_training)
         return torch.softmax(logits[:, -1].float(), dim=-1).cpu().double().numpy()
-
-
-class NextTokenLogits(nn.Module):
-    """The registered form of a model: token ids (batch, time) -> logits (batch, time, vocab), the single
-    tensor MLflow's pyfunc flavour serves; the model itself, with its decoding methods, is `.lm`."""
-
-    def __init__(self, lm: StreamLM):
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.lm(ids)[0].float()
