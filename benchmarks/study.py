@@ -1,11 +1,16 @@
 """Does the default study hold its targets? Prints each target, the measured number and whether it holds.
 
-Quality targets (issue "The study must earn its conclusions"), read from metrics/eval.json of the last run:
-every recurrent family and the transformer below KN-5 in test bits per byte; the best neural model's test
-word perplexity at least 15% below KN-5's; the NPLM's within 10% of KN-5's (or below).
-Time target: the whole default `dvc repro` within 30 minutes on the 2-core CPU machine, with `lmpipe server`
-running. `--run` measures it with benchmarks/overhead.py (a forced repro in a temporary copy, ~30 min);
-`--wall-seconds N` checks a figure measured before. Exit status 1 when a target misses.
+Quality targets, read from the last run's metrics/eval.json, metrics/combine.json and seeds/seeds.csv (the rows
+that still hold, lmpipe/seeds.py):
+- every recurrent family and the transformer below KN-5 in test bits per byte; the best neural model's test word
+  perplexity at least 15% below KN-5's; the NPLM's within 10% of KN-5's (or below);
+- over 3 seeds: the transformer's mean test bpb below KN-5's by more than twice its sd, and at most 2.00; the best
+  single model's mean at most 1.95;
+- the best combination at most 1.92 bpb and at least 0.03 below the best single model; NPLM + KN-5 below KN-5.
+Time targets: the whole default `dvc repro` within 30 minutes on the 2-core CPU machine, with `lmpipe server`
+running (`--run` measures it with benchmarks/overhead.py, a forced repro in a temporary copy; `--wall-seconds N`
+checks a figure measured before, e.g. `make study` timed on a fresh clone); `lmpipe seeds` within 60 minutes
+(`--seeds-seconds N`). Exit status 1 when a target misses; a target whose numbers are missing is said so.
 """
 
 from __future__ import annotations
@@ -18,8 +23,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lmpipe import seeds  # noqa: E402
+from lmpipe.config import load_params  # noqa: E402
+
 BASELINE, RECURRENT_AND_TRANSFORMER, NPLM = "ngram", ("rnn", "lstm", "gru", "transformer"), "nplm"
-BUDGET_SECONDS = 30 * 60
+BUDGET_SECONDS, SEEDS_BUDGET_SECONDS = 30 * 60, 60 * 60
+TRANSFORMER_GOAL, BEST_SINGLE_GOAL, BEST_COMBINATION_GOAL, COMBINATION_GAIN = 2.00, 1.95, 1.92, 0.03
 
 
 def quality_targets(models: dict) -> list[tuple[str, str, bool]]:
@@ -43,6 +54,41 @@ def quality_targets(models: dict) -> list[tuple[str, str, bool]]:
     return rows
 
 
+def seed_targets(evaluation: dict, rows: list[dict], study_seed: int, precisions: dict) -> list[tuple[str, str, bool]]:
+    """The targets that need the seed spread: mean ± sd over the seeds that still hold."""
+    by_model, stale = seeds.current(rows, evaluation, study_seed, precisions)
+    spreads = seeds.spreads(evaluation, by_model, BASELINE)
+    kn = evaluation["models"][BASELINE]["test"]["bpb"]
+    out = []
+    if "transformer" in spreads:
+        t = spreads["transformer"]
+        holds = t.n >= 3 and kn - t.bpb > seeds.REAL_GAP_SDS * t.bpb_sd and t.bpb <= TRANSFORMER_GOAL
+        out.append((f"transformer: mean test bpb over 3 seeds below KN-5 by > 2 sd, <= {TRANSFORMER_GOAL:.2f}",
+                    t.text(4), holds))
+    neural = {n: s for n, s in spreads.items() if n != BASELINE}
+    best = min(neural, key=lambda n: neural[n].bpb)
+    out.append((f"best single ({best}): mean test bpb over 3 seeds <= {BEST_SINGLE_GOAL:.2f}", neural[best].text(4),
+                neural[best].n >= 3 and neural[best].bpb <= BEST_SINGLE_GOAL))
+    if stale:
+        out.append(("seed rows that hold this study's runs (lmpipe seeds)", f"stale: {', '.join(stale)}", False))
+    return out
+
+
+def combination_targets(models: dict, combined: dict) -> list[tuple[str, str, bool]]:
+    kn = models[BASELINE]["test"]["bpb"]
+    single = min((n for n in models if n != BASELINE), key=lambda n: models[n]["test"]["bpb"])
+    best = min(combined, key=lambda n: combined[n]["test"]["bpb"])
+    bpb, gain = combined[best]["test"]["bpb"], models[single]["test"]["bpb"] - combined[best]["test"]["bpb"]
+    out = [(f"best combination ({best}): test bpb <= {BEST_COMBINATION_GOAL:.2f}, >= {COMBINATION_GAIN:.2f} below "
+            f"the best single ({single})", f"{bpb:.4f} (-{gain:.4f})", bpb <= BEST_COMBINATION_GOAL
+            and gain >= COMBINATION_GAIN)]
+    pair = next((n for n in combined if set(combined[n]["weights"]) == {NPLM, BASELINE}), None)
+    if pair:
+        out.append((f"{pair}: test bpb below KN-5's {kn:.4f}", f"{combined[pair]['test']['bpb']:.4f}",
+                    combined[pair]["test"]["bpb"] < kn))
+    return out
+
+
 def measured_wall_seconds() -> float:
     """The default study's forced `dvc repro`, timed by benchmarks/overhead.py in a temporary copy."""
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/overhead.py")], capture_output=True, text=True,
@@ -55,12 +101,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", action="store_true", help="time a whole forced dvc repro (about 30 minutes)")
     parser.add_argument("--wall-seconds", type=float, help="a wall time measured before, to check against 30 min")
+    parser.add_argument("--seeds-seconds", type=float, help="the wall time of `lmpipe seeds`, to check against 60 min")
     args = parser.parse_args()
-    models = json.loads((ROOT / "metrics/eval.json").read_text())["models"]
+    params, evaluation = load_params(ROOT / "params.yaml"), json.loads((ROOT / "metrics/eval.json").read_text())
+    models = evaluation["models"]
     rows = quality_targets(models)
+    precisions = {p.stem: json.loads(p.read_text()).get("precision", "") for p in (ROOT / "metrics/train").glob("*.json")}
+    rows += seed_targets(evaluation, seeds.read_rows(ROOT / "seeds/seeds.csv"), params.train.seed, precisions)
+    combine = ROOT / "metrics/combine.json"
+    if combine.exists():
+        rows += combination_targets(models, json.loads(combine.read_text())["models"])
+    else:
+        rows.append(("combined models (the combine stage)", "not run yet", False))
     wall = measured_wall_seconds() if args.run else args.wall_seconds
     if wall is not None:
         rows.append(("whole default dvc repro within 30 min", f"{wall / 60:.1f} min", wall <= BUDGET_SECONDS))
+    if args.seeds_seconds is not None:
+        rows.append(("lmpipe seeds within 60 min", f"{args.seeds_seconds / 60:.1f} min",
+                     args.seeds_seconds <= SEEDS_BUDGET_SECONDS))
     width = max(len(r[0]) for r in rows)
     for target, measured, holds in rows:
         print(f"{target:<{width}}  {measured:>18}  {'holds' if holds else 'MISSED'}")

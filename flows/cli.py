@@ -111,6 +111,17 @@ def _scaling(args) -> int:
     return code
 
 
+def _seeds(args) -> int:
+    """The seeds flow, then `dvc commit` of its frozen stage: the report's seed spread, versioned."""
+    env = this_environment()
+    code = subprocess.call([sys.executable, "-m", "flows.seeds"], env=env)
+    if code == 0:
+        code = subprocess.call(["dvc", "commit", "--force", "--quiet", f"{paths.SEEDS_PIPELINE}:seeds"], env=env)
+    if code == 0:
+        print(f"runs: {paths.SEEDS}; the report's seed spread and verdicts: dvc repro (re-runs the report only)")
+    return code
+
+
 def _check_params(args) -> int:
     import yaml
 
@@ -350,6 +361,13 @@ def build_parser() -> argparse.ArgumentParser:
     scaling = commands.add_parser("scaling", help="run the scaling-law grid and its fits (dvc repro scaling/dvc.yaml)")
     scaling.add_argument("--force", action="store_true", help="retrain every run (dvc repro --force)")
     scaling.set_defaults(run=_scaling)
+    spread = commands.add_parser(
+        "seeds", help="retrain every model with the seeds of seeds.extra: mean ± sd and verdicts in the report",
+        description="Retrain every model of params.yaml with each seed of `seeds.extra` (seeds/dvc.yaml; about an "
+                    "hour on a 2-core CPU), score it like the evaluate stage, and write seeds/seeds.csv, whose rows "
+                    "the study's report turns into mean ± sd and verdicts. Finished runs are cached: a second call "
+                    "retrains only models whose settings changed.")
+    spread.set_defaults(run=_seeds)
     check = commands.add_parser("check-params", help="validate params.yaml and say what is wrong in one line")
     check.add_argument("file", nargs="?", default="params.yaml", help="the params file (default: params.yaml)")
     check.set_defaults(run=_check_params)

@@ -37,6 +37,9 @@ SUMMARIES = "metrics/models"  # <model>.json: what `dvc metrics show` lists
 SCALING_PIPELINE = "scaling/dvc.yaml"  # the scaling-law experiment, apart from the study
 RUNS = "scaling/runs.csv"  # the scaling grid's rows: written by `grid`, fitted by `fit`
 SCALING_METRICS = "metrics/scaling.json"
+SEEDS_PIPELINE = "seeds/dvc.yaml"  # the seed spread, apart from the study (its stage is frozen: lmpipe seeds runs it)
+SEEDS = "seeds/seeds.csv"  # every model at every seed, the study's own run among them; the report reads it
+
 SCALING_REPORT, SCALING_PAGE, SCALING_FIGURES = f"{REPORTS}/scaling.md", f"{REPORTS}/scaling.html", f"{REPORTS}/scaling"
 
 

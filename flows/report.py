@@ -9,6 +9,7 @@ from prefect import flow, task
 from flows import paths
 from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import tracking
+from lmpipe.compare import baseline_label
 from lmpipe.config import load_params
 from lmpipe.errors import LmpipeError
 from lmpipe.io import write_text
@@ -49,19 +50,20 @@ def check_covers(models: list[str]) -> None:
 
 
 @task
-def write_report(models: list[str]) -> str:
+def write_report(models: list[str], seed: int, label: str) -> str:
     check_covers(models)
     for path in drop_removed(models):
         print(f"removed {path}: its model is no longer in params.yaml", flush=True)
     write_text(PLOTS_TEMPLATE, dvc_plots_template())
-    return str(build_report(".", OUT_DIR, models, tracking.experiment_tags().get(tracking.EXPERIMENT)))
+    return str(build_report(".", OUT_DIR, models, tracking.experiment_tags().get(tracking.EXPERIMENT),
+                            study_seed=seed, label=label))
 
 
 @flow(name="report")
 def report() -> str:
     params = load_params(PARAMS_FILE)
     with stage_run("report", params, []) as run:
-        path = write_report(list(params.models))
+        path = write_report(list(params.models), params.train.seed, baseline_label(params.ngram))
         study = tracking.parent_run_id(run)
         for run_id in [None] + ([study] if study else []):  # the report stage's run, and the study run where a study is compared
             for name, where in (("study.md", "report"), ("study.html", "report"), ("figures", "report/figures")):

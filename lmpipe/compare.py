@@ -5,6 +5,13 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
+def baseline_label(ngram) -> str:
+    """The n-gram baseline's name from its settings (params.yaml `ngram`): 'KN-5', 'add-k 3-gram', ..."""
+    if ngram.method == "kneser_ney":
+        return f"KN-{ngram.order}"
+    return f"{ngram.method.replace('_', ' ').replace('add k', 'add-k')} {ngram.order}-gram"
+
+
 METRICS = {"word_ppl": "word ppl", "bpb": "bpb"}  # both gate: bpb is what a model learns, word ppl what the report ranks
 
 

@@ -250,6 +250,19 @@ class ScalingParams(_Section):
         return self
 
 
+class SeedsParams(_Section):
+    """The seed spread (seeds/dvc.yaml, `lmpipe seeds`): every model retrained with these seeds beside `train.seed`."""
+
+    extra: list[int] = Field(default_factory=lambda: [1, 2], description="train.seed values of the extra runs")
+
+    @field_validator("extra")
+    @classmethod
+    def _distinct(cls, extra: list[int]) -> list[int]:
+        if len(set(extra)) != len(extra):
+            raise ValueError(f"seeds {extra} repeat a seed: each run needs its own")
+        return extra
+
+
 class Params(_Section):
     corpus: CorpusParams = CorpusParams()
     split: SplitParams = SplitParams()
@@ -264,6 +277,7 @@ class Params(_Section):
     tracking: TrackingParams = TrackingParams()
     orchestration: OrchestrationParams = OrchestrationParams()
     scaling: ScalingParams = ScalingParams()
+    seeds: SeedsParams = SeedsParams()
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -283,6 +297,13 @@ class Params(_Section):
         missing = [m for m in self.scaling.models if m not in self.models]
         if missing:
             raise ValueError(f"scaling.models names {missing}, not entries of `models` (have: {', '.join(self.models)})")
+        return self
+
+    @model_validator(mode="after")
+    def _seeds_apart_from_the_study(self):
+        if self.train.seed in self.seeds.extra:
+            raise ValueError(f"seeds.extra holds train.seed {self.train.seed}: the study's own run is already one "
+                             "of the seeds (choose other values)")
         return self
 
     def section(self, name: str) -> dict:

@@ -14,10 +14,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import markdown  # noqa: E402
 
+from lmpipe import seeds as seed_spread  # noqa: E402
 from lmpipe.io import atomic_path  # noqa: E402
 
 BASELINE = "ngram"
 SUMMARIES = "metrics/models"  # one small file per model: what `dvc metrics show` lists
+SEEDS = "seeds/seeds.csv"  # every model at every seed (lmpipe seeds)
 
 
 def _read_json(path: Path):
@@ -128,8 +130,8 @@ def _perplexity_section(evaluation, trained: dict) -> list[str]:
                       + " than the baseline's. "
                       + (f"Behind the baseline in bpb: {', '.join(behind)}." if behind
                          else "Every neural model is ahead of the baseline in bpb.")
-                      + " One training run per model (seed `train.seed`): differences between neural models smaller "
-                        "than the seed spread in [docs/tuning.md](../docs/tuning.md) are not evidence of an order."]
+                      + " This table is one training run per model (seed `train.seed`, the run `models/` holds); "
+                        "which of these gaps are real is in *Seeds and verdicts* below."]
     if neural:
         lines += ["", "Each neural model is registered in MLflow as `lmpipe-<model>`; `models:/lmpipe-<model>@champion` "
                       "is the version the first study or the last passing retrain made (`lmpipe ui` prints each "
@@ -159,11 +161,32 @@ def _combine_section(combined: dict, evaluation: dict) -> list[str]:
     return lines
 
 
-def model_summaries(evaluation: dict, trained: dict, weat: dict | None) -> dict[str, dict]:
+def _seeds_section(spreads: dict, stale: list[str], label: str) -> list[str]:
+    """Mean ± sd over seeds per model and one verdict per model: which of its gaps exceed the noise."""
+    lines = ["## Seeds and verdicts", "", "Each neural model trained with `train.seed` and the seeds of `seeds.extra` "
+             "(`lmpipe seeds`, seeds/seeds.csv), everything else equal. Two results differ only where their gap "
+             f"exceeds {seed_spread.REAL_GAP_SDS:g} times the larger seed sd; otherwise they are within noise. "
+             f"{label} is deterministic (sd 0).", "",
+             "| model | seeds | test bpb (mean ± sd) | test word ppl (mean ± sd) |", "|---|---|---|---|"]
+    for name, s in sorted(spreads.items(), key=lambda kv: kv[1].bpb):
+        sd = (lambda v, d: "" if v is None else f" ± {v:.{d}f}")
+        label_ = f"{name} (baseline)" if name == BASELINE else name
+        lines.append(f"| {label_} | {'-' if name == BASELINE else s.n} | {s.bpb:.3f}{sd(s.bpb_sd, 3)} | "
+                     f"{s.word_ppl:.1f}{sd(s.word_ppl_sd, 1)} |")
+    lines += [""] + [f"- {v}" for v in seed_spread.verdicts(spreads, BASELINE, label)]
+    if stale:
+        lines += ["", f"Stale seed runs, not shown: {', '.join(sorted(stale))} (retrained since `lmpipe seeds` ran: "
+                      "their seed row no longer holds this study's numbers; run `lmpipe seeds` again)."]
+    return lines
+
+
+def model_summaries(evaluation: dict, trained: dict, weat: dict | None,
+                    spreads: dict | None = None) -> dict[str, dict]:
     """metrics/models/<model>.json: the few numbers a user compares across models and experiments, rounded so that
     `dvc metrics show` gives one narrow row per model (the full detail stays in metrics/eval.json and the others):
     test bpb and word perplexity, the change in word perplexity against KN-5, parameters (millions), training
-    compute (TFLOPs) and seconds, and the mean |effect size| over the WEAT tests the model could run."""
+    compute (TFLOPs) and seconds, the mean and sd of test bpb over seeds where `lmpipe seeds` measured them, and the
+    mean |effect size| over the WEAT tests the model could run."""
     models, summaries = evaluation["models"], {}
     kn = models.get(BASELINE)
     for name, r in models.items():
@@ -174,6 +197,9 @@ def model_summaries(evaluation: dict, trained: dict, weat: dict | None) -> dict[
         t = trained.get(name) or {}
         if "train_flops" in t:
             row |= {"tflop": round(t["train_flops"] / 1e12, 1), "train_s": round(t["seconds"])}
+        spread = (spreads or {}).get(name)
+        if spread is not None and spread.n > 1:
+            row |= {"seeds": spread.n, "bpb_mean": round(spread.bpb, 4), "bpb_sd": round(spread.bpb_sd, 4)}
         effects = [abs(v["effect_size"]) for v in ((weat or {}).get("models", {}).get(name) or {}).values()
                    if v.get("effect_size") is not None]
         if effects:
@@ -221,10 +247,11 @@ def dvc_plots_template(vega_lite: str = "5.21") -> str:
 
 
 def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None = None,
-                 experiment: str | None = None) -> Path:
+                 experiment: str | None = None, study_seed: int | None = None, label: str = "KN-5") -> Path:
     """Write study.md, study.html and figures/ under `out_dir`, and metrics/models/, from the metrics under `root`;
     `models` (params.yaml's) limits the per-model files read, so a removed model's leftovers never show;
-    `experiment` names the `dvc exp run` that made them, so its report never passes for the study's."""
+    `experiment` names the `dvc exp run` that made them, so its report never passes for the study's; `study_seed`
+    (train.seed) picks the study's own run out of seeds/seeds.csv; `label` names the n-gram baseline."""
     root, out_dir = Path(root), Path(out_dir)
     figures = out_dir / "figures"
     figures.mkdir(parents=True, exist_ok=True)
@@ -248,6 +275,12 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
         lines += ["![Test bits per byte](figures/bpb.png)", ""]
         if combined:
             lines += _combine_section(combined, evaluation) + [""]
+        precisions = {name: t.get("precision", "") for name, t in trained.items()}
+        rows = [r for r in seed_spread.read_rows(root / SEEDS) if study_seed is not None
+                and (models is None or r["model"] in models)]
+        by_model, stale = seed_spread.current(rows, evaluation, study_seed, precisions)
+        spreads = seed_spread.spreads(evaluation, by_model, BASELINE)
+        lines += _seeds_section(spreads, stale, label) + [""]
     if curves:
         baseline = evaluation["models"].get(BASELINE, {}).get("valid", {}).get("bpb") if evaluation else None
         learning_curves_figure(curves, baseline, figures / "learning_curves.png")
@@ -266,7 +299,7 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
         summaries = root / SUMMARIES
         with atomic_path(summaries) as tmp:
             tmp.mkdir()
-            for name, row in model_summaries(evaluation, trained, weat).items():
+            for name, row in model_summaries(evaluation, trained, weat, spreads).items():
                 (tmp / f"{name}.json").write_text(json.dumps(row, indent=2) + "\n")
     text = "\n".join(lines) + "\n"
     (out_dir / "study.md").write_text(text, encoding="utf-8")

@@ -16,7 +16,7 @@ import yaml
 from lmpipe.config import Params, unstated_settings
 from tests.conftest import ROOT
 
-PIPELINES = ("dvc.yaml", "scaling/dvc.yaml")
+PIPELINES = ("dvc.yaml", "scaling/dvc.yaml", "seeds/dvc.yaml")
 PACKAGES = ("lmpipe", "flows")
 # Plumbing that cannot change any output, declared once: where runs are recorded, how errors read, the stage harness, the Prefect server probe, where tasks run (local threads or a cluster: the same results), the
 # packages' import-time setup; and config.py, the typed reading of
@@ -153,7 +153,7 @@ def test_the_walk_finds_what_a_stage_imports_and_reads(tmp_path):
     assert "models.x.patience" in unstated_settings({"models": {"x": {"family": "rnn"}}})
 
 
-DATA_PATH = re.compile(r"(data|models|metrics|plots|reports|scaling)/")
+DATA_PATH = re.compile(r"(data|models|metrics|plots|reports|scaling|seeds)/")
 
 
 def literal_paths(path: Path) -> list[str]:

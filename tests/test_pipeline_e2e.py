@@ -261,6 +261,47 @@ def test_scaling_pipeline_trains_its_grid_to_budget_fits_and_reports(project):
     assert "Running stage" not in again.stdout
 
 
+def test_seeds_retrain_every_model_and_the_report_gives_mean_sd_and_verdicts(scratch):
+    """`lmpipe seeds`: every model at each seed of seeds.extra beside the study's own run, in seeds/seeds.csv and
+    committed to its frozen DVC stage; the study's repro then re-runs the report alone, which gives mean ± sd; a
+    second call trains nothing; a model retrained since is called stale rather than shown."""
+    import csv
+
+    copy, env = scratch
+    done = run(["lmpipe", "seeds"], copy, env)
+    with open(copy / "seeds/seeds.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted((r["model"], int(r["seed"])) for r in rows) == sorted((m, s) for m in MODELS for s in (1, 2, 1234))
+    evaluation = json.loads((copy / "metrics/eval.json").read_text())["models"]
+    for r in rows:
+        if int(r["seed"]) == 1234:  # the study's own run, its numbers to the last digit
+            assert float(r["test_bpb"]) == evaluation[r["model"]]["test"]["bpb"]
+    gru = sorted(float(r["test_bpb"]) for r in rows if r["model"] == "gru")
+    assert len(set(gru)) == 3  # the seed decides the run
+    assert "gru: test bpb" in done.stdout and "over 3 seeds" in done.stdout
+    assert "seeds/seeds.csv" in (copy / "seeds/dvc.lock").read_text()
+
+    after = run(["dvc", "repro"], copy, env)
+    assert ran_stages(after.stdout) == {"report"}
+    section = (copy / "reports/study.md").read_text().split("## Seeds and verdicts")[1]
+    for model in MODELS:
+        assert f"- **{model}**: test " in section and "(3 seeds)" in section
+    assert "Stale" not in section
+    assert json.loads((copy / "metrics/models/gru.json").read_text())["seeds"] == 3
+
+    again = run(["lmpipe", "seeds"], copy, env)
+    assert again.stdout.count("(trained before, reused)") == 2 * len(MODELS)
+
+    params = copy / "params.yaml"
+    tree = yaml.safe_load(params.read_text())
+    tree["models"]["gru"]["optim"]["lr"] *= 2
+    params.write_text(yaml.safe_dump(tree, sort_keys=False))
+    retrained = run(["dvc", "repro"], copy, env)
+    assert "seeds/dvc.yaml" not in " ".join(ran_stages(retrained.stdout))  # frozen: the study never runs it
+    assert "Stale seed runs, not shown: gru" in (copy / "reports/study.md").read_text()
+    assert "seeds" not in json.loads((copy / "metrics/models/gru.json").read_text())
+
+
 def test_changed_params_rerun_only_what_depends_on_them(project):
     copy, env, _ = project
     params = copy / "params.yaml"

@@ -1,0 +1,114 @@
+"""seeds pipeline (seeds/dvc.yaml), apart from the default study: every model of params.yaml retrained with the seeds
+of `seeds.extra`, exactly as its train@<model> stage trains it but for `train.seed`, and scored on valid and test as
+the evaluate stage scores it. Writes seeds/seeds.csv: those runs and the study's own (its numbers from
+metrics/eval.json), which the study's report turns into mean ± sd and verdicts (lmpipe/seeds.py).
+
+    lmpipe seeds        (runs this flow, then `dvc commit seeds/dvc.yaml`: the stage is frozen, so that the study's
+                         `dvc repro` never starts its hour of training)
+
+Cached and resumable like the scaling grid: a finished run's row is kept in .cache/lmpipe/seeds/runs/, keyed by
+everything that decides it, and a killed run resumes from its checkpoint; a changed model retrains only its own seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from flows import paths
+from flows._stage import CACHE_DIR, PARAMS_FILE, main
+from lmpipe import tracking
+from lmpipe.checkpoints import code_version, discard
+from lmpipe.config import ModelParams, Params, load_params, params_hash
+from lmpipe.errors import LmpipeError
+from lmpipe.evaluate import evaluate_lm
+from lmpipe.io import write_json, write_text
+from lmpipe.seeds import csv_rows, study_row
+from lmpipe.splits import TokenData, load_tokens
+from lmpipe.train import Trainer, autocast_dtype, pick_device
+
+WORK = Path(CACHE_DIR) / "seeds"
+
+
+def study_runs(params: Params) -> dict[str, dict]:
+    """Each model's row of the study's own run, from the evaluation and the training summary it holds now."""
+    evaluation = json.loads(Path(paths.EVAL).read_text())["models"]
+    missing = [m for m in params.models if m not in evaluation]
+    if missing:
+        raise LmpipeError(f"{paths.EVAL} has no result for {', '.join(missing)}: run the study first (dvc repro)")
+    precision = {m: json.loads(Path(paths.train_metrics(m)).read_text())["precision"] for m in params.models}
+    here = "bf16" if autocast_dtype(params.train.precision, pick_device(params.train.device)) is not None else "fp32"
+    other = sorted(m for m, p in precision.items() if p != here)
+    if other:  # a spread over runs of two precisions measures the precision too
+        raise LmpipeError(f"{paths.train_metrics(other[0])}: the study trained {', '.join(other)} in "
+                          f"{precision[other[0]]}, this machine trains in {here} (train.precision: "
+                          f"{params.train.precision}); re-run the study here first (dvc repro --force), or run "
+                          "lmpipe seeds where the study ran")
+    return {m: study_row(m, params.train.seed, evaluation[m], precision[m]) for m in params.models}
+
+
+@task(cache_policy=NO_CACHE)
+def train_seed(model: str, settings: ModelParams, seed: int, params: Params, data: TokenData, parent_id: str) -> dict:
+    """One model at one seed, trained and scored (or its row from an earlier, identical run)."""
+    common = params.train.model_copy(update={"seed": seed})
+    key = params_hash({"settings": settings.model_dump(mode="json"), "train": common.model_dump(mode="json"),
+                       "evaluate.chunk": params.evaluate.chunk, "code": code_version(), "data": data.fingerprint})
+    name, done = f"{model}-seed{seed}", WORK / "runs" / f"{model}-seed{seed}-{key}.json"
+    tags = {"lmpipe.role": "seed-run", "lmpipe.model": model, "lmpipe.seed_run": key}
+    if done.exists():
+        row = json.loads(done.read_text())
+        print(f"{name}: test bpb {row['test_bpb']:.4f} (trained before, reused)", flush=True)
+        return row
+    started = time.perf_counter()
+    with tracking.run(params.tracking.experiment, name, {"model": settings.model_dump(mode="json"), "seed": seed},
+                      parent_run_id=parent_id, tags=tags) as run:
+        result = Trainer(model, settings, common, data, WORK / "ckpt" / key, progress_bar=False,
+                         on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id)).run()
+        scores = evaluate_lm(result.model.eval(), data, params.evaluate.chunk)
+        tracking.log_metrics(result.metrics | {f"test_{k}": v for k, v in scores["test"].items()})
+    row = {"model": model, "seed": seed, "valid_bpb": scores["valid"]["bpb"], "test_bpb": scores["test"]["bpb"],
+           "test_word_ppl": scores["test"]["word_ppl"], "precision": result.metrics["precision"],
+           "seconds": time.perf_counter() - started}
+    write_json(done, row)
+    discard(WORK / "ckpt" / key)
+    print(f"{name}: test bpb {row['test_bpb']:.4f}, word ppl {row['test_word_ppl']:.1f} ({row['seconds']:.0f} s)",
+          flush=True)
+    return row
+
+
+def summary_lines(rows: list[dict]) -> list[str]:
+    """model: mean ± sd of test bpb over its seeds, for the console."""
+    lines = []
+    for model in sorted({r["model"] for r in rows}):
+        bpb = [r["test_bpb"] for r in rows if r["model"] == model]
+        sd = f" ± {statistics.stdev(bpb):.4f}" if len(bpb) > 1 else ""
+        lines.append(f"{model}: test bpb {statistics.fmean(bpb):.4f}{sd} over {len(bpb)} seeds")
+    return lines
+
+
+@flow(name="seeds")
+def seeds() -> str:
+    params, data = load_params(PARAMS_FILE), load_tokens()
+    own = study_runs(params)  # before any training: a study that does not match fails at once
+    key = params_hash({"seeds": params.section("seeds"), "train": params.section("train"),
+                       "models": {m: s.model_dump(mode="json") for m, s in params.models.items()},
+                       "code": code_version(), "data": data.fingerprint})
+    with tracking.run(params.tracking.experiment, f"seeds {key[:8]}", {"seeds": params.section("seeds")},
+                      tags={"lmpipe.role": "seeds"}, resume={"lmpipe.seeds": key}) as parent:
+        rows = list(own.values())
+        for seed in params.seeds.extra:  # a seed of every model before the next: a stopped run has the most spread
+            rows += [train_seed(m, s, seed, params, data, parent.info.run_id) for m, s in params.models.items()]
+        write_text(paths.SEEDS, csv_rows(rows))
+        tracking.log_artifacts(paths.SEEDS)
+    for line in summary_lines(rows):
+        print(line, flush=True)
+    return paths.SEEDS
+
+
+if __name__ == "__main__":
+    main(seeds)

@@ -1,0 +1,140 @@
+"""The seed spread of each model and the verdicts it supports: mean and sd over seeds, and which gaps are real.
+
+seeds/seeds.csv (written by `lmpipe seeds`) holds one row per (model, seed), the study's own run among them. A
+model's rows count only while that own run is still the study's: the row of `train.seed` must carry the numbers
+metrics/eval.json holds now, trained at the same precision. A model retrained since (new settings, new data, new
+code that changed its numbers) has a stale spread, which is said and not shown.
+
+Two results differ only where their gap exceeds twice the larger of their sds (REAL_GAP_SDS); the n-gram baseline
+is deterministic (sd 0). With one seed there is no spread, so no gap between two models is called real.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+COLUMNS = ("model", "seed", "valid_bpb", "test_bpb", "test_word_ppl", "precision")
+REAL_GAP_SDS = 2.0
+MATCH = 1e-9  # the study's row must carry eval.json's numbers: written from them, so equal but for the CSV's digits
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A model's test results over its seeds (n = 1: the study's run alone, sd unknown)."""
+    n: int
+    bpb: float  # mean test bits per byte
+    bpb_sd: float | None
+    word_ppl: float
+    word_ppl_sd: float | None
+
+    def gap_is_real(self, other: "Spread") -> bool | None:
+        """Is |self - other| in mean test bpb more than twice the larger sd? None where a spread is unknown."""
+        if self.bpb_sd is None or other.bpb_sd is None:
+            return None
+        return abs(self.bpb - other.bpb) > REAL_GAP_SDS * max(self.bpb_sd, other.bpb_sd)
+
+    def text(self, digits: int = 3) -> str:
+        if self.bpb_sd is None:
+            return f"{self.bpb:.{digits}f} (1 seed)"
+        return f"{self.bpb:.{digits}f} ± {self.bpb_sd:.{digits}f} ({self.n} seeds)"
+
+
+def csv_rows(rows: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    for row in sorted(rows, key=lambda r: (r["model"], int(r["seed"]))):
+        writer.writerow({k: (repr(row[k]) if isinstance(row[k], float) else row[k]) for k in COLUMNS})
+    return out.getvalue()
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """seeds/seeds.csv's rows with numbers as numbers; none when the file is missing."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return [{**r, "seed": int(r["seed"]), **{k: float(r[k]) for k in ("valid_bpb", "test_bpb", "test_word_ppl")}}
+                for r in csv.DictReader(f)]
+
+
+def study_row(model: str, seed: int, result: dict, precision: str) -> dict:
+    """The study's own run as a row: its numbers from metrics/eval.json."""
+    return {"model": model, "seed": seed, "valid_bpb": result["valid"]["bpb"], "test_bpb": result["test"]["bpb"],
+            "test_word_ppl": result["test"]["word_ppl"], "precision": precision}
+
+
+def current(rows: list[dict], evaluation: dict, study_seed: int, precisions: dict[str, str]) -> tuple[dict, list[str]]:
+    """({model: its rows}, the models whose rows are stale) for the models of `evaluation` that have rows: a model's
+    rows hold while its `study_seed` row equals eval.json's numbers and every row has the study's precision."""
+    by_model, stale = {}, []
+    for name, result in evaluation["models"].items():
+        mine = [r for r in rows if r["model"] == name]
+        if not mine:
+            continue
+        own = [r for r in mine if r["seed"] == study_seed]
+        fresh = (len(own) == 1 and all(abs(own[0][k] - v) <= MATCH * abs(v) for k, v in (
+            ("valid_bpb", result["valid"]["bpb"]), ("test_bpb", result["test"]["bpb"]),
+            ("test_word_ppl", result["test"]["word_ppl"])))
+                 and all(r["precision"] == precisions.get(name, r["precision"]) for r in mine))
+        if fresh:
+            by_model[name] = mine
+        else:
+            stale.append(name)
+    return by_model, stale
+
+
+def spread(rows: list[dict]) -> Spread:
+    bpb, ppl = [r["test_bpb"] for r in rows], [r["test_word_ppl"] for r in rows]
+    sd = (lambda xs: statistics.stdev(xs)) if len(rows) > 1 else (lambda xs: None)
+    return Spread(len(rows), statistics.fmean(bpb), sd(bpb), statistics.fmean(ppl), sd(ppl))
+
+
+def spreads(evaluation: dict, by_model: dict[str, list[dict]], baseline: str) -> dict[str, Spread]:
+    """Every model's spread: over its seeds where they hold, else its one run; the baseline's sd is 0 (it has no
+    seed: the same counts give the same model)."""
+    out = {}
+    for name, result in evaluation["models"].items():
+        if name in by_model and len(by_model[name]) > 1:
+            out[name] = spread(by_model[name])
+        else:
+            sd = 0.0 if name == baseline else None
+            out[name] = Spread(1, result["test"]["bpb"], sd, result["test"]["word_ppl"], sd)
+    return out
+
+
+def _gap(name: str, s: Spread, other: str, o: Spread) -> str:
+    gap = s.bpb - o.bpb
+    where = f"{abs(gap):.3f} bpb {'below' if gap < 0 else 'above'} {other}"
+    real = s.gap_is_real(o)
+    if real is None:
+        return where + " (one seed: no spread to judge it by)"
+    larger = max(s.bpb_sd, o.bpb_sd)
+    return where + (f" (real: more than {REAL_GAP_SDS:g} x sd {larger:.3f})" if real
+                    else f" (within noise: not more than {REAL_GAP_SDS:g} x sd {larger:.3f})")
+
+
+def verdicts(spreads_: dict[str, Spread], baseline: str, baseline_label: str) -> list[str]:
+    """One sentence per neural model: its mean test bpb with the seed sd, its margin against the baseline and
+    against the best model, and whether each gap is real."""
+    neural = sorted((n for n in spreads_ if n != baseline), key=lambda n: spreads_[n].bpb)
+    if not neural:
+        return []
+    best = neural[0]
+    lines = []
+    for name in neural:
+        s = spreads_[name]
+        parts = [f"**{name}**: test {s.text()} bpb"]
+        if baseline in spreads_:
+            parts.append(_gap(name, s, baseline_label, spreads_[baseline]))
+        if name == best:
+            runner = neural[1] if len(neural) > 1 else None
+            parts.append("the best model" + (f"; {_gap(name, s, runner, spreads_[runner])}" if runner else ""))
+        else:
+            parts.append(_gap(name, s, f"the best model, {best}", spreads_[best]))
+        lines.append(", ".join(parts[:2]) + "; " + "; ".join(parts[2:]) + ".")
+    return lines

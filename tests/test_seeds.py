@@ -1,0 +1,93 @@
+"""The seed spread: mean ± sd per model, gaps called real only beyond twice the larger sd, stale rows never shown."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from lmpipe import seeds
+from lmpipe.report import build_report
+from tests.test_report import fixture_study, write
+
+
+def result(bpb: float, word_ppl: float) -> dict:
+    return {"valid": {"bpb": bpb + 0.1}, "test": {"bpb": bpb, "word_ppl": word_ppl}}
+
+
+EVALUATION = {"models": {"ngram": result(2.05, 300.0), "gru": result(1.97, 250.0), "lstm": result(1.98, 255.0),
+                         "nplm": result(2.25, 420.0)}}
+
+
+def rows_for(model: str, extra: list[tuple[int, float]], precision: str = "bf16") -> list[dict]:
+    own = seeds.study_row(model, 1234, EVALUATION["models"][model], precision)
+    return [own] + [{**own, "seed": seed, "test_bpb": bpb, "valid_bpb": bpb + 0.1, "test_word_ppl": 250 * bpb / 1.97}
+                    for seed, bpb in extra]
+
+
+def test_mean_and_sd_over_a_models_seeds():
+    rows = rows_for("gru", [(1, 1.975), (2, 1.965)])
+    s = seeds.spread(rows)
+    assert s.n == 3 and s.bpb == pytest.approx(statistics.fmean([1.97, 1.975, 1.965]))
+    assert s.bpb_sd == pytest.approx(0.005)
+    assert s.text() == "1.970 ± 0.005 (3 seeds)"
+
+
+def test_a_gap_is_real_only_beyond_twice_the_larger_sd():
+    a = seeds.Spread(3, 1.970, 0.005, 250, 1)
+    assert a.gap_is_real(seeds.Spread(3, 1.981, 0.004, 255, 1)) is True  # 0.011 > 0.010
+    assert a.gap_is_real(seeds.Spread(3, 1.979, 0.004, 255, 1)) is False  # 0.009 <= 0.010
+    assert a.gap_is_real(seeds.Spread(1, 2.5, None, 400, None)) is None  # one seed: nothing to judge by
+    assert a.gap_is_real(seeds.Spread(1, 2.05, 0.0, 300, 0.0)) is True  # the deterministic baseline
+
+
+def test_the_csv_round_trips_every_digit(tmp_path):
+    rows = rows_for("gru", [(1, 1.9751234567891234)])
+    (tmp_path / "seeds.csv").write_text(seeds.csv_rows(rows))
+    back = seeds.read_rows(tmp_path / "seeds.csv")
+    assert [(r["seed"], r["test_bpb"]) for r in back] == [(1, 1.9751234567891234), (1234, 1.97)]  # sorted by seed
+    assert seeds.read_rows(tmp_path / "missing.csv") == []
+
+
+def test_rows_of_a_model_retrained_since_are_stale_and_dropped():
+    rows = rows_for("gru", [(1, 1.975), (2, 1.965)]) + rows_for("lstm", [(1, 1.99), (2, 1.97)])
+    moved = {"models": {**EVALUATION["models"], "lstm": result(1.95, 240.0)}}  # lstm retrained: its seed row is old
+    by_model, stale = seeds.current(rows, moved, 1234, {"gru": "bf16", "lstm": "bf16"})
+    assert set(by_model) == {"gru"} and stale == ["lstm"]
+    by_model, stale = seeds.current(rows, EVALUATION, 1234, {"gru": "fp32", "lstm": "bf16"})  # other precision
+    assert set(by_model) == {"lstm"} and stale == ["gru"]
+    by_model, stale = seeds.current(rows, EVALUATION, 7, {})  # another train.seed: no row is the study's
+    assert by_model == {} and sorted(stale) == ["gru", "lstm"]
+
+
+def test_verdicts_state_margins_with_the_sd_and_say_within_noise():
+    rows = rows_for("gru", [(1, 1.975), (2, 1.965)]) + rows_for("lstm", [(1, 1.99), (2, 1.97)])
+    by_model, _ = seeds.current(rows, EVALUATION, 1234, {})
+    lines = seeds.verdicts(seeds.spreads(EVALUATION, by_model, "ngram"), "ngram", "KN-5")
+    assert lines[0] == ("**gru**: test 1.970 ± 0.005 (3 seeds) bpb, 0.080 bpb below KN-5 (real: more than 2 x sd "
+                        "0.005); the best model; 0.010 bpb below lstm (within noise: not more than 2 x sd 0.010).")
+    assert lines[1].startswith("**lstm**: test 1.980 ± 0.010 (3 seeds) bpb, 0.070 bpb below KN-5 (real")
+    assert "0.010 bpb above the best model, gru (within noise" in lines[1]
+    assert lines[2] == ("**nplm**: test 2.250 (1 seed) bpb, 0.200 bpb above KN-5 (one seed: no spread to judge it "
+                        "by); 0.280 bpb above the best model, gru (one seed: no spread to judge it by).")
+
+
+def test_the_report_gives_mean_and_sd_and_dvc_metrics_carry_them(tmp_path):
+    fixture_study(tmp_path)
+    evaluation = json.loads((tmp_path / "metrics/eval.json").read_text())
+    own = seeds.study_row("transformer", 1234, evaluation["models"]["transformer"], "bf16")
+    rows = [own, {**own, "seed": 1, "test_bpb": 1.82}, {**own, "seed": 2, "test_bpb": 1.78}]
+    stale = seeds.study_row("lstm", 1234, {"valid": {"bpb": 9.0}, "test": {"bpb": 9.0, "word_ppl": 9.0}}, "bf16")
+    write(tmp_path / "seeds/seeds.csv", seeds.csv_rows(rows + [stale, {**stale, "seed": 1}]))
+    for name in ("lstm", "transformer"):
+        path = tmp_path / f"metrics/train/{name}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "precision": "bf16"}))
+    md = build_report(tmp_path, tmp_path / "reports", study_seed=1234).read_text()
+    section = md[md.index("## Seeds and verdicts"):]
+    assert "| transformer | 3 | 1.800 ± 0.020 |" in section
+    assert "| lstm | 1 | 2.100 |" in section and "Stale seed runs, not shown: lstm" in section
+    assert "- **transformer**: test 1.800 ± 0.020 (3 seeds) bpb, 0.200 bpb below KN-5 (real" in section
+    summary = json.loads((tmp_path / "metrics/models/transformer.json").read_text())
+    assert summary["seeds"] == 3 and summary["bpb_mean"] == 1.8 and summary["bpb_sd"] == 0.02
+    assert "seeds" not in json.loads((tmp_path / "metrics/models/lstm.json").read_text())
