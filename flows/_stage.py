@@ -14,6 +14,7 @@ from prefect import runtime
 from lmpipe import tracking
 from lmpipe.config import Params, load_params, params_hash
 from lmpipe.errors import Interrupted, LmpipeError
+from lmpipe.process import keep_freed_memory
 
 PARAMS_FILE = "params.yaml"
 CACHE_DIR = ".cache/lmpipe"
@@ -66,6 +67,7 @@ def main(flow: Callable, **flow_kwargs) -> None:
         tracking.check_store(params.tracking.timeout_seconds)
     except LmpipeError as exc:
         sys.exit(f"error: {exc}")
+    keep_freed_memory()  # training and scoring re-allocate the same big buffers every step: no page faults for them
     for handler in logging.getLogger("prefect").handlers + logging.getLogger().handlers:
         handler.addFilter(_OneLineUserErrors())
     signal.signal(signal.SIGTERM, _terminated)

@@ -16,7 +16,7 @@ from flows import paths
 from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import ngram_build, tracking
 from lmpipe.config import load_params
-from lmpipe.io import atomic_path, write_json
+from lmpipe.io import atomic_path, without_timings, write_json
 from lmpipe.ngram import NGramLM, perplexity
 from lmpipe.splits import load_tokens
 
@@ -77,7 +77,7 @@ def ngram() -> dict:
     with stage_run("ngram", params, ["ngram"], model="ngram"):
         metrics = build_and_score(params)
         tracking.mark_output(MODEL_DIR)
-        write_json(METRICS, metrics)
+        write_json(METRICS, without_timings(metrics))  # timings: MLflow only
         tracking.log_metrics({
             "valid_ppl": metrics["valid"]["ppl"], "test_ppl": metrics["test"]["ppl"],
             "test_word_ppl": metrics["test"]["word_ppl"], "test_bpb": metrics["test"]["bpb"],

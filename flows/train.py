@@ -23,7 +23,7 @@ from flows import paths
 from flows._stage import CACHE_DIR, PARAMS_FILE, main, stage_run
 from lmpipe import checkpoints, distributed, tracking
 from lmpipe.config import load_params
-from lmpipe.io import atomic_path, csv_text, write_json, write_text
+from lmpipe.io import atomic_path, csv_text, without_timings, write_json, write_text
 from lmpipe.models import save_model
 from lmpipe.splits import load_tokens
 from lmpipe.train import Trainer, run_settings
@@ -80,8 +80,8 @@ def train(model: str) -> dict:
             tmp.mkdir()
             save_model(result.model, settings.family, settings.arch, tmp / "model.pt")
         tracking.mark_output(paths.model_dir(model))
-        write_json(paths.train_metrics(model), result.metrics)
-        write_text(paths.curve(model), csv_text(result.history))
+        write_json(paths.train_metrics(model), without_timings(result.metrics))  # timings: MLflow only
+        write_text(paths.curve(model), csv_text([without_timings(r) for r in result.history]))
         tracking.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
         tracking.log_compare_axes(model, result.metrics["n_params"], result.metrics["tokens_seen"])
         tracking.log_artifacts(paths.curve(model))

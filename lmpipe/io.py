@@ -88,3 +88,15 @@ def csv_text(rows: list[dict]) -> str:
         writer.writeheader()
         writer.writerows(rows)
     return out.getvalue()
+
+
+# Numbers that differ from run to run of the same params and code: how long a step took, how fast, how much memory.
+# They go to MLflow (each stage's run) and never into a git- or DVC-tracked file, so a reproduced study changes none.
+TIMINGS = frozenset({"seconds", "train_seconds", "wall_seconds", "build_seconds", "tokens_per_sec", "flops_per_sec",
+                     "mfu", "peak_rss_mb", "encode_tokens_per_sec", "valid_score_tokens_per_sec",
+                     "test_score_tokens_per_sec"})
+
+
+def without_timings(metrics: dict) -> dict:
+    """`metrics` less its timings (TIMINGS): what a tracked metrics file or curve holds."""
+    return {k: v for k, v in metrics.items() if k not in TIMINGS}

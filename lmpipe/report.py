@@ -106,17 +106,18 @@ def _perplexity_section(evaluation, trained: dict) -> list[str]:
     kn = models.get(BASELINE)
     lines = ["## Perplexity", "", "Sorted by test bits per byte. The same total loss normalised per UTF-8 byte (bpb), "
              "per whitespace word and per BPE token, so the n-gram and the neural models compare fairly whatever "
-             "their tokenization. Compute: parameters without embeddings, training tokens seen, training FLOPs "
-             "(analytic, `lmpipe/flops.py`) and training seconds on this machine" + _precision_note(trained) + ".", "",
-             "| model | params (non-emb.) | tokens seen | train FLOPs | train s | valid bpb | test bpb | test word ppl "
-             "| vs KN-5 (word ppl) |", "|---|---|---|---|---|---|---|---|---|"]
+             "their tokenization. Compute: parameters without embeddings, training tokens seen and training FLOPs "
+             "(analytic, `lmpipe/flops.py`)" + _precision_note(trained) + "; the seconds each took are on the "
+             "model's MLflow run (they differ from run to run, so no tracked file holds them).", "",
+             "| model | params (non-emb.) | tokens seen | train FLOPs | valid bpb | test bpb | test word ppl "
+             "| vs KN-5 (word ppl) |", "|---|---|---|---|---|---|---|---|"]
     for n in names:
         r, t = models[n], trained.get(n, {})
         label = f"{n} (baseline)" if n == BASELINE else n
         versus = f"{100 * (r['test']['word_ppl'] / kn['test']['word_ppl'] - 1):+.1f}%" if kn and n != BASELINE else "-"
         compute = (f"{r['n_params']:,} ({t['n_params_non_embedding']:,}) | {t['tokens_seen']:,} "
-                   f"({t['epochs']:.1f} ep.) | {_si(t['train_flops'])} | {t['seconds']:.0f}"
-                   if "train_flops" in t else f"{r['n_params']:,} | - | - | -")
+                   f"({t['epochs']:.1f} ep.) | {_si(t['train_flops'])}"
+                   if "train_flops" in t else f"{r['n_params']:,} | - | -")
         lines.append(f"| {label} | {compute} | {r['valid']['bpb']:.3f} | {r['test']['bpb']:.3f} | "
                      f"{r['test']['word_ppl']:.0f} | {versus} |")
     neural = [n for n in names if n != BASELINE]
@@ -185,7 +186,7 @@ def model_summaries(evaluation: dict, trained: dict, weat: dict | None,
     """metrics/models/<model>.json: the few numbers a user compares across models and experiments, rounded so that
     `dvc metrics show` gives one narrow row per model (the full detail stays in metrics/eval.json and the others):
     test bpb and word perplexity, the change in word perplexity against KN-5, parameters (millions), training
-    compute (TFLOPs) and seconds, the mean and sd of test bpb over seeds where `lmpipe seeds` measured them, and the
+    compute (TFLOPs), the mean and sd of test bpb over seeds where `lmpipe seeds` measured them, and the
     mean |effect size| over the WEAT tests the model could run."""
     models, summaries = evaluation["models"], {}
     kn = models.get(BASELINE)
@@ -196,7 +197,7 @@ def model_summaries(evaluation: dict, trained: dict, weat: dict | None,
         row["params_m"] = round(r["n_params"] / 1e6, 3)
         t = trained.get(name) or {}
         if "train_flops" in t:
-            row |= {"tflop": round(t["train_flops"] / 1e12, 1), "train_s": round(t["seconds"])}
+            row["tflop"] = round(t["train_flops"] / 1e12, 1)
         spread = (spreads or {}).get(name)
         if spread is not None and spread.n > 1:
             row |= {"seeds": spread.n, "bpb_mean": round(spread.bpb, 4), "bpb_sd": round(spread.bpb_sd, 4)}

@@ -573,6 +573,7 @@ def main(argv: list[str] | None = None) -> None:
     from lmpipe.errors import LmpipeError
     from lmpipe.io import atomic_path, write_json
     from lmpipe.models import save_model
+    from lmpipe.process import keep_freed_memory
     from lmpipe.splits import load_tokens
 
     parser = argparse.ArgumentParser(prog="python -m lmpipe.train", description=main.__doc__)
@@ -582,6 +583,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoints", default=".cache/lmpipe/ckpt", help="root of the resumable checkpoints")
     args = parser.parse_args(argv)
     ranks = distributed.launched()
+    keep_freed_memory()
     try:
         params, data = load_params(args.params), load_tokens()
         settings, _, ckpt_dir = run_settings(params, args.model, args.params, args.checkpoints, data)

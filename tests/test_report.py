@@ -26,7 +26,7 @@ def fixture_study(root, with_weat=True):
     }})
     for name in ("lstm", "transformer"):
         write(root / f"metrics/train/{name}.json", {"n_params_non_embedding": 1_000_000, "tokens_seen": 1_200_000,
-                                                    "epochs": 2.0, "train_flops": 3.4e13, "seconds": 250.0})
+                                                    "epochs": 2.0, "train_flops": 3.4e13})
     write(root / "plots/train/lstm.csv", "epoch,flops,valid_bpb\n1,1e13,2.6\n2,2e13,2.2\n")
     write(root / "plots/train/transformer.csv", "epoch,flops,valid_bpb\n1,1.5e13,2.4\n2,3e13,1.9\n")
     write(root / "reports/samples.md", "# Decoding samples\n\n## Diversity per strategy (mean over models)\n\n"
@@ -49,7 +49,7 @@ def test_report_has_every_section(tmp_path):
         assert heading in md
     table = md[md.index("## Perplexity"):md.index("## Learning curves")]
     assert table.index("| transformer |") < table.index("| ngram (baseline) |") < table.index("| lstm |")
-    assert "| transformer | 5,000,000 (1,000,000) | 1,200,000 (2.0 ep.) | 3.40e13 | 250 | 1.900 | 1.800 | 570 | -20.8% |" in md
+    assert "| transformer | 5,000,000 (1,000,000) | 1,200,000 (2.0 ep.) | 3.40e13 | 1.900 | 1.800 | 570 | -20.8% |" in md
     assert "Best model: **transformer**, test 1.800 bpb against the KN-5 baseline's 2.000: a test word perplexity " \
            "20.8% lower than the baseline's. Behind the baseline in bpb: lstm." in md
     assert "| flowers_insects: Flowers vs insects | 1.20 (p=0.010) |" in md and "| math_arts | n/a [2/8/20/20] |" in md
@@ -71,10 +71,8 @@ def test_one_small_metrics_file_per_model(tmp_path):
     rows = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "metrics/models").glob("*.json")}
     assert rows == {
         "ngram": {"test_bpb": 2.0, "word_ppl": 720.0, "vs_kn5": 0.0, "params_m": 0.001},
-        "lstm": {"test_bpb": 2.1, "word_ppl": 840.0, "vs_kn5": 0.1667, "params_m": 4.0, "tflop": 34.0, "train_s": 250,
-                 "weat_d": 1.2},
-        "transformer": {"test_bpb": 1.8, "word_ppl": 570.0, "vs_kn5": -0.2083, "params_m": 5.0, "tflop": 34.0,
-                        "train_s": 250},
+        "lstm": {"test_bpb": 2.1, "word_ppl": 840.0, "vs_kn5": 0.1667, "params_m": 4.0, "tflop": 34.0, "weat_d": 1.2},
+        "transformer": {"test_bpb": 1.8, "word_ppl": 570.0, "vs_kn5": -0.2083, "params_m": 5.0, "tflop": 34.0},
     }
 
 
@@ -102,7 +100,7 @@ def test_a_removed_models_leftovers_never_reach_the_report(tmp_path, monkeypatch
 
     fixture_study(tmp_path)
     write(tmp_path / "metrics/train/nplm.json", {"n_params_non_embedding": 1, "tokens_seen": 1, "epochs": 1.0,
-                                                 "train_flops": 1e12, "seconds": 1.0})
+                                                 "train_flops": 1e12})
     write(tmp_path / "plots/train/nplm.csv", "epoch,flops,valid_bpb\n1,1e13,9.9\n")
     md = build_report(tmp_path, tmp_path / "reports", ["lstm", "transformer"]).read_text()
     assert "nplm" not in md

@@ -341,6 +341,10 @@ def test_a_compiled_training_run_matches_the_eager_one(tmp_path, name):
     short = revised(SETTINGS[name], epochs=1, max_steps_per_epoch=6, arch={**SETTINGS[name].arch, "dropout": 0.0})
     eager = train(tmp_path / "eager", name, settings=short)
     compiled = train(tmp_path / "compiled", name, settings=short, common=COMMON.model_copy(update={"compile": True}))
+    dim = short.arch["dim"]
     for (key, a), (_, b) in zip(eager.model.state_dict().items(), compiled.model.state_dict().items()):
+        if key.endswith("qkv.bias"):  # query and key biases: softmax ignores the key's (with QK-norm the query's
+            a, b = a[2 * dim:], b[2 * dim:]  # nearly so), so their gradients are rounding noise that Adam turns into
+            # lr-sized steps of either sign; the value bias is compared, and the valid bpb below covers them all
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3, msg=key)  # Muon orthogonalises in bf16: looser
     assert compiled.metrics["valid_bpb"] == pytest.approx(eager.metrics["valid_bpb"], rel=1e-5)
