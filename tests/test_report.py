@@ -129,3 +129,18 @@ def test_an_experiments_report_says_it_is_one(tmp_path):
     md = build_report(tmp_path, tmp_path / "reports", experiment="lanky-bass").read_text()
     assert "**Experiment `lanky-bass`** (`dvc exp run`)" in md.splitlines()[2]
     assert "Experiment" not in build_report(tmp_path, tmp_path / "reports").read_text()
+
+
+def test_the_readmes_results_block_is_the_committed_metrics(tmp_path):
+    """README.md's results table is generated (python -m lmpipe.report README.md), never typed: it must equal what
+    the committed metrics/ and seeds/seeds.csv give."""
+    import shutil
+
+    from lmpipe.report import sync_results
+    from tests.conftest import ROOT
+
+    readme = tmp_path / "README.md"
+    shutil.copy(ROOT / "README.md", readme)
+    assert not sync_results(readme, ROOT, ROOT / "params.yaml"), \
+        "README.md's results differ from the committed metrics: run python -m lmpipe.report README.md"
+    assert "| gru |" in readme.read_text()
