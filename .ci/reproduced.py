@@ -54,12 +54,16 @@ def verdict(model: str, old: dict, new: dict, precisions: list) -> tuple[bool, s
     return False, f"{model}: NOT REPRODUCED: bpb {change}, beyond {SEED_SPREAD_BPB} ({trained})"
 
 
-def main(committed: Path, fresh: Path, only: list[str] | None = None) -> int:
+def main(committed: Path, fresh: Path, only: list[str] | None = None, exact: bool = False) -> int:
+    """0 when the study reproduced (`exact`: bit for bit, every model), else 1."""
     models = sorted(m for m in read(committed / "eval.json")["models"] if not only or m in only)
     passed, ranks = True, []
     for model in models:
         precisions = [read(d / "train" / f"{model}.json").get("precision") for d in (committed, fresh)]
         old, new = numbers(committed, model), numbers(fresh, model)
+        if exact:
+            passed &= old == new
+            continue
         ok, line = verdict(model, old, new, precisions)
         print(line, file=sys.stdout if ok else sys.stderr)
         passed &= ok
@@ -77,7 +81,8 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description="compare a fresh study's numbers with the committed ones")
     parser.add_argument("--only", action="append", help="this model only, repeatable (e.g. ngram: the stages CI re-ran)")
+    parser.add_argument("--exact", action="store_true", help="succeed only when every number is equal bit for bit")
     parser.add_argument("committed", type=Path)
     parser.add_argument("fresh", type=Path)
     args = parser.parse_args()
-    sys.exit(main(args.committed, args.fresh, args.only))
+    sys.exit(main(args.committed, args.fresh, args.only, args.exact))

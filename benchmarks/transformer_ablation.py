@@ -3,7 +3,7 @@
 Each row adds one modern part to the row before it (lmpipe/models/transformer.py, lmpipe/optim.py) and trains
 `models.transformer` of params.yaml with `benchmarks/probe.py` (the Trainer, data and evaluation of the study,
 outside DVC and MLflow), two rows side by side on one thread each. Rows already in the CSV are kept, so a run that
-stops resumes. Prints the table docs/tuning.md holds.
+stops resumes. Prints the table sweeps/notes.md holds.
 
     python benchmarks/transformer_ablation.py --budget 5e12 --out benchmarks/results/transformer_ablation.csv
 """

@@ -6,6 +6,7 @@ docs/screenshots/report.png         reports/study.html, the study report
 docs/screenshots/scaling-report.png reports/scaling.html, the scaling study (when `lmpipe scaling` has run)
 docs/screenshots/dvc-plots.png      `dvc plots show`'s page (drawn offline from reports/plots_template.html)
 docs/screenshots/mlflow-compare.png the MLflow compare view of the runs that trained the current models
+docs/screenshots/mlflow-runs.png    the MLflow runs view `lmpipe ui` opens (the ML workflow)
 docs/screenshots/prefect-run.png    the Prefect flow run page of the newest evaluate run (its log lines and artifact)
 """
 
@@ -27,6 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs/screenshots"
 sys.path.insert(0, str(ROOT))
+
+from lmpipe.telemetry import switch_off  # noqa: E402
+
+switch_off()  # before MLflow loads (model_runs) and for the servers started here
 
 
 def shoot(url: str, out: Path, width: int = 1400, height: int = 2400, wait_ms: int = 20000) -> None:
@@ -71,6 +76,8 @@ def mlflow_compare(port: int) -> None:
         wait_for(f"{base}/health")
         query = urllib.parse.urlencode({"runs": json.dumps(runs), "experiments": json.dumps([experiment_id])})
         shoot(f"{base}/#/compare-runs?{query}", OUT / "mlflow-compare.png", 2700, 2200)  # wide: 6 runs beside the assistant panel
+        shoot(f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning", OUT / "mlflow-runs.png",
+              1800, 1200)  # where `lmpipe ui` lands: the runs of the ML workflow
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
 

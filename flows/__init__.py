@@ -1,6 +1,13 @@
-"""Prefect flows, one per DVC stage: parse params, call lmpipe, log to MLflow, write outputs."""
+"""Prefect flows, one per DVC stage: parse params, call lmpipe, log to MLflow, write outputs.
 
-import lmpipe  # noqa: F401  (switches telemetry off before Prefect and MLflow read their settings)
-from flows.server import use_running_server
+This package is what the stages and the `lmpipe` command run, so importing it prepares the process before Prefect
+and MLflow load their settings: telemetry off, and a running local Prefect server found (Prefect reads its API
+address once, at import)."""
+
+from lmpipe.telemetry import switch_off
+
+switch_off()
+
+from flows.server import use_running_server  # noqa: E402
 
 use_running_server()

@@ -66,11 +66,12 @@ def _ui(args) -> int:
 
     from flows import server
     from lmpipe.config import load_params
-    from lmpipe.tracking import champion_versions, tracking_uri
+    from lmpipe.tracking import champion_versions, experiment_id, relocate_store, tracking_uri
 
     if not server.port_free(args.port):
         raise LmpipeError(f"127.0.0.1:{args.port} is taken by another program (choose another: lmpipe ui --port N)")
     uri, params, base = tracking_uri(), load_params(), f"http://127.0.0.1:{args.port}"
+    relocate_store()  # a copied or moved checkout: the UI serves this one's artifacts
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
                "--port", str(args.port), "--workers", "1"]
     env = {**this_environment(), "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
@@ -81,7 +82,8 @@ def _ui(args) -> int:
         while not server.healthy(base) and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         if process.poll() is None:
-            print(f"MLflow UI: {base}", flush=True)
+            runs = f"{base}/#/experiments/{experiment_id(params.tracking.experiment)}/runs?workflowType=machine_learning"
+            print(f"MLflow UI, the study's runs: {runs}", flush=True)
             compare = compare_url(base, list(params.models), params.tracking.experiment)
             if compare:
                 print(f"the models this workspace holds, side by side: {compare}")
@@ -228,8 +230,9 @@ def _generate(args) -> int:
 
 def _serve(args) -> int:
     """`mlflow models serve` of a registered model, on 127.0.0.1 and in this environment (--env-manager local)."""
-    from lmpipe.tracking import champion_versions, tracking_uri
+    from lmpipe.tracking import champion_versions, relocate_store, tracking_uri
 
+    relocate_store()  # a copied or moved checkout: serve this one's files
     uri = f"models:/lmpipe-{args.model}" + (f"/{args.alias}" if args.alias.isdigit() else f"@{args.alias}")
     if args.alias == "champion" and not champion_versions([args.model]):
         raise LmpipeError(f"{uri}: no such model in the registry at {tracking_uri()} (train it: dvc repro; "

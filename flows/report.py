@@ -9,7 +9,7 @@ from prefect import flow, task
 from flows import paths
 from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import tracking
-from lmpipe.compare import baseline_label
+from lmpipe.compare import BASELINE, baseline_label, best_model, vs_baseline
 from lmpipe.config import load_params
 from lmpipe.errors import LmpipeError
 from lmpipe.io import write_text
@@ -23,12 +23,49 @@ PER_MODEL = {paths.TRAIN_METRICS: ".json", paths.CURVES: ".csv"}  # what each tr
 def headline(models: dict) -> dict:
     """Each model's test bpb and word perplexity, and the best neural model's margin over the n-gram baseline."""
     out = {f"{name}.test_{key}": r["test"][key] for name, r in models.items() for key in ("bpb", "word_ppl")}
-    neural = [n for n in models if n != "ngram"]
-    if "ngram" in models and neural:
-        best = min(neural, key=lambda n: models[n]["test"]["bpb"])
-        out["best_neural_test_bpb"] = models[best]["test"]["bpb"]
-        out["best_neural_vs_ngram_word_ppl"] = models[best]["test"]["word_ppl"] / models["ngram"]["test"]["word_ppl"]
+    best = best_model(models)
+    if BASELINE in models and best:
+        out["best_test_bpb"] = models[best]["test"]["bpb"]
+        out["best_vs_baseline"] = vs_baseline(models[best], models[BASELINE])
     return out
+
+
+def made_from() -> str:
+    """'commit 1a2b3c4 of 2026-11-26', and the code folders changed since, if any: which code made the report. The
+    commit's date, not today's: the same commit gives the same report."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    line = git("log", "-1", "--format=commit %h of %cs")
+    if not line:
+        return "code outside git"
+    changed = sorted({path.split()[-1].split("/")[0] for path in git("status", "--porcelain", "--", "lmpipe", "flows",
+                                                                     "dvc.yaml").splitlines()})
+    return line + (f", with uncommitted changes in {', '.join(changed)}" if changed else "")
+
+
+def describe(name: str, result: dict, trained: dict) -> str:
+    """A model run's description (the MLflow UI shows it first): what it is and how it did."""
+    line = f"**{name}**: test {result['test']['bpb']:.3f} bpb, word perplexity {result['test']['word_ppl']:,.0f}"
+    if "train_flops" in trained:
+        line += (f"; trained on {trained['tokens_seen'] / 1e6:.2f}M tokens ({trained['epochs']:.1f} epochs), "
+                 f"{trained['train_flops'] / 1e12:.1f} TFLOPs, {trained['n_params'] / 1e6:.2f}M parameters")
+    return line + "."
+
+
+def label_each_model_run(params, models: dict) -> None:
+    """Every model's own MLflow run (found by the content hash of models/<model>) carries its test numbers and a
+    description, whichever stages re-ran: DVC skips `evaluate` when retrained models hash the same."""
+    for name, result in models.items():
+        run_id = tracking.run_of_output(params.tracking.experiment, paths.model_dir(name))
+        if run_id:
+            trained = json.loads(Path(paths.train_metrics(name)).read_text()) if name in params.models else {}
+            readable = {"train_tflops": trained["train_flops"] / 1e12} if "train_flops" in trained else {}
+            tracking.log_metrics({f"test_{k}": v for k, v in result["test"].items()} | readable, run_id=run_id)
+            tracking.set_tags(run_id, {"mlflow.note.content": describe(name, result, trained)})
 
 
 def drop_removed(models: list[str]) -> list[Path]:
@@ -56,7 +93,7 @@ def write_report(models: list[str], seed: int, label: str) -> str:
         print(f"removed {path}: its model is no longer in params.yaml", flush=True)
     write_text(PLOTS_TEMPLATE, dvc_plots_template())
     return str(build_report(".", OUT_DIR, models, tracking.experiment_tags().get(tracking.EXPERIMENT),
-                            study_seed=seed, label=label))
+                            study_seed=seed, label=label, made_from=made_from()))
 
 
 @flow(name="report")
@@ -68,6 +105,7 @@ def report() -> str:
         for run_id in [None] + ([study] if study else []):  # the report stage's run, and the study run where a study is compared
             for name, where in (("study.md", "report"), ("study.html", "report"), ("figures", "report/figures")):
                 tracking.log_artifacts(f"{OUT_DIR}/{name}", where, run_id=run_id)
+        label_each_model_run(params, json.loads(Path(EVAL).read_text())["models"])
         if study:  # the study's headline numbers on its parent run, where the MLflow UI opens
             tracking.log_metrics(headline(json.loads(Path(EVAL).read_text())["models"]), run_id=study)
             tracking.end_study_run(study)  # the last stage: the parent's duration is the study's

@@ -12,6 +12,21 @@ def baseline_label(ngram) -> str:
     return f"{ngram.method.replace('_', ' ').replace('add k', 'add-k')} {ngram.order}-gram"
 
 
+BASELINE = "ngram"  # the study's baseline model: its row in metrics/eval.json
+
+
+def best_model(models: Mapping[str, Mapping], baseline: str = BASELINE) -> str | None:
+    """The neural model with the lowest test bits per byte (None when there is none): the report's, the README's
+    and the benchmarks' one definition."""
+    neural = [name for name in models if name != baseline]
+    return min(neural, key=lambda name: models[name]["test"]["bpb"], default=None)
+
+
+def vs_baseline(result: Mapping, baseline: Mapping) -> float:
+    """A model's test word perplexity relative to the baseline's, minus 1: -0.285 is 28.5% lower."""
+    return result["test"]["word_ppl"] / baseline["test"]["word_ppl"] - 1
+
+
 METRICS = {"word_ppl": "word ppl", "bpb": "bpb"}  # both gate: bpb is what a model learns, word ppl what the report ranks
 
 

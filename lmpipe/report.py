@@ -12,12 +12,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import markdown  # noqa: E402
 
 from lmpipe import seeds as seed_spread  # noqa: E402
+from lmpipe.compare import BASELINE, best_model, vs_baseline  # noqa: E402
 from lmpipe.io import atomic_path  # noqa: E402
 
-BASELINE = "ngram"
 SUMMARIES = "metrics/models"  # one small file per model: what `dvc metrics show` lists
 SEEDS = "seeds/seeds.csv"  # every model at every seed (lmpipe seeds)
 
@@ -34,7 +35,7 @@ def _curves(plots_dir: Path) -> dict[str, list[dict]]:
     return curves
 
 
-def learning_curves_figure(curves: dict, baseline_bpb: float | None, out: Path) -> None:
+def learning_curves_figure(curves: dict, baseline_bpb: float | None, out: Path, label: str = "KN-5") -> None:
     """Validation bpb per model against epochs (left) and against cumulative training FLOPs (right, log):
     the second puts every family on the axis of compute, where equal x means equal work."""
     fig, (by_epoch, by_flops) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
@@ -45,10 +46,11 @@ def learning_curves_figure(curves: dict, baseline_bpb: float | None, out: Path) 
                           label=name)
     for ax in (by_epoch, by_flops):
         if baseline_bpb:
-            ax.axhline(baseline_bpb, color="gray", linestyle="--", label="KN-5 n-gram (baseline)")
+            ax.axhline(baseline_bpb, color="gray", linestyle="--", label=f"{label} n-gram (baseline)")
         ax.grid(alpha=0.3)
     by_epoch.set(xlabel="epoch", ylabel="validation bits per byte (lower is better)", title="Learning curves")
     by_flops.set(xlabel="cumulative training FLOPs (log scale)", xscale="log", title="Validation bpb against compute")
+    by_flops.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: minor labels collide
     by_flops.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -98,7 +100,7 @@ def _precision_note(trained: dict) -> str:
     return "; training " + " or ".join(how[k] for k in kinds) + ", evaluation in fp32"
 
 
-def _perplexity_section(evaluation, trained: dict) -> list[str]:
+def _perplexity_section(evaluation, trained: dict, label: str = "KN-5") -> list[str]:
     """The results table, each model with the compute it had, and what the numbers support: the winner and its
     margin over the baseline, and which models the baseline beats."""
     models = evaluation["models"]
@@ -110,22 +112,22 @@ def _perplexity_section(evaluation, trained: dict) -> list[str]:
              "(analytic, `lmpipe/flops.py`)" + _precision_note(trained) + "; the seconds each took are on the "
              "model's MLflow run (they differ from run to run, so no tracked file holds them).", "",
              "| model | params (non-emb.) | tokens seen | train FLOPs | valid bpb | test bpb | test word ppl "
-             "| vs KN-5 (word ppl) |", "|---|---|---|---|---|---|---|---|"]
+             f"| vs {label} (word ppl) |", "|---|---|---|---|---|---|---|---|"]
     for n in names:
         r, t = models[n], trained.get(n, {})
-        label = f"{n} (baseline)" if n == BASELINE else n
-        versus = f"{100 * (r['test']['word_ppl'] / kn['test']['word_ppl'] - 1):+.1f}%" if kn and n != BASELINE else "-"
+        row_name = f"{n} (baseline)" if n == BASELINE else n
+        versus = f"{100 * vs_baseline(r, kn):+.1f}%" if kn and n != BASELINE else "-"
         compute = (f"{r['n_params']:,} ({t['n_params_non_embedding']:,}) | {t['tokens_seen']:,} "
                    f"({t['epochs']:.1f} ep.) | {_si(t['train_flops'])}"
                    if "train_flops" in t else f"{r['n_params']:,} | - | -")
-        lines.append(f"| {label} | {compute} | {r['valid']['bpb']:.3f} | {r['test']['bpb']:.3f} | "
+        lines.append(f"| {row_name} | {compute} | {r['valid']['bpb']:.3f} | {r['test']['bpb']:.3f} | "
                      f"{r['test']['word_ppl']:.0f} | {versus} |")
     neural = [n for n in names if n != BASELINE]
     if kn and neural:
-        best = neural[0]
-        margin = 1 - models[best]["test"]["word_ppl"] / kn["test"]["word_ppl"]
+        best = best_model(models)
+        margin = -vs_baseline(models[best], kn)
         behind = [n for n in neural if models[n]["test"]["bpb"] >= kn["test"]["bpb"]]
-        lines += ["", f"Best model: **{best}**, test {models[best]['test']['bpb']:.3f} bpb against the KN-5 "
+        lines += ["", f"Best model: **{best}**, test {models[best]['test']['bpb']:.3f} bpb against the {label} "
                       f"baseline's {kn['test']['bpb']:.3f}: a test word perplexity "
                       + (f"{100 * margin:.1f}% lower" if margin > 0 else f"{-100 * margin:.1f}% higher")
                       + " than the baseline's. "
@@ -140,19 +142,19 @@ def _perplexity_section(evaluation, trained: dict) -> list[str]:
     return lines
 
 
-def _combine_section(combined: dict, evaluation: dict) -> list[str]:
+def _combine_section(combined: dict, evaluation: dict, label: str = "KN-5") -> list[str]:
     """The interpolated models against the single ones: what mixing adds, with weights fitted on valid only."""
     models, rows = evaluation["models"], combined["models"]
-    single = min((n for n in models if n != BASELINE), key=lambda n: models[n]["test"]["bpb"], default=None)
+    single = best_model(models)
     kn = models.get(BASELINE)
     lines = ["## Combined models", "", "Per-token linear interpolation of the models' probabilities (the same BPE "
              "stream), weights fitted by EM on the valid split only and scored once on test (`lmpipe/combine.py`).", "",
-             "| combination | weights | valid bpb | test bpb | test word ppl | vs best single (bpb) | vs KN-5 (word ppl) |",
+             f"| combination | weights | valid bpb | test bpb | test word ppl | vs best single (bpb) | vs {label} (word ppl) |",
              "|---|---|---|---|---|---|---|"]
     for name, r in sorted(rows.items(), key=lambda kv: kv[1]["test"]["bpb"]):
         weights = ", ".join(f"{m} {w:.2f}" for m, w in r["weights"].items())
         gain = f"{r['test']['bpb'] - models[single]['test']['bpb']:+.3f}" if single else "-"
-        versus = f"{100 * (r['test']['word_ppl'] / kn['test']['word_ppl'] - 1):+.1f}%" if kn else "-"
+        versus = f"{100 * vs_baseline(r, kn):+.1f}%" if kn else "-"
         lines.append(f"| {name} | {weights} | {r['valid']['bpb']:.3f} | {r['test']['bpb']:.3f} | "
                      f"{r['test']['word_ppl']:.0f} | {gain} | {versus} |")
     if rows and single:
@@ -170,14 +172,42 @@ def _seeds_section(spreads: dict, stale: list[str], label: str) -> list[str]:
              f"{label} is deterministic (sd 0).", "",
              "| model | seeds | test bpb (mean ± sd) | test word ppl (mean ± sd) |", "|---|---|---|---|"]
     for name, s in sorted(spreads.items(), key=lambda kv: kv[1].bpb):
-        sd = (lambda v, d: "" if v is None else f" ± {v:.{d}f}")
-        label_ = f"{name} (baseline)" if name == BASELINE else name
-        lines.append(f"| {label_} | {'-' if name == BASELINE else s.n} | {s.bpb:.3f}{sd(s.bpb_sd, 3)} | "
+        sd = (lambda v, d: "" if v is None or name == BASELINE else f" ± {v:.{d}f}")
+        row_name = f"{name} (baseline)" if name == BASELINE else name
+        lines.append(f"| {row_name} | {'-' if name == BASELINE else s.n} | {s.bpb:.3f}{sd(s.bpb_sd, 3)} | "
                      f"{s.word_ppl:.1f}{sd(s.word_ppl_sd, 1)} |")
+    single = sorted(n for n, s in spreads.items() if n != BASELINE and s.bpb_sd is None)
     lines += [""] + [f"- {v}" for v in seed_spread.verdicts(spreads, BASELINE, label)]
+    if single:
+        lines += ["", f"One seed so far for {', '.join(single)}: no spread to judge their gaps by, so none of them is "
+                      "called real or noise (`lmpipe seeds` measures it)."]
     if stale:
         lines += ["", f"Stale seed runs, not shown: {', '.join(sorted(stale))} (retrained since `lmpipe seeds` ran: "
                       "their seed row no longer holds this study's numbers; run `lmpipe seeds` again)."]
+    return lines
+
+
+SHOWN_STRATEGY = "top-p"  # the one strategy the report shows per model (the first where the study has no top-p)
+
+
+def condensed_samples(text: str) -> list[str]:
+    """reports/samples.md in brief: its settings and diversity table, then each model's samples under one strategy;
+    every strategy stays in samples.md, which the section links."""
+    head, *sections = re.split(r"^## (?=\S)", text, flags=re.M)
+    lines = ["## Decoding samples", "", f"One strategy per model here ({SHOWN_STRATEGY} where the study has it); "
+             "every model under every strategy: [samples.md](samples.md).", ""]
+    lines += [ln for ln in head.splitlines() if ln.startswith("Prompts:")]
+    for section in sections:
+        title, *strategies = re.split(r"^### ", section, flags=re.M)
+        if title.startswith("Diversity"):
+            lines += ["", "### Diversity per strategy (mean over models)", ""]
+            lines += [ln for ln in title.splitlines() if ln.startswith("|")]
+            continue
+        by_name = {part.splitlines()[0].strip(): part for part in strategies}
+        shown = SHOWN_STRATEGY if SHOWN_STRATEGY in by_name else next(iter(by_name), None)
+        if shown:
+            lines += ["", f"**{title.strip()}** ({shown})", ""]
+            lines += [ln for ln in by_name[shown].splitlines() if ln.startswith("- ")]
     return lines
 
 
@@ -185,7 +215,7 @@ def model_summaries(evaluation: dict, trained: dict, weat: dict | None,
                     spreads: dict | None = None) -> dict[str, dict]:
     """metrics/models/<model>.json: the few numbers a user compares across models and experiments, rounded so that
     `dvc metrics show` gives one narrow row per model (the full detail stays in metrics/eval.json and the others):
-    test bpb and word perplexity, the change in word perplexity against KN-5, parameters (millions), training
+    test bpb and word perplexity, the change in word perplexity against the baseline, parameters (millions), training
     compute (TFLOPs), the mean and sd of test bpb over seeds where `lmpipe seeds` measured them, and the
     mean |effect size| over the WEAT tests the model could run."""
     models, summaries = evaluation["models"], {}
@@ -193,7 +223,7 @@ def model_summaries(evaluation: dict, trained: dict, weat: dict | None,
     for name, r in models.items():
         row = {"test_bpb": round(r["test"]["bpb"], 4), "word_ppl": round(r["test"]["word_ppl"], 1)}
         if kn:
-            row["vs_kn5"] = round(r["test"]["word_ppl"] / kn["test"]["word_ppl"] - 1, 4)
+            row["vs_baseline"] = round(vs_baseline(r, kn), 4)
         row["params_m"] = round(r["n_params"] / 1e6, 3)
         t = trained.get(name) or {}
         if "train_flops" in t:
@@ -203,10 +233,20 @@ def model_summaries(evaluation: dict, trained: dict, weat: dict | None,
             row |= {"seeds": spread.n, "bpb_mean": round(spread.bpb, 4), "bpb_sd": round(spread.bpb_sd, 4)}
         effects = [abs(v["effect_size"]) for v in ((weat or {}).get("models", {}).get(name) or {}).values()
                    if v.get("effect_size") is not None]
-        if effects:
-            row["weat_d"] = round(sum(effects) / len(effects), 3)
+        if effects:  # over the tests the model could run: how many, beside it
+            row |= {"weat_d": round(sum(effects) / len(effects), 3), "weat_tests": len(effects)}
         summaries[name] = row
     return summaries
+
+
+def weat_adjusted_p(results: dict) -> dict[str, float]:
+    """Benjamini-Hochberg adjusted p-values (scipy) over the tests a model could run: {test: q}."""
+    from scipy.stats import false_discovery_control
+
+    ran = sorted(t for t, r in results.items() if r.get("p_value") is not None)
+    if not ran:
+        return {}
+    return dict(zip(ran, (float(q) for q in false_discovery_control([results[t]["p_value"] for t in ran]))))
 
 
 def _weat_section(weat, details=None) -> list[str]:
@@ -217,16 +257,23 @@ def _weat_section(weat, details=None) -> list[str]:
     models = list(weat["models"])
     tests = sorted({t for m in weat["models"].values() for t in m}, key=lambda t: (len(t), t))
     some = (details or {}).get("models", {}).get(models[0], {})
-    lines += ["Effect size d with its one-sided permutation p-value; where a test could not run, the words each set "
-              "X/Y/A/B kept in the training text (a set needs `audit.min_words`). Which words were kept or dropped, "
-              "with their counts: `reports/weat_words.json`.", "",
+    adjusted = {name: weat_adjusted_p(weat["models"][name]) for name in models}
+    ran = {name: len(a) for name, a in adjusted.items()}
+    counts = (f"{next(iter(ran.values()))} for every model" if len(set(ran.values())) == 1
+              else ", ".join(f"{n} for {m}" for m, n in ran.items()))
+    lines += [f"{len(tests)} tests per model; a test runs where each of its word sets keeps `audit.min_words` words in "
+              f"the training text (here {counts}). Each cell: effect "
+              "size d, its one-sided permutation p-value, and q, the p-value adjusted for the tests that model ran "
+              "(Benjamini-Hochberg): read a test as significant only where q < 0.05. Where a test could not run, the "
+              "words each set X/Y/A/B kept. Which words were kept or dropped, with their counts: "
+              "`reports/weat_words.json`.", "",
               "| test | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
     for t in tests:
         cells = []
         for name in models:
             r = weat["models"][name].get(t, {})
             if r.get("effect_size") is not None:
-                cells.append(f"{r['effect_size']:.2f} (p={r['p_value']:.3f})")
+                cells.append(f"{r['effect_size']:.2f} (p={r['p_value']:.3f}, q={adjusted[name][t]:.3f})")
             else:
                 cells.append("n/a [" + "/".join(str(r.get(f"{role}_words", "?")) for role in "xyab") + "]")
         title = some.get(t, {}).get("title")
@@ -248,11 +295,13 @@ def dvc_plots_template(vega_lite: str = "5.21") -> str:
 
 
 def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None = None,
-                 experiment: str | None = None, study_seed: int | None = None, label: str = "KN-5") -> Path:
+                 experiment: str | None = None, study_seed: int | None = None, label: str = "KN-5",
+                 made_from: str | None = None) -> Path:
     """Write study.md, study.html and figures/ under `out_dir`, and metrics/models/, from the metrics under `root`;
     `models` (params.yaml's) limits the per-model files read, so a removed model's leftovers never show;
     `experiment` names the `dvc exp run` that made them, so its report never passes for the study's; `study_seed`
-    (train.seed) picks the study's own run out of seeds/seeds.csv; `label` names the n-gram baseline."""
+    (train.seed) picks the study's own run out of seeds/seeds.csv; `label` names the n-gram baseline; `made_from`
+    names the code (commit and date) at the top."""
     root, out_dir = Path(root), Path(out_dir)
     figures = out_dir / "figures"
     figures.mkdir(parents=True, exist_ok=True)
@@ -266,16 +315,19 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
         curves = {name: rows for name, rows in curves.items() if name in models}
         trained = {name: t for name, t in trained.items() if name in models}
     lines = ["# lmpipe study", ""]
+    if made_from:
+        lines += [f"Made by the code of {made_from}, from the settings in `params.yaml` (`dvc params diff` compares).",
+                  ""]
     if experiment:
         lines += [f"**Experiment `{experiment}`** (`dvc exp run`): these are its results, not the study's committed "
                   "ones (`dvc exp show` compares them).", ""]
     lines += _corpus_section(corpus, validation, tokenize) + [""]
     if evaluation:
-        lines += _perplexity_section(evaluation, trained) + [""]
+        lines += _perplexity_section(evaluation, trained, label) + [""]
         bpb_figure(evaluation["models"], figures / "bpb.png")
         lines += ["![Test bits per byte](figures/bpb.png)", ""]
         if combined:
-            lines += _combine_section(combined, evaluation) + [""]
+            lines += _combine_section(combined, evaluation, label) + [""]
         precisions = {name: t.get("precision", "") for name, t in trained.items()}
         rows = [r for r in seed_spread.read_rows(root / SEEDS) if study_seed is not None
                 and (models is None or r["model"] in models)]
@@ -284,13 +336,13 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
         lines += _seeds_section(spreads, stale, label) + [""]
     if curves:
         baseline = evaluation["models"].get(BASELINE, {}).get("valid", {}).get("bpb") if evaluation else None
-        learning_curves_figure(curves, baseline, figures / "learning_curves.png")
+        learning_curves_figure(curves, baseline, figures / "learning_curves.png", label)
         lines += ["## Learning curves", "", "Validation bits per byte at every evaluation, against epochs and against "
-                  "the training FLOPs spent so far; the dashed line is the KN-5 baseline on the same split.", "",
+                  f"the training FLOPs spent so far; the dashed line is the {label} baseline on the same split.", "",
                   "![Learning curves](figures/learning_curves.png)", ""]
     samples = root / "reports/samples.md"
     if samples.exists():
-        lines += [re.sub(r"^(#+) ", r"#\1 ", samples.read_text(), flags=re.M)]  # one level down
+        lines += condensed_samples(samples.read_text(encoding="utf-8")) + [""]
     lines += _weat_section(weat, weat_words)
     heatmap = root / "plots/weat/heatmap.png"
     if weat and heatmap.exists():
@@ -314,59 +366,7 @@ def html_page(text: str, out_dir: Path, title: str) -> str:
     html = re.sub(r'src="([^":]+\.png)"', lambda m: 'src="data:image/png;base64,'
                   + base64.b64encode((out_dir / m.group(1)).read_bytes()).decode() + '"', html)
     style = ("body{font-family:sans-serif;max-width:960px;margin:2em auto}img{max-width:100%;height:auto}"
-             "table{border-collapse:collapse;display:block;overflow-x:auto}td,th{border:1px solid #ccc;padding:2px 6px}")
+             "table{border-collapse:collapse;display:block;overflow-x:auto}td,th{border:1px solid #ccc;padding:2px 6px;"
+             "white-space:nowrap}")
     return f"<!doctype html><meta charset='utf-8'><title>{title}</title><style>{style}</style>{html}"
 
-
-RESULTS_BEGIN = "<!-- results: generated from metrics/ and seeds/seeds.csv by `python -m lmpipe.report README.md` -->"
-RESULTS_END = "<!-- end of results -->"
-
-
-def results_markdown(root: str | Path, study_seed: int, label: str = "KN-5") -> str:
-    """The README's results table, from the committed metrics: each model's test bpb (mean ± sd where seeds
-    hold), word perplexity against the baseline, and its compute; then the best combination."""
-    root = Path(root)
-    evaluation, combined = _read_json(root / "metrics/eval.json"), _read_json(root / "metrics/combine.json")
-    trained = {p.stem: _read_json(p) for p in sorted((root / "metrics/train").glob("*.json"))}
-    precisions = {name: t.get("precision", "") for name, t in trained.items()}
-    by_model, _ = seed_spread.current(seed_spread.read_rows(root / SEEDS), evaluation, study_seed, precisions)
-    spreads = seed_spread.spreads(evaluation, by_model, BASELINE)
-    models, kn = evaluation["models"], evaluation["models"][BASELINE]["test"]
-    lines = ["| model | test bpb | test word ppl | vs " + label + " (word ppl) | tokens seen | train FLOPs |",
-             "|---|---|---|---|---|---|"]
-    for name in sorted(models, key=lambda n: spreads[n].bpb):
-        r, t, s = models[name], trained.get(name, {}), spreads[name]
-        bpb = f"{s.bpb:.3f}" + (f" ± {s.bpb_sd:.3f} ({s.n} seeds)" if s.n > 1 else "")
-        versus = "-" if name == BASELINE else f"{100 * (r['test']['word_ppl'] / kn['word_ppl'] - 1):+.1f}%"
-        compute = (f"{t['tokens_seen']:,} ({t['epochs']:.1f} ep.) | {_si(t['train_flops'])}" if "train_flops" in t
-                   else "- | -")
-        lines.append(f"| {f'{name} (baseline)' if name == BASELINE else name} | {bpb} | {r['test']['word_ppl']:,.0f} "
-                     f"| {versus} | {compute} |")
-    if combined and combined["models"]:
-        best = min(combined["models"], key=lambda n: combined["models"][n]["test"]["bpb"])
-        c = combined["models"][best]
-        lines += ["", f"Best combination: {best}, test {c['test']['bpb']:.3f} bpb, word ppl {c['test']['word_ppl']:,.0f} "
-                      f"(weights fitted on valid: " + ", ".join(f"{m} {w:.2f}" for m, w in c["weights"].items()) + ")."]
-    return "\n".join(lines) + "\n"
-
-
-def sync_results(readme: str | Path, root: str | Path = ".", params_file: str | Path = "params.yaml") -> bool:
-    """Rewrite the results block of `readme` from the metrics under `root`; True when it changed."""
-    from lmpipe.compare import baseline_label
-    from lmpipe.config import load_params
-
-    params = load_params(params_file)
-    path = Path(readme)
-    text = path.read_text(encoding="utf-8")
-    head, rest = text.split(RESULTS_BEGIN, 1)
-    _, tail = rest.split(RESULTS_END, 1)
-    block = results_markdown(root, params.train.seed, baseline_label(params.ngram))
-    new = f"{head}{RESULTS_BEGIN}\n{block}{RESULTS_END}{tail}"
-    path.write_text(new, encoding="utf-8")
-    return new != text
-
-
-if __name__ == "__main__":
-    import sys
-
-    print("changed" if sync_results(sys.argv[1] if len(sys.argv) > 1 else "README.md") else "up to date")

@@ -111,8 +111,8 @@ def _gap(name: str, s: Spread, other: str, o: Spread) -> str:
     gap = s.bpb - o.bpb
     where = f"{abs(gap):.3f} bpb {'below' if gap < 0 else 'above'} {other}"
     real = s.gap_is_real(o)
-    if real is None:
-        return where + " (one seed: no spread to judge it by)"
+    if real is None:  # one seed: no spread to judge it by (the report says so once)
+        return where
     larger = max(s.bpb_sd, o.bpb_sd)
     return where + (f" (real: more than {REAL_GAP_SDS:g} x sd {larger:.3f})" if real
                     else f" (within noise: not more than {REAL_GAP_SDS:g} x sd {larger:.3f})")

@@ -239,9 +239,9 @@ def tuning_markdown(sweeps_dir: str | Path) -> str:
         if (model_dir / "trials.png").exists():
             lines += ["", f"![valid bpb per trial of {model}](../sweeps/{model}/trials.png)"]
         lines.append("")
-    notes = sweeps_dir / "notes.md"  # hand-kept: single runs outside sweeps, and why the defaults are what they are
-    if notes.exists():
-        lines += [notes.read_text().strip(), ""]
+    if (sweeps_dir / "notes.md").exists():  # hand-kept, dated: linked, never copied (a copy goes stale)
+        lines += ["## Probes outside the sweeps", "", "Single runs outside the sweeps, ablations, and why each default "
+                  f"is what it is: the dated log [{sweeps_dir.name}/notes.md](../{sweeps_dir.name}/notes.md).", ""]
     return "\n".join(lines) + "\n"
 
 

@@ -92,6 +92,44 @@ def check_store(timeout: float) -> None:
                                 f"(create it, or fix the URI)")
         with FileLock(f"{path}.lock", timeout=300):
             MlflowClient(uri).search_experiments(max_results=1)  # creates or migrates the schema, one process at a time
+            relocate_store(path)
+
+
+ARTIFACT_COLUMNS = (("experiments", "artifact_location"), ("runs", "artifact_uri"), ("model_versions", "source"),
+                    ("model_versions", "storage_location"), ("logged_models", "artifact_location"))
+
+
+def relocate_store(db: Path | None = None) -> str | None:
+    """A checkout copied or moved elsewhere: MLflow records artifact addresses as absolute paths, so the store still
+    points at the old mlartifacts/. Point every address under it at this checkout's (the project's own SQLite store
+    only). Returns the old folder, or None when nothing had to move."""
+    import sqlite3
+
+    if db is None:
+        uri = tracking_uri()
+        if not uri.startswith("sqlite:///"):
+            return None
+        db = Path(uri.removeprefix("sqlite:///"))
+    if not db.exists():
+        return None
+    with contextlib.closing(sqlite3.connect(db)) as con, con:
+        tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "experiments" not in tables:
+            return None
+        old = next((location[:location.index("/mlartifacts") + len("/mlartifacts")]
+                    for (location,) in con.execute("SELECT artifact_location FROM experiments")
+                    if location and "/mlartifacts" in location and location.startswith(("file:///", "/"))), None)
+        if old is None:
+            return None
+        folder = db.parent.resolve() / "mlartifacts"
+        here = folder.as_uri() if old.startswith("file:") else str(folder)  # the address as MLflow wrote it
+        if old == here:
+            return None
+        for table, column in ARTIFACT_COLUMNS:
+            if table in tables:
+                con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE substr({column}, 1, ?) = ?",
+                            (here, len(old) + 1, len(old), old))
+    return old
 
 
 def _artifact_location(uri: str) -> str | None:
@@ -374,6 +412,7 @@ def registered_artifacts(uri: str) -> dict[str, Path]:
     from mlflow.exceptions import MlflowException
 
     mlflow.set_tracking_uri(tracking_uri())
+    relocate_store()
     try:
         version = registered_version(uri)
     except MlflowException as exc:
@@ -385,8 +424,7 @@ def registered_artifacts(uri: str) -> dict[str, Path]:
         spec = yaml.safe_load((local / "MLmodel").read_text()).get("flavors", {}).get("python_function", {})
     except (MlflowException, OSError) as exc:
         raise TrackingError(f"{uri}: version {version.version} is registered, but its files are missing "
-                            f"({type(exc).__name__}): the store at {tracking_uri()} records absolute artifact paths; "
-                            "was the project moved, or its mlartifacts/ removed?") from None
+                            f"({type(exc).__name__}) under {version.source}: was mlartifacts/ removed?") from None
     if "artifacts" not in spec:
         raise TrackingError(f"{uri}: not an lmpipe text model (no artifacts in its MLmodel); register it anew by "
                             "re-training: dvc repro --force train@<model>")

@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import lmpipe  # noqa: F401  (telemetry off for everything the tests import)
+from lmpipe.telemetry import switch_off
+
+switch_off()  # telemetry off for everything the tests import and start
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

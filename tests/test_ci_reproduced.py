@@ -64,3 +64,11 @@ def test_the_command_line_ci_runs(tmp_path):
     whole = subprocess.run([sys.executable, str(ROOT / ".ci" / "reproduced.py"), str(committed), str(fresh)],
                            capture_output=True, text=True)
     assert whole.returncode == 1 and "gru: NOT REPRODUCED" in whole.stderr
+
+
+def test_exact_asks_for_every_number_bit_for_bit(tmp_path):
+    """--exact: what .ci/run asks before it calls changed tracked files a failure (bit for bit, yet dirty)."""
+    committed = metrics(tmp_path, "committed")
+    assert reproduced.main(committed, metrics(tmp_path, "same"), exact=True) == 0
+    assert reproduced.main(committed, metrics(tmp_path, "close", {"gru": 1.975}), exact=True) == 1
+    assert reproduced.main(committed, metrics(tmp_path, "ngram-only", {"gru": 1.975}), ["ngram"], exact=True) == 0

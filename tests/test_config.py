@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -121,6 +122,21 @@ import lmpipe, lmpipe.train, lmpipe.ngram, lmpipe.scaling, lmpipe.sweep, lmpipe.
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("prefect", "flows")))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_importing_the_library_changes_no_environment_variable():
+    """`import lmpipe` in a notebook leaves the process as it was: the entry points switch telemetry off
+    (lmpipe.telemetry.switch_off, called by flows/__init__.py and the tests), the library never does."""
+    code = """
+import os
+before = dict(os.environ)
+import lmpipe, lmpipe.config, lmpipe.seeds, lmpipe.compare, lmpipe.io, lmpipe.telemetry
+print(sorted(set(os.environ.items()) ^ set(before.items())))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("DO_NOT_TRACK", "MLFLOW_DISABLE_TELEMETRY", "HF_HUB_OFFLINE")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
 

@@ -19,11 +19,12 @@ from tests.conftest import ROOT
 PIPELINES = ("dvc.yaml", "scaling/dvc.yaml", "seeds/dvc.yaml")
 PACKAGES = ("lmpipe", "flows")
 # Plumbing that cannot change any output, declared once: where runs are recorded, how errors read, the stage harness, the Prefect server probe, where tasks run (local threads or a cluster: the same results), the
-# packages' import-time setup, the process's memory settings (speed, never numbers); and config.py, the typed reading of
+# packages' import-time setup and telemetry switch, the process's memory settings (speed, never numbers); and config.py, the typed reading of
 # params.yaml, whose defaults cannot reach an output because params.yaml states every setting
 # (test_params_yaml_states_every_setting).
 PLUMBING = {"lmpipe/tracking.py", "lmpipe/errors.py", "lmpipe/__init__.py", "flows/__init__.py",
-            "flows/_stage.py", "flows/server.py", "flows/runners.py", "lmpipe/config.py", "lmpipe/process.py"}
+            "flows/_stage.py", "flows/server.py", "flows/runners.py", "lmpipe/config.py", "lmpipe/process.py",
+            "lmpipe/telemetry.py"}
 # Modules whose function-level imports build MLflow side outputs only (tracking.log_lm: the registered model's
 # serving code), which DVC does not version: only their module-level imports are followed.
 SIDE_OUTPUTS = {"lmpipe/tracking.py"}

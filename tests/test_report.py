@@ -52,7 +52,7 @@ def test_report_has_every_section(tmp_path):
     assert "| transformer | 5,000,000 (1,000,000) | 1,200,000 (2.0 ep.) | 3.40e13 | 1.900 | 1.800 | 570 | -20.8% |" in md
     assert "Best model: **transformer**, test 1.800 bpb against the KN-5 baseline's 2.000: a test word perplexity " \
            "20.8% lower than the baseline's. Behind the baseline in bpb: lstm." in md
-    assert "| flowers_insects: Flowers vs insects | 1.20 (p=0.010) |" in md and "| math_arts | n/a [2/8/20/20] |" in md
+    assert "| flowers_insects: Flowers vs insects | 1.20 (p=0.010, q=0.010) |" in md and "| math_arts | n/a [2/8/20/20] |" in md
     html = (tmp_path / "reports/study.html").read_text()
     assert html.count("data:image/png;base64,") == 2 and "<table>" in html
     assert (tmp_path / "reports/figures/learning_curves.png").stat().st_size > 1000
@@ -70,9 +70,10 @@ def test_one_small_metrics_file_per_model(tmp_path):
     build_report(tmp_path, tmp_path / "reports")
     rows = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "metrics/models").glob("*.json")}
     assert rows == {
-        "ngram": {"test_bpb": 2.0, "word_ppl": 720.0, "vs_kn5": 0.0, "params_m": 0.001},
-        "lstm": {"test_bpb": 2.1, "word_ppl": 840.0, "vs_kn5": 0.1667, "params_m": 4.0, "tflop": 34.0, "weat_d": 1.2},
-        "transformer": {"test_bpb": 1.8, "word_ppl": 570.0, "vs_kn5": -0.2083, "params_m": 5.0, "tflop": 34.0},
+        "ngram": {"test_bpb": 2.0, "word_ppl": 720.0, "vs_baseline": 0.0, "params_m": 0.001},
+        "lstm": {"test_bpb": 2.1, "word_ppl": 840.0, "vs_baseline": 0.1667, "params_m": 4.0, "tflop": 34.0, "weat_d": 1.2,
+                 "weat_tests": 1},
+        "transformer": {"test_bpb": 1.8, "word_ppl": 570.0, "vs_baseline": -0.2083, "params_m": 5.0, "tflop": 34.0},
     }
 
 
@@ -132,15 +133,15 @@ def test_an_experiments_report_says_it_is_one(tmp_path):
 
 
 def test_the_readmes_results_block_is_the_committed_metrics(tmp_path):
-    """README.md's results table is generated (python -m lmpipe.report README.md), never typed: it must equal what
+    """README.md's results table is generated (python -m lmpipe.readme README.md), never typed: it must equal what
     the committed metrics/ and seeds/seeds.csv give."""
     import shutil
 
-    from lmpipe.report import sync_results
+    from lmpipe.readme import sync_results
     from tests.conftest import ROOT
 
     readme = tmp_path / "README.md"
     shutil.copy(ROOT / "README.md", readme)
     assert not sync_results(readme, ROOT, ROOT / "params.yaml"), \
-        "README.md's results differ from the committed metrics: run python -m lmpipe.report README.md"
+        "README.md's results differ from the committed metrics: run python -m lmpipe.readme README.md"
     assert "| gru |" in readme.read_text()

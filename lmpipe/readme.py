@@ -1,0 +1,63 @@
+"""The README's results table, generated from the committed metrics (never typed by hand):
+
+    python -m lmpipe.readme README.md       # rewrites the block between RESULTS_BEGIN and RESULTS_END
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lmpipe import seeds as seed_spread
+from lmpipe.compare import BASELINE, baseline_label, vs_baseline
+from lmpipe.config import load_params
+from lmpipe.report import SEEDS, _read_json, _si
+
+RESULTS_BEGIN = "<!-- results: generated from metrics/ and seeds/seeds.csv by `python -m lmpipe.readme README.md` -->"
+RESULTS_END = "<!-- end of results -->"
+
+
+def results_markdown(root: str | Path, study_seed: int, label: str = "KN-5") -> str:
+    """The README's results table, from the committed metrics: each model's test bpb (mean ± sd where seeds
+    hold), word perplexity against the baseline, and its compute; then the best combination."""
+    root = Path(root)
+    evaluation, combined = _read_json(root / "metrics/eval.json"), _read_json(root / "metrics/combine.json")
+    trained = {p.stem: _read_json(p) for p in sorted((root / "metrics/train").glob("*.json"))}
+    precisions = {name: t.get("precision", "") for name, t in trained.items()}
+    by_model, _ = seed_spread.current(seed_spread.read_rows(root / SEEDS), evaluation, study_seed, precisions)
+    spreads = seed_spread.spreads(evaluation, by_model, BASELINE)
+    models = evaluation["models"]
+    lines = ["| model | test bpb | test word ppl | vs " + label + " (word ppl) | tokens seen | train FLOPs |",
+             "|---|---|---|---|---|---|"]
+    for name in sorted(models, key=lambda n: spreads[n].bpb):
+        r, t, s = models[name], trained.get(name, {}), spreads[name]
+        bpb = f"{s.bpb:.3f}" + (f" ± {s.bpb_sd:.3f} ({s.n} seeds)" if s.n > 1 else "")
+        versus = "-" if name == BASELINE else f"{100 * vs_baseline(r, models[BASELINE]):+.1f}%"
+        compute = (f"{t['tokens_seen']:,} ({t['epochs']:.1f} ep.) | {_si(t['train_flops'])}" if "train_flops" in t
+                   else "- | -")
+        lines.append(f"| {f'{name} (baseline)' if name == BASELINE else name} | {bpb} | {r['test']['word_ppl']:,.0f} "
+                     f"| {versus} | {compute} |")
+    if combined and combined["models"]:
+        best = min(combined["models"], key=lambda n: combined["models"][n]["test"]["bpb"])
+        c = combined["models"][best]
+        lines += ["", f"Best combination: {best}, test {c['test']['bpb']:.3f} bpb, word ppl {c['test']['word_ppl']:,.0f} "
+                      f"(weights fitted on valid: " + ", ".join(f"{m} {w:.2f}" for m, w in c["weights"].items()) + ")."]
+    return "\n".join(lines) + "\n"
+
+
+def sync_results(readme: str | Path, root: str | Path = ".", params_file: str | Path = "params.yaml") -> bool:
+    """Rewrite the results block of `readme` from the metrics under `root`; True when it changed."""
+    params = load_params(params_file)
+    path = Path(readme)
+    text = path.read_text(encoding="utf-8")
+    head, rest = text.split(RESULTS_BEGIN, 1)
+    _, tail = rest.split(RESULTS_END, 1)
+    block = results_markdown(root, params.train.seed, baseline_label(params.ngram))
+    new = f"{head}{RESULTS_BEGIN}\n{block}{RESULTS_END}{tail}"
+    path.write_text(new, encoding="utf-8")
+    return new != text
+
+
+if __name__ == "__main__":
+    import sys
+
+    print("changed" if sync_results(sys.argv[1] if len(sys.argv) > 1 else "README.md") else "up to date")
