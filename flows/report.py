@@ -30,20 +30,23 @@ def headline(models: dict) -> dict:
     return out
 
 
+CODE = ("lmpipe", "flows", "dvc.yaml", "params.yaml")  # what decides the study's outputs
+
+
 def made_from() -> str:
-    """'commit 1a2b3c4 of 2026-11-26', and the code folders changed since, if any: which code made the report. The
-    commit's date, not today's: the same commit gives the same report."""
+    """'commit 1a2b3c4 of 2026-11-26': the last commit that changed the code or settings, and what has changed in
+    them since, if anything. A function of the code, not of today or of later commits (outputs, docs): a study
+    reproduced from any later clone writes the same line."""
     import subprocess
 
     def git(*args: str) -> str:
         done = subprocess.run(["git", *args], capture_output=True, text=True)
         return done.stdout.strip() if done.returncode == 0 else ""
 
-    line = git("log", "-1", "--format=commit %h of %cs")
+    line = git("log", "-1", "--format=commit %h of %cs", "--", *CODE)
     if not line:
         return "code outside git"
-    changed = sorted({path.split()[-1].split("/")[0] for path in git("status", "--porcelain", "--", "lmpipe", "flows",
-                                                                     "dvc.yaml").splitlines()})
+    changed = sorted({path.split()[-1].split("/")[0] for path in git("status", "--porcelain", "--", *CODE).splitlines()})
     return line + (f", with uncommitted changes in {', '.join(changed)}" if changed else "")
 
 
