@@ -300,8 +300,8 @@ def test_seeds_retrain_every_model_and_the_report_gives_mean_sd_and_verdicts(scr
     # (the report of a model retrained since calls its rows stale: tests/test_seeds.py)
 
 
-def test_changed_params_rerun_only_what_depends_on_them(project):
-    copy, env, _ = project
+def test_changed_params_rerun_only_what_depends_on_them(scratch):  # its own copy: it edits params.yaml
+    copy, env = scratch
     params = copy / "params.yaml"
     saved = params.read_text()
     try:
@@ -501,8 +501,8 @@ def test_mlflow_server_serves_every_stage_run(project):
         stop(server)
 
 
-def test_malformed_params_fail_in_one_line(project):
-    copy, env, _ = project
+def test_malformed_params_fail_in_one_line(scratch):  # its own copy: it edits params.yaml
+    copy, env = scratch
     params = copy / "params.yaml"
     saved = params.read_text()
     try:
@@ -565,8 +565,8 @@ class NotFound(http.server.BaseHTTPRequestHandler):
         self.send_error(404, "Not Found")
 
 
-def test_404_in_the_flow_is_one_clear_line_and_not_retried(project):
-    copy, env, _ = project
+def test_404_in_the_flow_is_one_clear_line_and_not_retried(scratch):  # its own copy: it edits params.yaml
+    copy, env = scratch
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     params = copy / "params.yaml"
