@@ -35,7 +35,7 @@ def lookups(params) -> dict:
         matrix = model.embedding_matrix() if params.audit.embedding == "input" else model.output_matrix()
         embedding = matrix.detach().cpu().numpy().astype(np.float64)
         out[name] = lambda form, e=embedding: bpe_vector(form, tokenizer, e)
-    vectors = KeyedVectors.load(f"{paths.WORD2VEC}/word2vec.kv")
+    vectors = KeyedVectors.load_word2vec_format(f"{paths.WORD2VEC}/word2vec.bin", binary=True)
     out["word2vec"] = lambda form: vectors[form].astype(np.float64) if form in vectors.key_to_index else None
     return out
 

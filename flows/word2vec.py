@@ -30,7 +30,9 @@ def train_word2vec(params) -> dict:
                      epochs=params.epochs, sg=params.sg, seed=params.seed, workers=1, hashfxn=stable_hash)
     with atomic_path(OUT_DIR) as tmp:
         tmp.mkdir()
-        model.wv.save(str(tmp / "word2vec.kv"))
+        # the word2vec binary format: vectors and words alone, the same bytes from the same training (gensim's own
+        # .save pickles a log of timestamped events with them)
+        model.wv.save_word2vec_format(str(tmp / "word2vec.bin"), binary=True)
     return {"vocab_size": len(model.wv), "vector_size": params.vector_size}
 
 
