@@ -8,9 +8,9 @@ metrics/eval.json (DVC skips `evaluate` when the retrained models hash the same 
 training numbers are what shows the run reproduced). The n-gram has no training to amplify rounding: it must
 match bit for bit. The same machine type reproduces the neural models bit for bit too; another CPU's kernels
 (oneDNN, NumPy's SIMD dispatch) or precision (fp32 where the CPU lacks native bf16) round otherwise, and training
-amplifies that like a change of seed, so a neural model within SEED_SPREAD_BPB (4x the largest seed spread
-measured, the GRU's ~0.005 bpb) passes with a loud "NOT bit for bit" line, as long as the models still rank
-as committed. Anything else fails.
+amplifies that like a change of seed (the transformer moved 0.030 bpb between two bf16 CPUs with the same code),
+so a neural model within SEED_SPREAD_BPB passes with a loud "NOT bit for bit" line, as long as the models still
+rank as committed. Anything else fails.
 """
 
 import json
@@ -18,7 +18,7 @@ import math
 import sys
 from pathlib import Path
 
-SEED_SPREAD_BPB = 0.02
+SEED_SPREAD_BPB = 0.05  # 3x the largest seed sd measured: the transformer's 0.017 (seeds/seeds.csv)
 
 
 def read(path: Path) -> dict:

@@ -33,9 +33,9 @@ def test_bit_for_bit_and_seed_sized_differences_pass_the_rest_fails(tmp_path, ca
     assert capsys.readouterr().out.count("reproduced bit for bit") == 3
 
     assert reproduced.main(committed, metrics(tmp_path, "close", {"gru": 1.975}, precision="fp32")) == 0
-    assert "gru: NOT bit for bit, within 0.02 bpb" in capsys.readouterr().out
+    assert "gru: NOT bit for bit, within 0.05 bpb" in capsys.readouterr().out
 
-    for name, changed, said in (("far", {"lstm": 2.02}, "lstm: NOT REPRODUCED"),
+    for name, changed, said in (("far", {"lstm": 2.045}, "lstm: NOT REPRODUCED"),
                                 ("ngram", {"ngram": 2.05 + 1e-12}, "the n-gram must match bit for bit"),
                                 ("nan", {"gru": math.nan}, "gru: NOT REPRODUCED: a number is missing"),
                                 ("swapped", {"gru": 1.985, "lstm": 1.975}, "the models rank lstm < gru")):
