@@ -54,10 +54,9 @@ def quality_targets(models: dict) -> list[tuple[str, str, bool]]:
     return rows
 
 
-def seed_targets(evaluation: dict, rows: list[dict], study_seed: int, precisions: dict) -> list[tuple[str, str, bool]]:
+def seed_targets(evaluation: dict, seeds_csv: Path, study_seed: int, precisions: dict) -> list[tuple[str, str, bool]]:
     """The targets that need the seed spread: mean ± sd over the seeds that still hold."""
-    by_model, stale = seeds.current(rows, evaluation, study_seed, precisions)
-    spreads = seeds.spreads(evaluation, by_model, BASELINE)
+    spreads, stale = seeds.study_spreads(seeds_csv, evaluation, precisions, study_seed, BASELINE)
     kn = evaluation["models"][BASELINE]["test"]["bpb"]
     out = []
     if "transformer" in spreads:
@@ -77,7 +76,7 @@ def seed_targets(evaluation: dict, rows: list[dict], study_seed: int, precisions
 def combination_targets(models: dict, combined: dict) -> list[tuple[str, str, bool]]:
     kn = models[BASELINE]["test"]["bpb"]
     single = best_model(models)
-    best = min(combined, key=lambda n: combined[n]["test"]["bpb"])
+    best = best_model(combined)
     bpb, gain = combined[best]["test"]["bpb"], models[single]["test"]["bpb"] - combined[best]["test"]["bpb"]
     out = [(f"best combination ({best}): test bpb <= {BEST_COMBINATION_GOAL:.2f}, >= {COMBINATION_GAIN:.2f} below "
             f"the best single ({single})", f"{bpb:.4f} (-{gain:.4f})", bpb <= BEST_COMBINATION_GOAL
@@ -107,7 +106,7 @@ def main() -> int:
     models = evaluation["models"]
     rows = quality_targets(models)
     precisions = {p.stem: json.loads(p.read_text()).get("precision", "") for p in (ROOT / "metrics/train").glob("*.json")}
-    rows += seed_targets(evaluation, seeds.read_rows(ROOT / "seeds/seeds.csv"), params.train.seed, precisions)
+    rows += seed_targets(evaluation, ROOT / "seeds/seeds.csv", params.train.seed, precisions)
     combine = ROOT / "metrics/combine.json"
     if combine.exists():
         rows += combination_targets(models, json.loads(combine.read_text())["models"])

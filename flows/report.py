@@ -108,9 +108,10 @@ def report() -> str:
         for run_id in [None] + ([study] if study else []):  # the report stage's run, and the study run where a study is compared
             for name, where in (("study.md", "report"), ("study.html", "report"), ("figures", "report/figures")):
                 tracking.log_artifacts(f"{OUT_DIR}/{name}", where, run_id=run_id)
-        label_each_model_run(params, json.loads(Path(EVAL).read_text())["models"])
+        evaluated = json.loads(Path(EVAL).read_text())["models"]
+        label_each_model_run(params, evaluated)
         if study:  # the study's headline numbers on its parent run, where the MLflow UI opens
-            tracking.log_metrics(headline(json.loads(Path(EVAL).read_text())["models"]), run_id=study)
+            tracking.log_metrics(headline(evaluated), run_id=study)
             tracking.end_study_run(study)  # the last stage: the parent's duration is the study's
     return path
 

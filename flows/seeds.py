@@ -13,7 +13,6 @@ everything that decides it, and a killed run resumes from its checkpoint; a chan
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from lmpipe.config import ModelParams, Params, load_params, params_hash
 from lmpipe.errors import LmpipeError
 from lmpipe.evaluate import evaluate_lm
 from lmpipe.io import write_json, write_text
-from lmpipe.seeds import csv_rows, study_row
+from lmpipe.seeds import csv_rows, spread, study_row
 from lmpipe.splits import TokenData, load_tokens
 from lmpipe.train import Trainer, autocast_dtype, pick_device
 
@@ -82,12 +81,12 @@ def train_seed(model: str, settings: ModelParams, seed: int, params: Params, dat
 
 
 def summary_lines(rows: list[dict]) -> list[str]:
-    """model: mean ± sd of test bpb over its seeds, for the console."""
+    """model: mean ± sd of test bpb over its seeds (lmpipe.seeds.spread, as the report), for the console."""
     lines = []
     for model in sorted({r["model"] for r in rows}):
-        bpb = [r["test_bpb"] for r in rows if r["model"] == model]
-        sd = f" ± {statistics.stdev(bpb):.4f}" if len(bpb) > 1 else ""
-        lines.append(f"{model}: test bpb {statistics.fmean(bpb):.4f}{sd} over {len(bpb)} seeds")
+        s = spread([r for r in rows if r["model"] == model])
+        lines.append(f"{model}: test bpb {s.bpb:.4f}" + (f" ± {s.bpb_sd:.4f}" if s.bpb_sd is not None else "")
+                     + f" over {s.n} seeds")
     return lines
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lmpipe import seeds as seed_spread
-from lmpipe.compare import BASELINE, baseline_label, vs_baseline
+from lmpipe.compare import BASELINE, baseline_label, best_model, vs_baseline
 from lmpipe.config import load_params
 from lmpipe.report import SEEDS, _read_json, _si
 
@@ -23,8 +23,7 @@ def results_markdown(root: str | Path, study_seed: int, label: str = "KN-5") -> 
     evaluation, combined = _read_json(root / "metrics/eval.json"), _read_json(root / "metrics/combine.json")
     trained = {p.stem: _read_json(p) for p in sorted((root / "metrics/train").glob("*.json"))}
     precisions = {name: t.get("precision", "") for name, t in trained.items()}
-    by_model, _ = seed_spread.current(seed_spread.read_rows(root / SEEDS), evaluation, study_seed, precisions)
-    spreads = seed_spread.spreads(evaluation, by_model, BASELINE)
+    spreads, _ = seed_spread.study_spreads(root / SEEDS, evaluation, precisions, study_seed, BASELINE)
     models = evaluation["models"]
     lines = ["| model | test bpb | test word ppl | vs " + label + " (word ppl) | tokens seen | train FLOPs |",
              "|---|---|---|---|---|---|"]
@@ -37,7 +36,7 @@ def results_markdown(root: str | Path, study_seed: int, label: str = "KN-5") -> 
         lines.append(f"| {f'{name} (baseline)' if name == BASELINE else name} | {bpb} | {r['test']['word_ppl']:,.0f} "
                      f"| {versus} | {compute} |")
     if combined and combined["models"]:
-        best = min(combined["models"], key=lambda n: combined["models"][n]["test"]["bpb"])
+        best = best_model(combined["models"])
         c = combined["models"][best]
         lines += ["", f"Best combination: {best}, test {c['test']['bpb']:.3f} bpb, word ppl {c['test']['word_ppl']:,.0f} "
                       f"(weights fitted on valid: " + ", ".join(f"{m} {w:.2f}" for m, w in c["weights"].items()) + ")."]

@@ -158,7 +158,7 @@ def _combine_section(combined: dict, evaluation: dict, label: str = "KN-5") -> l
         lines.append(f"| {name} | {weights} | {r['valid']['bpb']:.3f} | {r['test']['bpb']:.3f} | "
                      f"{r['test']['word_ppl']:.0f} | {gain} | {versus} |")
     if rows and single:
-        best = min(rows, key=lambda n: rows[n]["test"]["bpb"])
+        best = best_model(rows)
         lines += ["", f"Best combination: **{best}**, test {rows[best]['test']['bpb']:.3f} bpb against the best single "
                       f"model's ({single}) {models[single]['test']['bpb']:.3f}."]
     return lines
@@ -329,10 +329,7 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
         if combined:
             lines += _combine_section(combined, evaluation, label) + [""]
         precisions = {name: t.get("precision", "") for name, t in trained.items()}
-        rows = [r for r in seed_spread.read_rows(root / SEEDS) if study_seed is not None
-                and (models is None or r["model"] in models)]
-        by_model, stale = seed_spread.current(rows, evaluation, study_seed, precisions)
-        spreads = seed_spread.spreads(evaluation, by_model, BASELINE)
+        spreads, stale = seed_spread.study_spreads(root / SEEDS, evaluation, precisions, study_seed, BASELINE, models)
         lines += _seeds_section(spreads, stale, label) + [""]
     if curves:
         baseline = evaluation["models"].get(BASELINE, {}).get("valid", {}).get("bpb") if evaluation else None

@@ -107,6 +107,16 @@ def spreads(evaluation: dict, by_model: dict[str, list[dict]], baseline: str) ->
     return out
 
 
+def study_spreads(path: str | Path, evaluation: dict, precisions: dict[str, str], study_seed: int | None,
+                  baseline: str, models: list[str] | None = None) -> tuple[dict[str, Spread], list[str]]:
+    """(every model's spread, the models whose seed rows are stale) from seeds/seeds.csv at `path` and the study's
+    eval.json: what the report, the README and the benchmark show. No `study_seed`: no row is the study's, none used;
+    `models` limits the rows read to params.yaml's."""
+    rows = [r for r in read_rows(path) if study_seed is not None and (models is None or r["model"] in models)]
+    by_model, stale = current(rows, evaluation, study_seed, precisions)
+    return spreads(evaluation, by_model, baseline), stale
+
+
 def _gap(name: str, s: Spread, other: str, o: Spread) -> str:
     gap = s.bpb - o.bpb
     where = f"{abs(gap):.3f} bpb {'below' if gap < 0 else 'above'} {other}"
