@@ -22,8 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lmpipe.config import load_params  # noqa: E402
 from lmpipe.flops import peak_flops  # noqa: E402
 from lmpipe.splits import load_tokens  # noqa: E402
-from lmpipe.sweep import apply  # noqa: E402
-from lmpipe.train import Trainer  # noqa: E402
+from lmpipe.train import Trainer, configure_run, setup_process  # noqa: E402
 
 GPU_SIZES = [(256, 4, 4), (512, 8, 8), (768, 12, 12)]  # (dim, layers, heads)
 CPU_SIZES = [(64, 2, 4), (128, 4, 4), (256, 4, 4)]
@@ -41,17 +40,17 @@ def main() -> None:
     name = torch.cuda.get_device_name() if gpu else "cpu"
     peak = peak_flops(name) if gpu else None
     batch = args.batch or (64 if gpu else 16)
-    common = params.train.model_copy(update={"compile": args.compile, "evals_per_epoch": 1})
     print(f"device: {name}; bf16 peak: {f'{peak / 1e12:.0f} TFLOP/s' if peak else 'not in the table'}; "
           f"batch {batch} x {args.seq_len}, {args.steps} steps, compile {args.compile}")
     print(f"{'size':>14} {'params':>10} {'tokens/s':>10} {'TFLOP/s':>9} {'MFU':>7}")
     for dim, layers, heads in GPU_SIZES if gpu else CPU_SIZES:
-        settings = apply(params.models["transformer"],
-                         {"arch.dim": dim, "arch.layers": layers, "arch.heads": heads, "arch.block_size": args.seq_len,
-                          "arch.dropout": 0.0, "batch_size": batch, "seq_len": args.seq_len, "optim.warmup_steps": 0},
-                         {"tokens": args.steps * batch * args.seq_len})
+        settings, common = configure_run(
+            params, "transformer",
+            {"arch.dim": dim, "arch.layers": layers, "arch.heads": heads, "arch.block_size": args.seq_len,
+             "arch.dropout": 0.0, "batch_size": batch, "seq_len": args.seq_len, "optim.warmup_steps": 0},
+            {"tokens": args.steps * batch * args.seq_len}, {"compile": args.compile, "evals_per_epoch": 1})
         with tempfile.TemporaryDirectory() as ckpt:
-            m = Trainer("transformer", settings, common, data, ckpt, progress_bar=False).run().metrics
+            m = Trainer("transformer", settings, common, data, ckpt, setup_process(common), progress_bar=False).run().metrics
         mfu = f"{100 * m['flops_per_sec'] / peak:.1f}%" if peak else "-"
         print(f"{f'{layers} x {dim}':>14} {m['n_params']:>10,} {m['tokens_per_sec']:>10,.0f} "
               f"{m['flops_per_sec'] / 1e12:>9.3f} {mfu:>7}", flush=True)

@@ -25,7 +25,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flows.server import use_running_server  # noqa: E402
+from flows.server import running_server  # noqa: E402
 from lmpipe.config import apply_overrides  # noqa: E402
 
 
@@ -56,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.in_place and args.set:
         sys.exit("--in-place runs this checkout's params.yaml as it is; edit it instead of passing --set")
-    api = use_running_server()
+    api = running_server()
     if not api:
         sys.exit("start a Prefect server first (lmpipe server) or set PREFECT_API_URL")
     with tempfile.TemporaryDirectory() as tmp:

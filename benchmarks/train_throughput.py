@@ -29,15 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from lmpipe.config import load_params  # noqa: E402
 from lmpipe.models import build_model  # noqa: E402
 from lmpipe.splits import load_tokens  # noqa: E402
-from lmpipe.train import Trainer, configure_device, pick_device  # noqa: E402
+from lmpipe.train import Trainer, setup_process  # noqa: E402
 
 
 def bare_loop(settings, common, data, steps: int, usage: dict | None = None) -> float:
     """The textbook loop: contiguous batches, carried state for recurrent models, AdamW/SGD, clipping. Tokens/s;
     `usage` gets the steps' CPU seconds and minor page faults."""
-    device = pick_device(common.device)
-    configure_device(device, common.threads)
-    torch.manual_seed(common.seed)
+    device = setup_process(common)
     model = build_model(settings.family, settings.arch, data.vocab_size, data.boundary).to(device).train()
     optim = settings.optim
     if optim.name == "sgd":
@@ -72,7 +70,7 @@ def trainer_loop(name, settings, common, data, steps: int) -> float:  # common.p
     quick = settings.model_copy(update={"epochs": 1, "max_steps_per_epoch": steps, "variable_bptt": False,
                                         "budget": None})  # a budget would run on past the one short epoch
     with tempfile.TemporaryDirectory() as ckpt:
-        result = Trainer(name, quick, common, data, ckpt, progress_bar=True).run()
+        result = Trainer(name, quick, common, data, ckpt, setup_process(common), progress_bar=True).run()
     return result.history[0]["tokens_per_sec"]
 
 

@@ -1,8 +1,8 @@
 """The transformer from the GPT-2 recipe to today's, one change at a time, at one FLOP budget.
 
 Each row adds one modern part to the row before it (lmpipe/models/transformer.py, lmpipe/optim.py) and trains
-`models.transformer` of params.yaml with `benchmarks/probe.py` (the Trainer, data and evaluation of the study,
-outside DVC and MLflow), two rows side by side on one thread each. Rows already in the CSV are kept, so a run that
+`models.transformer` of params.yaml with `python -m lmpipe.train --score` (the Trainer, data and evaluation of the
+study, outside DVC and MLflow), two rows side by side on one thread each. Rows already in the CSV are kept, so a run that
 stops resumes. Prints the table sweeps/notes.md holds.
 
     python benchmarks/transformer_ablation.py --budget 5e12 --out benchmarks/results/transformer_ablation.csv
@@ -36,7 +36,7 @@ COLUMNS = ("row", "settings", "valid_bpb", "test_bpb", "test_word_ppl", "train_s
 
 
 def rows(budget: float) -> list[tuple[str, list[str]]]:
-    out, settings = [], [f"budget={{flops: {budget:g}}}"]
+    out, settings = [], [f"budget={{flops: {budget:g}}}"]  # the CSV's settings column: a row's whole recipe
     for name, adds in STEPS:
         settings = settings + adds
         out.append((name, settings))
@@ -44,8 +44,9 @@ def rows(budget: float) -> list[tuple[str, list[str]]]:
 
 
 def probe(settings: list[str]) -> dict:
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/probe.py"), "--model", "transformer", "--set",
-                           *settings], capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-m", "lmpipe.train", "--model", "transformer", "--threads", "1", "--score",
+                           "--checkpoints", str(ROOT / ".cache/lmpipe/ablation"), "--set", *settings],
+                          capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         raise SystemExit(f"probe failed: {settings}\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

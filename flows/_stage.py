@@ -11,6 +11,7 @@ from typing import Callable, Iterator
 import prefect
 from prefect import runtime
 
+from flows.server import on_running_server
 from lmpipe import tracking
 from lmpipe.config import Params, load_params, params_hash
 from lmpipe.errors import Interrupted, LmpipeError
@@ -75,7 +76,7 @@ def main(flow: Callable, **flow_kwargs) -> None:
         flow = flow.with_options(flow_run_name=flow.name)
     key = tracking.study_key(PARAMS_FILE)
     try:
-        with prefect.tags(f"commit:{key.commit[:12]}", f"study:{key}"):
+        with on_running_server(), prefect.tags(f"commit:{key.commit[:12]}", f"study:{key}"):
             state = flow(**flow_kwargs, return_state=True)
     except Interrupted as exc:
         sys.exit(str(exc))

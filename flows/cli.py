@@ -116,7 +116,8 @@ def _scaling(args) -> int:
 def _seeds(args) -> int:
     """The seeds flow, then `dvc commit` of its frozen stage: the report's seed spread, versioned."""
     env = this_environment()
-    code = subprocess.call([sys.executable, "-m", "flows.seeds"], env=env)
+    code = subprocess.call([sys.executable, "-m", "flows.seeds", *(["--models", *args.models] if args.models else [])],
+                           env=env)
     if code == 0:
         code = subprocess.call(["dvc", "commit", "--force", "--quiet", f"{paths.SEEDS_PIPELINE}:seeds"], env=env)
     if code == 0:
@@ -370,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "hour on a 2-core CPU), score it like the evaluate stage, and write seeds/seeds.csv, whose rows "
                     "the study's report turns into mean ± sd and verdicts. Finished runs are cached: a second call "
                     "retrains only models whose settings changed.")
+    spread.add_argument("--models", nargs="+", metavar="MODEL",
+                        help="retrain only these models' seeds; the other models keep their rows of seeds/seeds.csv")
     spread.set_defaults(run=_seeds)
     check = commands.add_parser("check-params", help="validate params.yaml and say what is wrong in one line")
     check.add_argument("file", nargs="?", default="params.yaml", help="the params file (default: params.yaml)")

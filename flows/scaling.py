@@ -22,31 +22,33 @@ from prefect.cache_policies import NO_CACHE
 from flows._stage import CACHE_DIR, PARAMS_FILE, main
 from flows.paths import RUNS
 from lmpipe import tracking
-from lmpipe.config import ModelParams, Params, load_params, params_hash
+from lmpipe.config import ModelParams, Params, TrainParams, load_params, params_hash
 from lmpipe.errors import ConfigError
 from lmpipe.io import csv_text, write_json, write_text
 from lmpipe.scaling import GridPoint, grid_points, size_label
 from lmpipe.splits import TokenData, load_tokens
-from lmpipe.sweep import apply
 from lmpipe.checkpoints import code_version, discard
-from lmpipe.train import Trainer
+from lmpipe.train import Trainer, configure_run, setup_process
 
 WORK = Path(CACHE_DIR) / "scaling"
 
 
-def point_settings(point: GridPoint, params: Params) -> ModelParams:
-    """The family's settings with the grid's overrides, this size's arch and this budget."""
+def point_settings(point: GridPoint, params: Params) -> tuple[ModelParams, TrainParams]:
+    """The family's settings with the grid's overrides, this size's arch and this budget; the train section with
+    the grid's evaluations per epoch."""
     overrides = {**params.scaling.overrides, **{f"arch.{k}": v for k, v in point.size.items()}}
     try:
-        return apply(params.models[point.model], overrides, {"flops": point.budget})
+        return configure_run(params, point.model, overrides, {"flops": point.budget},
+                             {"evals_per_epoch": params.scaling.evals_per_epoch}, PARAMS_FILE)
     except ConfigError as exc:
         raise ConfigError(f"{PARAMS_FILE}: scaling, {point.name}: {exc}") from None
 
 
 @task(cache_policy=NO_CACHE)
-def train_point(point: GridPoint, settings: ModelParams, params: Params, data: TokenData, parent_id: str) -> dict:
+def train_point(point: GridPoint, run: tuple[ModelParams, TrainParams], params: Params, data: TokenData,
+                parent_id: str) -> dict:
     """One run of the grid (or its row from an earlier, identical run)."""
-    common = params.train.model_copy(update={"evals_per_epoch": params.scaling.evals_per_epoch})
+    settings, common = run
     key = params_hash({"settings": settings.model_dump(mode="json"), "train": common.model_dump(mode="json"),
                        "code": code_version(), "data": data.fingerprint})
     done = WORK / "runs" / f"{point.name}-{key}.json"
@@ -63,7 +65,7 @@ def train_point(point: GridPoint, settings: ModelParams, params: Params, data: T
     started = time.perf_counter()
     with tracking.run(params.tracking.experiment, point.name, settings.model_dump(mode="json"), parent_run_id=parent_id,
                       tags=tags) as run:
-        m = Trainer(point.model, settings, common, data, WORK / "ckpt" / key, progress_bar=False,
+        m = Trainer(point.model, settings, common, data, WORK / "ckpt" / key, setup_process(common), progress_bar=False,
                     on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id)).run().metrics
         tracking.log_metrics(m)
     row = {"name": point.name, "model": point.model, "family": settings.family, "size": size_label(point.size),
@@ -86,14 +88,14 @@ def grid() -> str:
     if not params.scaling.models or not params.scaling.budgets:
         raise ConfigError(f"{PARAMS_FILE}: scaling.models and scaling.budgets must list at least one model and budget")
     points = grid_points(params.scaling.models, params.scaling.budgets)
-    settings = [point_settings(p, params) for p in points]  # every typo before the first hour of training
+    runs = [point_settings(p, params) for p in points]  # every typo before the first hour of training
     section = params.section("scaling")
     key = params_hash({"scaling": {k: v for k, v in section.items() if k != "fit"}, "train": params.section("train"),
                        "models": {m: params.models[m].model_dump(mode="json") for m in params.scaling.models},
                        "code": code_version(), "data": data.fingerprint})
     with tracking.run(params.tracking.experiment, f"scaling {key[:8]}", {"scaling": section},
                       tags={"lmpipe.role": "scaling"}, resume={"lmpipe.scaling": key}) as parent:
-        rows = [train_point(p, s, params, data, parent.info.run_id) for p, s in zip(points, settings)]
+        rows = [train_point(p, r, params, data, parent.info.run_id) for p, r in zip(points, runs)]
         write_text(RUNS, csv_text(rows))
         tracking.log_metrics({"runs": len(rows), "grid_seconds": sum(r["wall_seconds"] for r in rows)})
         tracking.log_artifacts(RUNS)

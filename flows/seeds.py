@@ -8,6 +8,7 @@ metrics/eval.json), which the study's report turns into mean ± sd and verdicts 
 
 Cached and resumable like the scaling grid: a finished run's row is kept in .cache/lmpipe/seeds/runs/, keyed by
 everything that decides it, and a killed run resumes from its checkpoint; a changed model retrains only its own seeds.
+`lmpipe seeds --models transformer` retrains that model's seeds alone and keeps the other models' rows as they are.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from flows import paths
 from flows._stage import CACHE_DIR, PARAMS_FILE, main
 from lmpipe import tracking
 from lmpipe.checkpoints import code_version, discard
-from lmpipe.config import ModelParams, Params, load_params, params_hash
+from lmpipe.config import Params, load_params, params_hash
 from lmpipe.errors import LmpipeError
 from lmpipe.evaluate import evaluate_lm
 from lmpipe.io import write_json, write_text
-from lmpipe.seeds import csv_rows, spread, study_row
+from lmpipe.seeds import csv_rows, read_rows, spread, study_row
 from lmpipe.splits import TokenData, load_tokens
-from lmpipe.train import Trainer, autocast_dtype, pick_device
+from lmpipe.train import Trainer, autocast_dtype, configure_run, pick_device, setup_process
 
 WORK = Path(CACHE_DIR) / "seeds"
 
@@ -52,9 +53,9 @@ def study_runs(params: Params) -> dict[str, dict]:
 
 
 @task(cache_policy=NO_CACHE)
-def train_seed(model: str, settings: ModelParams, seed: int, params: Params, data: TokenData, parent_id: str) -> dict:
+def train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id: str) -> dict:
     """One model at one seed, trained and scored (or its row from an earlier, identical run)."""
-    common = params.train.model_copy(update={"seed": seed})
+    settings, common = configure_run(params, model, train={"seed": seed})
     key = params_hash({"settings": settings.model_dump(mode="json"), "train": common.model_dump(mode="json"),
                        "evaluate.chunk": params.evaluate.chunk, "code": code_version(), "data": data.fingerprint})
     name, done = f"{model}-seed{seed}", WORK / "runs" / f"{model}-seed{seed}-{key}.json"
@@ -66,7 +67,7 @@ def train_seed(model: str, settings: ModelParams, seed: int, params: Params, dat
     started = time.perf_counter()
     with tracking.run(params.tracking.experiment, name, {"model": settings.model_dump(mode="json"), "seed": seed},
                       parent_run_id=parent_id, tags=tags) as run:
-        result = Trainer(model, settings, common, data, WORK / "ckpt" / key, progress_bar=False,
+        result = Trainer(model, settings, common, data, WORK / "ckpt" / key, setup_process(common), progress_bar=False,
                          on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id)).run()
         scores = evaluate_lm(result.model.eval(), data, params.evaluate.chunk)
         tracking.log_metrics(result.metrics | {f"test_{k}": v for k, v in scores["test"].items()})
@@ -90,18 +91,29 @@ def summary_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def kept_rows(models: list[str], params: Params) -> list[dict]:
+    """The rows of seeds/seeds.csv of the models not retrained this time, as they are: the report still drops a
+    model's rows whose study run no longer matches metrics/eval.json (lmpipe.seeds.current)."""
+    return [r for r in read_rows(paths.SEEDS) if r["model"] in params.models and r["model"] not in models]
+
+
 @flow(name="seeds")
-def seeds() -> str:
+def seeds(models: list[str] | None = None) -> str:
+    """Retrain `models` (default: all of params.yaml) with each seed of seeds.extra; other models keep their rows."""
     params, data = load_params(PARAMS_FILE), load_tokens()
+    unknown = [m for m in models or [] if m not in params.models]
+    if unknown:
+        raise LmpipeError(f"{PARAMS_FILE}: models has no entry {unknown[0]!r} (have: {', '.join(params.models)})")
+    chosen = models or list(params.models)
     own = study_runs(params)  # before any training: a study that does not match fails at once
     key = params_hash({"seeds": params.section("seeds"), "train": params.section("train"),
                        "models": {m: s.model_dump(mode="json") for m, s in params.models.items()},
                        "code": code_version(), "data": data.fingerprint})
     with tracking.run(params.tracking.experiment, f"seeds {key[:8]}", {"seeds": params.section("seeds")},
                       tags={"lmpipe.role": "seeds"}, resume={"lmpipe.seeds": key}) as parent:
-        rows = list(own.values())
+        rows = kept_rows(chosen, params) + [own[m] for m in chosen]
         for seed in params.seeds.extra:  # a seed of every model before the next: a stopped run has the most spread
-            rows += [train_seed(m, s, seed, params, data, parent.info.run_id) for m, s in params.models.items()]
+            rows += [train_seed(m, seed, params, data, parent.info.run_id) for m in chosen]
         write_text(paths.SEEDS, csv_rows(rows))
         tracking.log_artifacts(paths.SEEDS)
     for line in summary_lines(rows):
@@ -110,4 +122,8 @@ def seeds() -> str:
 
 
 if __name__ == "__main__":
-    main(seeds)
+    import argparse
+
+    parser = argparse.ArgumentParser(description="retrain models with the seeds of seeds.extra")
+    parser.add_argument("--models", nargs="*", help="only these (default: every model of params.yaml)")
+    main(seeds, models=parser.parse_args().models or None)

@@ -1,12 +1,13 @@
 """One long-lived local Prefect server that every stage process reuses.
 
-An ephemeral server costs ~12 s per stage process here (~26 s on a fresh PREFECT_HOME); a
-running `prefect server` costs ~1-2 s per flow. Stages use PREFECT_API_URL when set, else a
+Prefect's ephemeral server starts anew in every stage process; a running `prefect server` is started once (the
+difference per stage: benchmarks/overhead.py, docs/benchmarks.md). Stages use PREFECT_API_URL when set, else a
 server at 127.0.0.1:4200 when one answers, else Prefect's ephemeral server (the fallback).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
 from lmpipe.errors import LmpipeError
 
@@ -32,14 +34,25 @@ def healthy(url: str, timeout: float = 0.5) -> bool:
         return False
 
 
-def use_running_server() -> str | None:
-    """Point this process at a running local server unless PREFECT_API_URL already says where to go."""
+def running_server() -> str | None:
+    """The Prefect API this process should use: PREFECT_API_URL when set, else a local server that answers."""
     if os.environ.get("PREFECT_API_URL"):
         return os.environ["PREFECT_API_URL"]
-    if healthy(api_url()):
-        os.environ["PREFECT_API_URL"] = api_url()
-        return api_url()
-    return None
+    return api_url() if healthy(api_url()) else None
+
+
+@contextlib.contextmanager
+def on_running_server() -> Iterator[str | None]:
+    """Run this block's flows on `running_server()`, else on Prefect's ephemeral server. Prefect reads its settings
+    once, at import, so the choice goes in as temporary settings at run time: importing `flows` opens no socket."""
+    url = running_server()
+    if url is None or os.environ.get("PREFECT_API_URL"):
+        yield url
+        return
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: url}):
+        yield url
 
 
 def start(port: int = PORT, log_dir: str | Path = ".cache/lmpipe", timeout: float = 120) -> tuple[str, subprocess.Popen | None]:

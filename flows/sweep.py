@@ -23,28 +23,36 @@ from prefect.cache_policies import NO_CACHE
 from flows._stage import CACHE_DIR, PARAMS_FILE, main
 from lmpipe import sweep as sw
 from lmpipe import tracking
-from lmpipe.config import load_params
+from lmpipe.config import ModelParams, Params, TrainParams, load_params
 from lmpipe.errors import ConfigError
 from lmpipe.io import csv_text, write_text
 from lmpipe.splits import load_tokens
-from lmpipe.train import Trainer
+from lmpipe.train import Trainer, configure_run, setup_process
 
 SWEEPS_DIR, DOC = Path("sweeps"), Path("docs/tuning.md")
 WORK = Path(CACHE_DIR) / "sweeps"
 
 
-def train_trial(model, settings, common, data, ckpt, on_eval=None) -> dict:
+def trial_run(params: Params, space: sw.Space, overrides: dict, **train) -> tuple[ModelParams, TrainParams]:
+    """A trial's settings: the model's with the trial's overrides, at the sweep's budget and evaluations per epoch."""
+    return configure_run(params, space.model, overrides, space.budget,
+                         {"evals_per_epoch": space.evals_per_epoch, **train}, PARAMS_FILE)
+
+
+def train_trial(model, run: tuple[ModelParams, TrainParams], data, ckpt, on_eval=None) -> dict:
     """One training run at the trial budget; its checkpoints go with it."""
+    settings, common = run
     try:
-        return Trainer(model, settings, common, data, ckpt, on_eval=on_eval, progress_bar=False).run().metrics
+        return Trainer(model, settings, common, data, ckpt, setup_process(common), on_eval=on_eval,
+                       progress_bar=False).run().metrics
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
 
 
-def objective_for(model, space, base, common, data, experiment, parent_id, name):
+def objective_for(model, space, params, data, experiment, parent_id, name):
     def objective(trial: optuna.Trial) -> float:
         overrides = sw.suggest(trial, space)
-        settings = sw.apply(base, overrides, space.budget)
+        run_settings = trial_run(params, space, overrides)
         with tracking.run(experiment, f"{model} trial {trial.number}", overrides, parent_run_id=parent_id,
                           tags={"lmpipe.role": "trial", "lmpipe.model": model, "lmpipe.sweep": name}) as run:
             evaluations = itertools.count(1)
@@ -56,7 +64,7 @@ def objective_for(model, space, base, common, data, experiment, parent_id, name)
                     tracking.log_metrics({"pruned_at_tokens": record["tokens"]}, run_id=run.info.run_id)
                     raise optuna.TrialPruned()
 
-            metrics = train_trial(model, settings, common, data, WORK / name / f"trial-{trial.number}", on_eval)
+            metrics = train_trial(model, run_settings, data, WORK / name / f"trial-{trial.number}", on_eval)
             for key in ("evaluations", "tokens_seen", "train_flops", "seconds"):
                 trial.set_user_attr(key, metrics[key])
             tracking.log_metrics(metrics, run_id=run.info.run_id)
@@ -65,16 +73,16 @@ def objective_for(model, space, base, common, data, experiment, parent_id, name)
 
 
 @task(cache_policy=NO_CACHE)
-def seed_runs(model, settings, common, data, seeds, experiment, parent_id, name) -> list[dict]:
+def seed_runs(model, params, space, best, data, seeds, experiment, parent_id, name) -> list[dict]:
     """The winner retrained with `seeds` other seeds at the same budget: how much of its lead is luck."""
     rows = []
     for k in range(1, seeds + 1):
-        seeded = common.model_copy(update={"seed": common.seed + k})
-        with tracking.run(experiment, f"{model} best, seed {seeded.seed}", {"train.seed": seeded.seed},
+        seed = params.train.seed + k
+        with tracking.run(experiment, f"{model} best, seed {seed}", {"train.seed": seed},
                           parent_run_id=parent_id, tags={"lmpipe.role": "seed", "lmpipe.model": model}) as run:
-            metrics = train_trial(model, settings, seeded, data, WORK / name / f"seed-{seeded.seed}")
+            metrics = train_trial(model, trial_run(params, space, best, seed=seed), data, WORK / name / f"seed-{seed}")
             tracking.log_metrics(metrics, run_id=run.info.run_id)
-        rows.append({"seed": seeded.seed, "valid_bpb": metrics["valid_bpb"], "valid_ppl": metrics["valid_ppl"],
+        rows.append({"seed": seed, "valid_bpb": metrics["valid_bpb"], "valid_ppl": metrics["valid_ppl"],
                      "seconds": metrics["seconds"]})
     return rows
 
@@ -85,7 +93,6 @@ def sweep(model: str, trials: int = 20, seeds: int = 3, space_file: str = sw.SPA
     if model not in params.models:
         raise ConfigError(f"{PARAMS_FILE}: models has no entry {model!r} (have: {', '.join(params.models)})")
     base, space = params.models[model], sw.load_space(space_file, model)
-    common = params.train.model_copy(update={"evals_per_epoch": space.evals_per_epoch})
     name = sw.study_name(space, base, data.fingerprint, params.train.seed)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(study_name=name, storage=sw.storage(WORK / f"{model}.db"), direction="minimize",
@@ -94,7 +101,7 @@ def sweep(model: str, trials: int = 20, seeds: int = 3, space_file: str = sw.SPA
     experiment = params.tracking.experiment
     with tracking.run(experiment, f"sweep {model}", {"trials": trials, "budget": space.budget, "space_file": space_file},
                       tags={"lmpipe.role": "sweep", "lmpipe.model": model, "lmpipe.sweep": name}) as parent:
-        objective = objective_for(model, space, base, common, data, experiment, parent.info.run_id, name)
+        objective = objective_for(model, space, params, data, experiment, parent.info.run_id, name)
         out = SWEEPS_DIR / model
         out.mkdir(parents=True, exist_ok=True)
 
@@ -105,7 +112,7 @@ def sweep(model: str, trials: int = 20, seeds: int = 3, space_file: str = sw.SPA
         sw.run_sweep(study, trials, params.train.seed, objective, on_trial)
         best, rows = study.best_trial, sw.trials_table(study)
         write_text(out / "best.yaml", sw.profile_yaml(model, best, space, name))
-        seed_rows = seed_runs(model, sw.apply(base, best.params, space.budget), common, data, seeds, experiment,
+        seed_rows = seed_runs(model, params, space, best.params, data, seeds, experiment,
                               parent.info.run_id, name) if seeds else []
         write_text(out / "seeds.csv", csv_text(seed_rows))
         sw.trials_figure(rows, model, out / "trials.png")

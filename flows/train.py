@@ -26,7 +26,7 @@ from lmpipe.config import load_params
 from lmpipe.io import atomic_path, csv_text, without_timings, write_json, write_text
 from lmpipe.models import save_model
 from lmpipe.splits import load_tokens
-from lmpipe.train import Trainer, run_settings
+from lmpipe.train import Trainer, run_settings, setup_process
 
 CKPT_ROOT = Path(CACHE_DIR) / "ckpt"
 CURVE_COLUMNS = ("epoch", "tokens", "flops", "train_loss", "valid_bpb", "valid_ppl", "lr", "tokens_per_sec")
@@ -56,7 +56,7 @@ def fit(name, settings, common, data, ckpt_dir, run_id):
         logger.info(line)  # the console and the flow run's page in the Prefect UI
 
     logger = get_run_logger()
-    trainer = Trainer(name, settings, common, data, ckpt_dir, on_eval=on_eval)
+    trainer = Trainer(name, settings, common, data, ckpt_dir, setup_process(common), on_eval=on_eval)
     result = trainer.run()
     for record in result.history:  # points trained before a resume: the whole curve on this run too
         if record["step"] not in logged:
@@ -100,5 +100,5 @@ if __name__ == "__main__":
     else:  # a torchrun helper process: same training, no outputs
         params, data = load_params(PARAMS_FILE), load_tokens()
         settings, _, ckpt_dir = run_settings(params, model, PARAMS_FILE, CKPT_ROOT, data)
-        Trainer(model, settings, params.train, data, ckpt_dir).run()
+        Trainer(model, settings, params.train, data, ckpt_dir, setup_process(params.train)).run()
     distributed.leave(ranks)

@@ -1,4 +1,4 @@
-"""Where a training run's resumable checkpoints live, and when they go.
+"""A training run's resumable checkpoints: what they hold, where they live, and when they go.
 
 A run's folder is `<root>/<model>-<key>` (12 hex digits; `-x<N>` under N processes), keyed by everything that
 determines the run, so only the very same run resumes. Checkpoints outlive the training loop: the entry point
@@ -9,20 +9,25 @@ optimizer step never costs the training. Pruning touches only folders inside `ro
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 KEEP = 3  # unfinished runs kept per model; older ones (abandoned configurations) are deleted
 _KEY = r"[0-9a-f]{12}(-x[0-9]+)?"
 
 
 def code_version() -> str:
-    """A hash of the training code (the loop, FLOP counting, distribution and the models): changed code never
-    resumes an old run."""
+    """A hash of the training code (the loop, the optimisers, FLOP counting, distribution and the models): changed
+    code never resumes an old run."""
     here = Path(__file__).parent
+    code = [here / name for name in ("train/trainer.py", "optim.py", "distributed.py", "flops.py")]
     digest = hashlib.sha256()
-    for path in [here / "train.py", here / "distributed.py", here / "flops.py", *sorted((here / "models").glob("*.py"))]:
+    for path in [*code, *sorted((here / "models").glob("*.py"))]:
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -55,3 +60,36 @@ def prune(keep_dir: str | Path, keep: int = KEEP) -> list[Path]:
 def discard(ckpt_dir: str | Path) -> None:
     """A finished run's checkpoints, once its outputs are safe: the next run of it trains from scratch."""
     shutil.rmtree(ckpt_dir, ignore_errors=True)
+
+
+@dataclass
+class Checkpoint:
+    """All a resumed run needs to end bit for bit as an uninterrupted one; a plain dict on disk."""
+
+    model: dict
+    optimizer: dict
+    progress: dict  # the trainer's progress record (lmpipe.train._Progress), as plain fields
+    torch_rng: torch.Tensor
+    cuda_rng: list | None
+    hidden: object  # the recurrent state carried into the next chunk
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")  # replaced whole, so a kill mid-save leaves the previous checkpoint
+        torch.save(vars(self), tmp)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path, device: torch.device) -> Checkpoint:
+        """Tensors and plain values only (`weights_only=True`): a checkpoint file cannot run code."""
+        return cls(**torch.load(path, map_location=device, weights_only=True))
+
+
+def last_path(ckpt_dir: str | Path, rank: int) -> Path:
+    """The resumable checkpoint: one per process (each has its own RNG and hidden state)."""
+    return Path(ckpt_dir) / ("last.pt" if rank == 0 else f"last.rank{rank}.pt")
+
+
+def best_path(ckpt_dir: str | Path) -> Path:
+    """The best weights so far (by valid loss), written by the main process: what a finished run loads."""
+    return Path(ckpt_dir) / "best.pt"

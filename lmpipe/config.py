@@ -6,6 +6,7 @@ Unknown keys, wrong types and impossible values fail here with one line naming t
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import hashlib
 import json
@@ -336,12 +337,50 @@ def _merge(old, new):
     return new
 
 
+def parse_assignments(items: list[str], where: str = "--set") -> dict:
+    """`dotted.key=yaml value` strings, as `dvc exp run -S` takes them, as {dotted key: value}."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{where} {item!r}: expected KEY=VALUE (e.g. optim.lr=0.003)")
+        try:
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ConfigError(f"{where} {item!r}: the value is not YAML (quote it, e.g. 'budget={{tokens: 1000}}')") from None
+    return out
+
+
 def apply_overrides(tree: dict, overrides: list[str]) -> dict:
-    """Apply `dotted.key=yaml value` overrides as `dvc exp run -S` does."""
-    for item in overrides:
-        key, value = item.split("=", 1)
-        set_dotted(tree, key, yaml.safe_load(value))
+    """Apply `dotted.key=yaml value` overrides to `tree` in place, as `dvc exp run -S` does."""
+    for key, value in parse_assignments(overrides, "-S").items():
+        set_dotted(tree, key, value)
     return tree
+
+
+def nested(overrides: dict, tree: dict | None = None) -> dict:
+    """Dotted settings written into a (copy of a) nested tree: {"optim.lr": 1} -> {"optim": {"lr": 1}}."""
+    tree = copy.deepcopy(tree) if tree is not None else {}
+    for key, value in overrides.items():
+        set_dotted(tree, key, value)
+    return tree
+
+
+def with_overrides(base: ModelParams, overrides: dict, budget: dict | None = None) -> ModelParams:
+    """`base` with dotted overrides applied, validated as params.yaml would be: the one override function of every
+    run outside the stages (python -m lmpipe.train, seeds, sweeps, the scaling grid, benchmarks). A budget
+    ({tokens: N} or {flops: F}) sets the run's length; epochs given without one replace the base's budget."""
+    overrides = dict(overrides)
+    budget = overrides.pop("budget", budget)
+    tree = nested(overrides, base.model_dump(mode="json"))
+    if budget is not None:
+        tree["budget"] = budget
+    elif "epochs" in overrides:
+        tree["budget"] = None
+    try:
+        return ModelParams.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(f"settings {overrides}: {describe_error(exc.errors()[0])}") from None
 
 
 def set_dotted(tree: dict, key: str, value) -> None:

@@ -30,8 +30,9 @@ from typing import Callable
 
 import numpy as np
 
-from lmpipe.ngram import (BITS, TABLE_FIELDS, WORD_SHIFT, NGramLM, adjusted_counts, count_ngrams,
-                          counts_of_counts, modified_kn_discounts, order_table, unique_ngrams)
+from lmpipe.ngram.counts import (BITS, TABLE_FIELDS, adjusted_counts, count_ngrams, counts_of_counts,
+                                 modified_kn_discounts, order_table, unique_ngrams)
+from lmpipe.ngram.model import NGramLM
 
 # Peak bytes per token while a shard is counted (stream, positions, keys and sort permutations of
 # one order, the unique n-grams of all orders), and per n-gram while a partition is merged or written

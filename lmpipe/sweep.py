@@ -19,7 +19,6 @@ study. Each trial reports its validation bpb at every evaluation; Hyperband stop
 
 from __future__ import annotations
 
-import copy
 import statistics
 import warnings
 from dataclasses import dataclass
@@ -27,9 +26,8 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
-from pydantic import ValidationError
 
-from lmpipe.config import ModelParams, describe_error, params_hash, set_dotted, yaml_error_place
+from lmpipe.config import ModelParams, nested, params_hash, yaml_error_place
 from lmpipe.errors import ConfigError
 
 SPACE_FILE = "sweeps/space.yaml"
@@ -79,25 +77,6 @@ def suggest(trial, space: Space) -> dict:
         else:
             chosen[key] = trial.suggest_float(key, float(spec["low"]), float(spec["high"]), log=spec.get("log", False))
     return chosen
-
-
-def nested(overrides: dict, tree: dict | None = None) -> dict:
-    """Dotted settings written into a (copy of a) nested tree: {"optim.lr": 1} -> {"optim": {"lr": 1}}."""
-    tree = copy.deepcopy(tree) if tree is not None else {}
-    for key, value in overrides.items():
-        set_dotted(tree, key, value)
-    return tree
-
-
-def apply(base: ModelParams, overrides: dict, budget: dict | None = None) -> ModelParams:
-    """`base` with dotted overrides (and a budget) applied, validated as params.yaml would be."""
-    tree = nested(overrides, base.model_dump(mode="json"))
-    if budget is not None:
-        tree["budget"] = budget
-    try:
-        return ModelParams.model_validate(tree)
-    except ValidationError as exc:
-        raise ConfigError(f"settings {overrides}: {describe_error(exc.errors()[0])}") from None
 
 
 def study_name(space: Space, base: ModelParams, data_fingerprint: str, seed: int) -> str:

@@ -353,7 +353,7 @@ MODEL_REQUIREMENTS = ("mlflow", "torch", "numpy", "pandas", "tokenizers", "pydan
 
 
 def pinned_requirements(names=MODEL_REQUIREMENTS, lock_file: str | Path = "constraints.txt") -> list[str]:
-    """The lock file's pins of `names` (inferring requirements costs ~8 s and lists far more); bare names without it."""
+    """The lock file's pins of `names` (inferring requirements is slow and lists far more); bare names without it."""
     path = project_root() / lock_file
     lines = path.read_text().splitlines() if path.exists() else []
     pins = {line.split("==")[0].strip().lower(): line.strip() for line in lines if "==" in line and not line.startswith("#")}

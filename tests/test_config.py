@@ -141,6 +141,37 @@ print(sorted(set(os.environ.items()) ^ set(before.items())))
     assert done.stdout.strip() == "[]"
 
 
+def test_importing_the_flows_opens_no_socket_and_a_stage_finds_the_running_server(prefect_api):
+    """`import flows` probes nothing; running a flow under `on_running_server` (what every stage entry point does)
+    puts it on the local server that answers, although Prefect read its settings at import."""
+    code = """
+import socket, sys
+opened = []
+connect = socket.socket.connect
+socket.socket.connect = lambda self, address: (opened.append(address), connect(self, address))[1]
+import flows, flows.train, flows.evaluate, flows.report, flows.seeds, flows.study
+print(opened, flush=True)
+import flows.server as server
+server.api_url = lambda port=None: sys.argv[1]
+from prefect import flow
+from prefect.client.orchestration import get_client
+
+@flow(name="where-it-ran")
+def where():
+    return 1
+
+with server.on_running_server() as url:
+    run_id = where(return_state=True).state_details.flow_run_id
+    with get_client(sync_client=True) as client:  # on the ephemeral server instead, the run is not found here
+        print(url == sys.argv[1], client.read_flow_run(run_id).flow_id is not None)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    done = subprocess.run([sys.executable, "-c", code, prefect_api], capture_output=True, text=True, cwd=ROOT,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["[]", "True True"]
+
+
 @pytest.mark.parametrize("name, expected", [
     ("gru_small", None), ("gru-2", None), ("GRU", "model name 'GRU': use lowercase letters"),
     ("gru/small", "model name 'gru/small'"), ("2gru", "model name '2gru'"), ("x" * 41, "at most 40 characters"),

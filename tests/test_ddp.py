@@ -81,3 +81,25 @@ def test_a_batch_that_does_not_split_is_one_clear_line(workdir):
     assert "error: models.odd.batch_size: 7 does not split over 2 processes (make it a multiple of 2)" in done.stderr
     assert not (workdir / "out/odd-2").exists()
     shutil.rmtree(workdir / "out", ignore_errors=True)
+
+
+def test_one_command_trains_a_model_with_other_settings_seed_and_budget(workdir):
+    """python -m lmpipe.train --set/--seed/--budget --score: the probe before a sweep, deterministic on CPU."""
+    def probe(*extra):
+        done = subprocess.run([sys.executable, "-m", "lmpipe.train", "--model", "transformer", "--threads", "1",
+                               "--score", "--budget", "{tokens: 4096}", *extra], cwd=workdir, capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        *evaluations, scores = [json.loads(line) for line in done.stdout.splitlines()]
+        return evaluations, {k: v for k, v in scores.items() if k != "train_seconds"}
+
+    evaluations, scores = probe("--set", "optim.lr=0.01", "--seed", "3")
+    assert evaluations[-1]["tokens"] == 4096 and scores["seed"] == 3 and scores["set"] == ["optim.lr=0.01"]
+    assert 0 < scores["valid_bpb"] < 20 and 0 < scores["test_bpb"] < 20
+    assert probe("--set", "optim.lr=0.01", "--seed", "3")[1] == scores  # the same run, the same numbers
+    assert probe("--set", "optim.lr=0.01", "--seed", "4")[1]["test_bpb"] != scores["test_bpb"]
+    assert probe("--seed", "3")[1]["test_bpb"] != scores["test_bpb"]  # the lr override took
+    bad = subprocess.run([sys.executable, "-m", "lmpipe.train", "--model", "transformer", "--set", "arch.nonsense=1"],
+                         cwd=workdir, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [bad.stderr.strip()]
+    assert "arch" in bad.stderr and "nonsense" in bad.stderr

@@ -247,7 +247,7 @@ def test_default_corpus_order3_beats_unigram_and_kn_beats_add_k(default_tokens):
 @pytest.mark.parametrize("queries", ["sorted", "shuffled", "clustered"])
 def test_chunked_search_equals_searchsorted(queries):
     """The stretch-by-stretch search gives numpy's positions for any query order, duplicates and misses included."""
-    from lmpipe.ngram import SEARCH_CHUNK, _search
+    from lmpipe.ngram.lookup import SEARCH_CHUNK, search_sorted
 
     rng = np.random.default_rng(0)
     table = np.unique(rng.integers(0, 1 << 40, 50_000).astype(np.uint64))
@@ -259,4 +259,4 @@ def test_chunked_search_equals_searchsorted(queries):
     else:
         asked = rng.permutation(asked)
     assert len(asked) > 10 * SEARCH_CHUNK
-    np.testing.assert_array_equal(_search(table, asked), np.minimum(np.searchsorted(table, asked), len(table) - 1))
+    np.testing.assert_array_equal(search_sorted(table, asked), np.minimum(np.searchsorted(table, asked), len(table) - 1))

@@ -119,15 +119,16 @@ def test_two_dask_workers_build_the_same_model(tmp_path, prefect_api):
 def test_scoring_in_slices_on_threads_gives_the_same_numbers(tmp_path, monkeypatch, default_tokens):
     """Sorted targets scored SCORE_SLICE at a time on 2 threads, through the chunked search, each stretch of a
     memory-mapped table released after its order: the single-pass, in-memory numbers, bit for bit."""
-    from lmpipe import ngram
+    from lmpipe.ngram import lookup, model
 
     tokens, metrics = default_tokens
     reference = NGramLM(5, metrics["vocab_size"], metrics["boundary_id"]).fit(tokens["train"])
     reference.save(tmp_path / "model")
     expected = reference.token_log_probs(tokens["valid"], workers=1)  # one thread, in memory: nothing released
-    for name, value in (("SCORE_SLICE", 4096), ("CACHED_TABLE", 1024), ("RELEASE_AT_LEAST", 0)):
-        monkeypatch.setattr(ngram, name, value)
-    assert len(tokens["valid"]) > 20 * ngram.SCORE_SLICE
+    for module, name, value in ((model, "SCORE_SLICE", 4096), (lookup, "CACHED_TABLE", 1024),
+                                (lookup, "RELEASE_AT_LEAST", 0)):
+        monkeypatch.setattr(module, name, value)
+    assert len(tokens["valid"]) > 20 * model.SCORE_SLICE
     np.testing.assert_array_equal(NGramLM.load(tmp_path / "model").token_log_probs(tokens["valid"], workers=2),
                                   expected)
 
@@ -147,12 +148,12 @@ def _resident_kib(path) -> int:
 def test_release_drops_the_stretch_read_from_the_process(tmp_path):
     """What keeps scoring's memory to a stretch of one order per thread: the pages read leave the process (the
     kernel may map up to a 2 MiB folio past either end of a read)."""
-    from lmpipe.ngram import _release
+    from lmpipe.ngram.lookup import release_pages
 
     np.save(tmp_path / "table.npy", np.arange(8 << 20, dtype=np.uint64))  # 64 MiB
     table = np.load(tmp_path / "table.npy", mmap_mode="r")
     read = np.arange(1 << 20, 7 << 20, 97)
     assert int(table[read].sum()) == int(read.sum())
     assert _resident_kib(tmp_path / "table.npy") >= 44 << 10  # the 48 MiB stretch is mapped
-    _release(table, read)
+    release_pages(table, read)
     assert _resident_kib(tmp_path / "table.npy") <= 4 << 10

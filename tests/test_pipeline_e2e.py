@@ -291,6 +291,10 @@ def test_seeds_retrain_every_model_and_the_report_gives_mean_sd_and_verdicts(scr
 
     again = run(["lmpipe", "seeds"], copy, env)
     assert again.stdout.count("(trained before, reused)") == 2 * len(MODELS)
+    one = run(["lmpipe", "seeds", "--models", "gru"], copy, env)  # the other models' rows stay as they are
+    assert one.stdout.count("(trained before, reused)") == 2 and "gru-seed1" in one.stdout
+    with open(copy / "seeds/seeds.csv") as f:
+        assert sorted(map(tuple, (r.values() for r in csv.DictReader(f)))) == sorted(map(tuple, (r.values() for r in rows)))
     params = copy / "params.yaml"
     tree = yaml.safe_load(params.read_text())
     tree["models"]["gru"]["optim"]["lr"] *= 2

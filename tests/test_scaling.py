@@ -115,8 +115,9 @@ def test_each_grid_point_trains_its_size_to_its_flop_budget():
                            "scaling": {"models": {"lstm": [{"emb": 32, "hidden": 32}]}, "budgets": [1e12],
                                        "overrides": {"batch_size": 16, "optim.warmup_steps": 5}}})
     point = grid_points(params.scaling.models, params.scaling.budgets)[0]
-    settings = point_settings(point, params)
+    settings, common = point_settings(point, params)
     assert settings.arch == {"cell": "lstm", "emb": 32, "hidden": 32} and settings.batch_size == 16
+    assert common.evals_per_epoch == params.scaling.evals_per_epoch and common.seed == params.train.seed
     assert settings.optim.warmup_steps == 5 and settings.budget.flops == 1e12
     bad = parse_params({"models": {"lstm": {"family": "rnn"}}, "scaling": {"models": {"lstm": [{"dim": 32}]},
                                                                           "budgets": [1e12]}})

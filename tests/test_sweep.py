@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from lmpipe import sweep as sw
-from lmpipe.config import ModelParams
+from lmpipe.config import ModelParams, with_overrides
 from lmpipe.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,13 +51,13 @@ def test_suggested_points_become_valid_model_settings(tmp_path):
     assert set(chosen) == {"optim.lr", "arch.layers", "batch_size"}
     assert isinstance(chosen["arch.layers"], int) and 1e-3 <= chosen["optim.lr"] <= 1e-1
     base = ModelParams(family="rnn", arch={"cell": "gru", "emb": 8}, epochs=3)
-    settings = sw.apply(base, chosen, space.budget)
+    settings = with_overrides(base, chosen, space.budget)
     assert settings.arch == {"cell": "gru", "emb": 8, "layers": chosen["arch.layers"]}
     assert settings.optim.lr == chosen["optim.lr"] and settings.budget.tokens == 1000
     assert sw.best_profile("m", {"optim.lr": 0.01, "batch_size": 8}) == {
         "models": {"m": {"optim": {"lr": 0.01}, "batch_size": 8}}}
     with pytest.raises(ConfigError, match=r"settings \{.arch.nonsense.: 1\}: .*arch has \[.nonsense.\]"):
-        sw.apply(base, {"arch.nonsense": 1})
+        with_overrides(base, {"arch.nonsense": 1})
 
 
 def bowl(trial):

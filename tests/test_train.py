@@ -13,7 +13,7 @@ from lmpipe.config import ModelParams, TrainParams
 from lmpipe.errors import Interrupted
 from lmpipe.checkpoints import checkpoint_dir, discard, prune
 from lmpipe.splits import Split, TokenData
-from lmpipe.train import Trainer, stream_plan, window_plan
+from lmpipe.train import Trainer, setup_process, stream_plan, window_plan
 
 V = 30
 
@@ -63,7 +63,7 @@ SETTINGS["lstm_asgd"] = SETTINGS["lstm"].model_copy(update={
 
 def train(tmp_path, name, settings=None, common=COMMON, data=None, **kwargs):
     return Trainer(name, settings or SETTINGS[name], common, data or synthetic_data(), tmp_path / name,
-                   progress_bar=False).run(**kwargs)
+                   setup_process(common), progress_bar=False).run(**kwargs)
 
 
 def revised(settings: ModelParams, **update) -> ModelParams:
@@ -172,11 +172,11 @@ def test_changed_data_never_resumes(tmp_path):
     chosen = {"train": COMMON.model_dump(), "model": SETTINGS["lstm"].model_dump(mode="json")}
     old_dir = checkpoint_dir(tmp_path, "lstm", chosen, synthetic_data(0).fingerprint)
     with pytest.raises(KeyboardInterrupt):
-        Trainer("lstm", SETTINGS["lstm"], COMMON, synthetic_data(0), old_dir, progress_bar=False).run(
+        Trainer("lstm", SETTINGS["lstm"], COMMON, synthetic_data(0), old_dir, setup_process(COMMON), progress_bar=False).run(
             on_step=kill_at(20))
     new_data = synthetic_data(1)
     new_dir = checkpoint_dir(tmp_path, "lstm", chosen, new_data.fingerprint)
-    result = Trainer("lstm", SETTINGS["lstm"], COMMON, new_data, new_dir, progress_bar=False).run()
+    result = Trainer("lstm", SETTINGS["lstm"], COMMON, new_data, new_dir, setup_process(COMMON), progress_bar=False).run()
     fresh = train(tmp_path / "fresh", "lstm", data=synthetic_data(1))
     assert drop_timings(result.history) == drop_timings(fresh.history)
     assert (old_dir / "last.pt").exists()
@@ -219,7 +219,7 @@ def test_pruning_keeps_the_newest_runs_of_the_model_and_touches_nothing_else(tmp
 
 def test_a_checkpoint_that_loads_but_does_not_fit_is_set_aside_and_training_restarts(tmp_path, capsys):
     other = Trainer("nplm", revised(SETTINGS["nplm"], arch={"context": 3, "emb": 8, "hidden": 32}), COMMON,
-                    synthetic_data(), tmp_path / "nplm", progress_bar=False)
+                    synthetic_data(), tmp_path / "nplm", setup_process(COMMON), progress_bar=False)
     other._save()  # a whole checkpoint of another shape where this run's should be
     result = train(tmp_path, "nplm")
     fresh = train(tmp_path / "fresh", "nplm")
@@ -272,7 +272,7 @@ def test_bf16_training_learns_and_stays_deterministic(tmp_path):
 
 def test_wsd_schedule_warms_up_holds_then_decays_linearly_to_zero():
     from lmpipe.config import OptimParams
-    from lmpipe.train import _lr_factor
+    from lmpipe.train.trainer import _lr_factor
 
     optim = OptimParams(schedule="wsd", warmup_steps=10, decay_fraction=0.25)
     factors = [_lr_factor(optim, step, 100) for step in range(100)]
@@ -348,3 +348,28 @@ def test_a_compiled_training_run_matches_the_eager_one(tmp_path, name):
             # lr-sized steps of either sign; the value bias is compared, and the valid bpb below covers them all
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3, msg=key)  # Muon orthogonalises in bf16: looser
     assert compiled.metrics["valid_bpb"] == pytest.approx(eager.metrics["valid_bpb"], rel=1e-5)
+
+
+def test_every_run_outside_the_stages_is_set_up_by_one_function():
+    """configure_run: python -m lmpipe.train, seeds, sweeps and the scaling grid change a model's settings, its
+    budget and the train section the same way, validated as params.yaml is."""
+    from pathlib import Path
+
+    from lmpipe.config import load_params, parse_assignments
+    from lmpipe.errors import ConfigError
+    from lmpipe.train import configure_run
+
+    params = load_params(Path(__file__).parents[1] / "params.yaml")
+    changes = parse_assignments(["optim.lr=0.003", "arch.layers=2"])
+    settings, common = configure_run(params, "gru", changes, {"tokens": 1000}, {"seed": 7})
+    assert settings.optim.lr == 0.003 and settings.arch["layers"] == 2 and settings.budget.tokens == 1000
+    assert settings.optim.clip == params.models["gru"].optim.clip and common.seed == 7
+    assert common.eval_chunk == params.train.eval_chunk
+    by_epochs, _ = configure_run(params, "gru", {"epochs": 2})  # epochs asked for replace the model's budget
+    assert by_epochs.budget is None and by_epochs.epochs == 2
+    with pytest.raises(ConfigError, match="models has no entry 'gpt'"):
+        configure_run(params, "gpt")
+    with pytest.raises(ConfigError, match=r"train \{'seed': 'x'\}: seed"):
+        configure_run(params, "gru", train={"seed": "x"})
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        parse_assignments(["optim.lr"])

@@ -26,12 +26,13 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import ValidationError
 from tqdm.auto import tqdm
 
 from lmpipe import distributed
 from lmpipe import checkpoints
-from lmpipe.checkpoints import checkpoint_dir
-from lmpipe.config import ModelParams, OptimParams, TrainParams
+from lmpipe.checkpoints import Checkpoint, checkpoint_dir
+from lmpipe.config import ModelParams, OptimParams, Params, TrainParams, describe_error, with_overrides
 from lmpipe.errors import ConfigError, Interrupted
 from lmpipe.evaluate import perplexities, stream_nll
 from lmpipe.optim import MuonAdamW
@@ -64,7 +65,7 @@ def native_bf16(device: torch.device) -> bool:
 
 def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype of training steps (None: plain fp32). On this project's 2-core AVX512-BF16 CPU, bf16
-    trains the default models 1.2-1.5x faster (benchmarks/train_throughput.py --precision)."""
+    trains the default models faster (docs/benchmarks.md; benchmarks/train_throughput.py --precision)."""
     if precision == "bf16" or (precision == "auto" and native_bf16(device)):
         return torch.bfloat16
     return None
@@ -141,30 +142,6 @@ class _Progress:
     def reset_sums(self, device) -> None:
         self.loss_sum, self.norm_sum = torch.zeros((), device=device), torch.zeros((), device=device)
         self.steps_summed, self.tokens_summed, self.seconds = 0, 0, 0.0
-
-
-@dataclass
-class Checkpoint:
-    """All a resumed run needs to end bit for bit as an uninterrupted one; a plain dict on disk."""
-
-    model: dict
-    optimizer: dict
-    progress: _Progress
-    torch_rng: torch.Tensor
-    cuda_rng: list | None
-    hidden: object  # the recurrent state carried into the next chunk
-
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")  # replaced whole, so a kill mid-save leaves the previous checkpoint
-        torch.save({**vars(self), "progress": vars(self.progress)}, tmp)
-        os.replace(tmp, path)
-
-    @classmethod
-    def load(cls, path: Path, device: torch.device) -> Checkpoint:
-        """Tensors and plain values only (`weights_only=True`): a checkpoint file cannot run code."""
-        saved = torch.load(path, map_location=device, weights_only=True)
-        return cls(**{**saved, "progress": _Progress(**saved["progress"])})
 
 
 def _lr_factor(optim, step: int, total: int) -> float:
@@ -246,17 +223,54 @@ def _averaged(model, optimizer, active: bool):
             p.data.copy_(value)
 
 
+def setup_process(common: TrainParams) -> torch.device:
+    """Process-wide setup, once per training run, by its entry point: the device and its threads, the DDP group
+    under torchrun, and torch's global RNG seeded from `train.seed`. The Trainer built next draws the model's initial
+    weights, then its dropout masks, from that RNG: build it right after this call."""
+    ranks = distributed.launched()
+    device = pick_device(common.device, ranks.local)
+    configure_device(device, common.threads or (max(1, (os.cpu_count() or 1) // ranks.local_world)
+                                                if ranks.world > 1 else 0))
+    distributed.join(ranks, device)
+    torch.manual_seed(common.seed)  # the same initial weights in every process
+    return device
+
+
+def summary(name: str, settings: ModelParams, model: StreamLM, p: _Progress, flops_per_token: float,
+            device: torch.device, precision: str) -> dict:
+    """What a finished run reports: its size, its best validation point, the compute it had and how fast it ran
+    (with MFU on a GPU: achieved FLOP/s over the device's bf16 peak)."""
+    best = next(h for h in p.history if h["epoch"] == p.best_epoch)
+    seconds = float(sum(h["train_seconds"] for h in p.history))
+    flops = float(p.tokens_seen * flops_per_token)
+    metrics = {
+        "model": name, "family": settings.family, "n_params": count_parameters(model),
+        "n_params_non_embedding": count_non_embedding_parameters(model),
+        "epochs": p.history[-1]["epoch"], "evaluations": len(p.history), "best_epoch": p.best_epoch,
+        "valid_ppl": best["valid_ppl"], "valid_word_ppl": best["valid_word_ppl"], "valid_bpb": best["valid_bpb"],
+        "tokens_seen": p.tokens_seen, "flops_per_token": flops_per_token, "train_flops": flops,
+        "tokens_per_sec": p.tokens_seen / max(seconds, 1e-9), "flops_per_sec": flops / max(seconds, 1e-9),
+        "device": device.type, "precision": precision, "seconds": seconds,
+    }
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = peak_flops(name)
+        metrics.update(device_name=name, mfu=metrics["flops_per_sec"] / peak if peak else None)
+    return metrics
+
+
 class Trainer:
-    """Train one model; `run()` resumes from `ckpt_dir/last.pt` when it exists.
+    """Train one model on the device `setup_process` prepared; `run()` resumes from `ckpt_dir/last.pt` when it exists.
 
     `ckpt_dir` must be keyed by everything that determines the run (`checkpoint_dir` does that):
     a checkpoint found there is trusted to belong to this very run.
     """
 
     def __init__(self, name: str, settings: ModelParams, common: TrainParams, data: TokenData,
-                 ckpt_dir: str | Path, on_eval: Callable[[dict], None] | None = None, progress_bar: bool = True):
+                 ckpt_dir: str | Path, device: torch.device, on_eval: Callable[[dict], None] | None = None,
+                 progress_bar: bool = True):
         self.name, self.settings, self.common, self.data = name, settings, common, data
-        self.ckpt_dir = Path(ckpt_dir)
+        self.ckpt_dir, self.device = Path(ckpt_dir), device
         self.on_eval = on_eval or (lambda record: None)
         self.ranks = distributed.launched()
         if settings.batch_size % self.ranks.world:
@@ -272,22 +286,17 @@ class Trainer:
 
     # ---------- building ----------
     def _build_model(self) -> None:
-        """The device, the model, the forward that trains it (DDP, compiled) and the training precision."""
-        ranks, common = self.ranks, self.common
-        self.device = pick_device(common.device, ranks.local)
-        configure_device(self.device, common.threads or (max(1, (os.cpu_count() or 1) // ranks.local_world)
-                                                         if ranks.world > 1 else 0))
-        distributed.join(ranks, self.device)
-        torch.manual_seed(common.seed)  # the same initial weights in every process
+        """The model (initial weights: the next draws of the RNG setup_process seeded), the module a training step
+        calls (DDP-wrapped, compiled) and the training precision."""
         self.model = build_model(self.settings.family, self.settings.arch, self.data.vocab_size,
                                  self.data.boundary).to(self.device)
-        forward = self.model
-        if ranks.world > 1:
-            torch.manual_seed(common.seed + ranks.rank)  # each process its own dropout masks
-            forward = torch.nn.parallel.DistributedDataParallel(
+        step_module = self.model
+        if self.ranks.world > 1:
+            torch.manual_seed(self.common.seed + self.ranks.rank)  # each process its own dropout masks
+            step_module = torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        self.forward = torch.compile(forward) if common.compile else forward
-        self.autocast = autocast_dtype(common.precision, self.device)
+        self.step_module = torch.compile(step_module) if self.common.compile else step_module
+        self.autocast = autocast_dtype(self.common.precision, self.device)
 
     def _size_run(self) -> None:
         """The training stream, FLOPs per token, the run's length in steps and its learning-rate schedule."""
@@ -356,7 +365,7 @@ class Trainer:
 
     def _batches(self, plan, start: int):
         """The epoch's batches from `start` on, on the device, this process's rows only:
-        (inputs, targets, window context or None)."""
+        (inputs, targets, what precedes the inputs: a window's context, or None)."""
         if self.model.recurrent:
             data = self.streams[self.rows]
             for begin, length in plan[start:]:
@@ -369,43 +378,9 @@ class Trainer:
             windows = self.train_tokens[torch.from_numpy(offsets[self.rows])[:, None] + span].to(self.device)
             yield windows[:, context:-1], windows[:, context + 1:], (windows[:, :context] if context > 0 else None)
 
-    # ---------- checkpoints ----------
-    def _last(self) -> Path:
-        """The resumable checkpoint: one per process (each has its own RNG and hidden state)."""
-        return self.ckpt_dir / ("last.pt" if self.ranks.main else f"last.rank{self.ranks.rank}.pt")
-
-    def _save(self) -> None:
-        cuda_rng = torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None
-        Checkpoint(self.model.state_dict(), self.optimizer.state_dict(), self.progress, torch.get_rng_state(), cuda_rng,
-                   self.hidden).save(self._last())
-
-    def _resume(self) -> None:
-        path = self._last()
-        if not path.exists():
-            return
-        initial = {k: v.clone() for k, v in self.model.state_dict().items()}
-        try:
-            ckpt = Checkpoint.load(path, self.device)
-            self.model.load_state_dict(ckpt.model)
-            optimizer = self._build_optimizer(ckpt.progress.asgd)
-            optimizer.load_state_dict(ckpt.optimizer)
-        except Exception as exc:  # a torn, foreign or ill-fitting file: set it aside, start afresh
-            aside = path.with_suffix(".rejected")
-            os.replace(path, aside)
-            print(f"{path}: unreadable checkpoint ({type(exc).__name__}), set aside as {aside.name}; "
-                  f"training {self.name} from the start", file=sys.stderr)
-            self.model.load_state_dict(initial)  # load_state_dict may have copied some tensors before it failed
-            return
-        self.optimizer = optimizer
-        self.progress = ckpt.progress
-        torch.set_rng_state(ckpt.torch_rng.cpu())
-        if ckpt.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(ckpt.cuda_rng)
-        self.hidden = ckpt.hidden
-
     # ---------- the loop ----------
     def run(self, on_step: Callable[[int], None] | None = None) -> TrainResult:
-        """Resume, then train to the budget: each epoch, each batch a step; evaluate and checkpoint as due.
+        """Resume, then train to the budget: each epoch, each batch one step; evaluate and checkpoint as due.
         `on_step(step)` is called after every optimiser step (tests interrupt a run from there)."""
         self._resume()
         p, on_step = self.progress, on_step or (lambda step: None)
@@ -415,12 +390,29 @@ class Trainer:
                 if p.index == 0:
                     self.hidden = None  # each epoch starts its streams afresh
                 self.model.train()
+                clock = _Stopwatch(p)
                 with tqdm(total=len(plan), initial=p.index, desc=f"{self.name} epoch {p.epoch + 1}",
                           disable=not self.progress_bar, leave=False) as bar:
-                    clock = _Stopwatch(p)
                     for x, y, context in self._batches(plan, p.index):
-                        self._train_step(x, y, context, self.schedule.lr(p, x.size(1)))
+                        lr = self.schedule.lr(p, x.size(1))
+                        # forward and backward; a recurrent model reads on from the state the last chunk left
+                        before = self.model.detach_state(self.hidden) if self.model.recurrent else context
+                        with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16,
+                                            enabled=self.autocast is not None):
+                            logits, hidden = self.step_module(x, before)
+                            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                            objective = loss + self.model.extra_loss()
+                        if self.model.recurrent:
+                            self.hidden = hidden
+                        self.optimizer.zero_grad(set_to_none=True)
+                        objective.backward()
+                        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.optim.clip)
+                        for group in self.optimizer.param_groups:
+                            group["lr"] = lr
+                        self.optimizer.step()
+                        self._count(loss, grad_norm, x.numel())
                         self._show(bar)
+                        # evaluation (keeps the best weights, checkpoints) or a plain checkpoint, outside the clock
                         if self._eval_due(len(plan)):
                             with clock.paused():
                                 self._evaluate(len(plan))
@@ -435,7 +427,19 @@ class Trainer:
                                 self._save()
                             raise Interrupted(f"{self.name} interrupted at step {p.step}; checkpoint saved; "
                                               "`dvc repro` resumes")
+                if p.index == len(plan):  # the epoch is complete: the next one starts with a fresh plan and state
+                    p.epoch, p.index = p.epoch + 1, 0
         return self._finish()
+
+    def _count(self, loss: torch.Tensor, grad_norm: torch.Tensor, tokens: int) -> None:
+        """One optimiser step done: the sums the next evaluation reports (on the device: no host sync)."""
+        p, tokens = self.progress, tokens * self.ranks.world
+        p.loss_sum += loss.detach()
+        p.norm_sum += grad_norm.detach()
+        p.steps_summed += 1
+        p.tokens_summed += tokens
+        p.tokens_seen += tokens
+        p.index, p.step = p.index + 1, p.step + 1
 
     def _eval_due(self, plan_length: int) -> bool:
         """After evals_per_epoch evenly spaced steps of each epoch (its last step one), and at the budget's end."""
@@ -454,29 +458,7 @@ class Trainer:
         if self.progress.step % self.common.log_every == 0:  # the only host sync in the loop
             bar.set_postfix(loss=f"{float(self.progress.loss_sum) / self.progress.steps_summed:.3f}")
 
-    def _train_step(self, x, y, context, lr: float) -> None:
-        p = self.progress
-        before = self.model.detach_state(self.hidden) if self.model.recurrent else context  # what precedes x
-        with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
-            logits, hidden = self.forward(x, before)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-            objective = loss + self.model.extra_loss()
-        if self.model.recurrent:
-            self.hidden = hidden
-        self.optimizer.zero_grad(set_to_none=True)
-        objective.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.optim.clip)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.optimizer.step()
-        tokens = x.numel() * self.ranks.world
-        p.loss_sum += loss.detach()
-        p.norm_sum += grad_norm.detach()
-        p.steps_summed += 1
-        p.tokens_summed += tokens
-        p.tokens_seen += tokens
-        p.index, p.step = p.index + 1, p.step + 1
-
+    # ---------- evaluation ----------
     def _valid(self) -> dict:
         split = self.data.splits["valid"]
         with _averaged(self.model, self.optimizer, self.progress.asgd):
@@ -487,8 +469,6 @@ class Trainer:
     def _evaluate(self, plan_length: int) -> None:
         """Validate, record a learning-curve point, keep the best weights, adapt the schedule, checkpoint."""
         p = self.progress
-        if p.index == plan_length:  # the epoch is complete: the next one starts with a fresh plan and state
-            p.epoch, p.index = p.epoch + 1, 0
         valid = self._valid()
         train_loss = float(distributed.mean(p.loss_sum, self.ranks)) / max(p.steps_summed, 1)
         record = {
@@ -508,7 +488,7 @@ class Trainer:
             with _averaged(self.model, self.optimizer, p.asgd):
                 self.ckpt_dir.mkdir(parents=True, exist_ok=True)
                 if self.ranks.main:
-                    torch.save(self.model.state_dict(), self.ckpt_dir / "best.pt")
+                    torch.save(self.model.state_dict(), checkpoints.best_path(self.ckpt_dir))
         else:
             p.bad_evals += 1
         self._adapt(improved)
@@ -528,83 +508,73 @@ class Trainer:
         elif optim.schedule == "plateau" and not improved and not p.asgd:
             p.base_lr *= 0.5
 
+    # ---------- checkpoints ----------
+    def _save(self) -> None:
+        cuda_rng = torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None
+        Checkpoint(self.model.state_dict(), self.optimizer.state_dict(), vars(self.progress), torch.get_rng_state(),
+                   cuda_rng, self.hidden).save(checkpoints.last_path(self.ckpt_dir, self.ranks.rank))
+
+    def _resume(self) -> None:
+        path = checkpoints.last_path(self.ckpt_dir, self.ranks.rank)
+        if not path.exists():
+            return
+        initial = {k: v.clone() for k, v in self.model.state_dict().items()}
+        try:
+            ckpt = Checkpoint.load(path, self.device)
+            progress = _Progress(**ckpt.progress)
+            self.model.load_state_dict(ckpt.model)
+            optimizer = self._build_optimizer(progress.asgd)
+            optimizer.load_state_dict(ckpt.optimizer)
+        except Exception as exc:  # a torn, foreign or ill-fitting file: set it aside, start afresh
+            aside = path.with_suffix(".rejected")
+            os.replace(path, aside)
+            print(f"{path}: unreadable checkpoint ({type(exc).__name__}), set aside as {aside.name}; "
+                  f"training {self.name} from the start", file=sys.stderr)
+            self.model.load_state_dict(initial)  # load_state_dict may have copied some tensors before it failed
+            return
+        self.optimizer, self.progress = optimizer, progress
+        torch.set_rng_state(ckpt.torch_rng.cpu())
+        if ckpt.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(ckpt.cuda_rng)
+        self.hidden = ckpt.hidden
+
     def _finish(self) -> TrainResult:
         """Load the best weights and summarise the run. The checkpoints stay until the caller has written its outputs
         (`checkpoints.discard`): a run that finished but failed after it resumes finished, without training again."""
         distributed.barrier(self.ranks)  # best.pt is written by the main process
-        self.model.load_state_dict(torch.load(self.ckpt_dir / "best.pt", map_location=self.device, weights_only=True))
+        self.model.load_state_dict(torch.load(checkpoints.best_path(self.ckpt_dir), map_location=self.device,
+                                              weights_only=True))
         distributed.barrier(self.ranks)
-        p = self.progress
-        best = next(h for h in p.history if h["epoch"] == p.best_epoch)
-        seconds = float(sum(h["train_seconds"] for h in p.history))
-        flops = float(p.tokens_seen * self.flops_per_token)
-        metrics = {
-            "model": self.name, "family": self.settings.family, "n_params": count_parameters(self.model),
-            "n_params_non_embedding": count_non_embedding_parameters(self.model),
-            "epochs": p.history[-1]["epoch"], "evaluations": len(p.history), "best_epoch": p.best_epoch,
-            "valid_ppl": best["valid_ppl"], "valid_word_ppl": best["valid_word_ppl"], "valid_bpb": best["valid_bpb"],
-            "tokens_seen": p.tokens_seen, "flops_per_token": self.flops_per_token, "train_flops": flops,
-            "tokens_per_sec": p.tokens_seen / max(seconds, 1e-9), "flops_per_sec": flops / max(seconds, 1e-9),
-            "device": self.device.type, "precision": "bf16" if self.autocast is not None else "fp32",
-            "seconds": seconds,
-        }
-        if self.device.type == "cuda":  # model FLOPs utilisation: achieved over the device's bf16 peak
-            name = torch.cuda.get_device_name(self.device)
-            peak = peak_flops(name)
-            metrics.update(device_name=name, mfu=metrics["flops_per_sec"] / peak if peak else None)
-        return TrainResult(self.model, p.history, metrics, self.device.type)
+        precision = "bf16" if self.autocast is not None else "fp32"
+        metrics = summary(self.name, self.settings, self.model, self.progress, self.flops_per_token, self.device,
+                          precision)
+        return TrainResult(self.model, self.progress.history, metrics, self.device.type)
 
 
-def run_settings(params, model: str, params_file: str, ckpt_root: str | Path, data: TokenData):
-    """(settings, the params that define the run, its checkpoint directory) for `models.<model>` on `data`."""
+def configure_run(params: Params, model: str, overrides: dict | None = None, budget: dict | None = None,
+                  train: dict | None = None, params_file: str = "params.yaml") -> tuple[ModelParams, TrainParams]:
+    """(`models.<model>`, the `train` section) with a run's changes: dotted settings of the model, a budget, and
+    fields of `train` such as the seed. Every run outside the study's stages (python -m lmpipe.train, seeds, sweeps,
+    the scaling grid, benchmarks) is set up here."""
     if model not in params.models:
         raise ConfigError(f"{params_file}: models has no entry {model!r} (have: {', '.join(params.models) or 'none'})")
-    settings = params.models[model]
-    chosen = {"train": params.section("train"), "model": settings.model_dump(mode="json")}
-    return settings, chosen, checkpoint_dir(ckpt_root, model, chosen, data.fingerprint, distributed.launched().world)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Train one model of params.yaml without orchestration: `python -m lmpipe.train` or `torchrun ... -m lmpipe.train`."""
-    import argparse
-    import json
-
-    from lmpipe.config import load_params
-    from lmpipe.errors import LmpipeError
-    from lmpipe.io import atomic_path, write_json
-    from lmpipe.models import save_model
-    from lmpipe.process import keep_freed_memory
-    from lmpipe.splits import load_tokens
-
-    parser = argparse.ArgumentParser(prog="python -m lmpipe.train", description=main.__doc__)
-    parser.add_argument("--model", required=True, help="an entry of params.yaml's `models`")
-    parser.add_argument("--out", required=True, help="directory for model.pt, metrics.json and history.json")
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--checkpoints", default=".cache/lmpipe/ckpt", help="root of the resumable checkpoints")
-    args = parser.parse_args(argv)
-    ranks = distributed.launched()
-    keep_freed_memory()
+    settings = with_overrides(params.models[model], overrides or {}, budget)
     try:
-        params, data = load_params(args.params), load_tokens()
-        settings, _, ckpt_dir = run_settings(params, args.model, args.params, args.checkpoints, data)
-        if ranks.main:
-            checkpoints.prune(ckpt_dir)
-        on_eval = lambda record: print(json.dumps(record), flush=True)  # noqa: E731
-        result = Trainer(args.model, settings, params.train, data, ckpt_dir, on_eval=on_eval).run()
-    except LmpipeError as exc:
-        if not ranks.main:  # the main process meets the same error and says it: torchrun would stop it on our exit
-            time.sleep(2)
-        sys.exit(f"error: {exc}" if ranks.main else 1)  # one line, from one process
-    finally:
-        distributed.leave(ranks)
-    if ranks.main:
-        with atomic_path(args.out) as tmp:
-            tmp.mkdir()
-            save_model(result.model, settings.family, settings.arch, tmp / "model.pt")
-            write_json(tmp / "metrics.json", {**result.metrics, "processes": ranks.world})
-            write_json(tmp / "history.json", result.history)
-        checkpoints.discard(ckpt_dir)
+        common = TrainParams.model_validate({**params.train.model_dump(), **(train or {})})
+    except ValidationError as exc:
+        raise ConfigError(f"train {train}: {describe_error(exc.errors()[0])}") from None
+    return settings, common
 
 
-if __name__ == "__main__":
-    main()
+def run_checkpoints(root: str | Path, model: str, settings: ModelParams, common: TrainParams,
+                    data: TokenData) -> tuple[dict, Path]:
+    """(the params that define the run, its checkpoint directory under `root`)."""
+    chosen = {"train": common.model_dump(mode="json"), "model": settings.model_dump(mode="json")}
+    return chosen, checkpoint_dir(root, model, chosen, data.fingerprint, distributed.launched().world)
+
+
+def run_settings(params: Params, model: str, params_file: str, ckpt_root: str | Path, data: TokenData):
+    """(settings, the params that define the run, its checkpoint directory) for `models.<model>` as params.yaml
+    states it: the train@<model> stage's run."""
+    settings, common = configure_run(params, model, params_file=params_file)
+    return (settings, *run_checkpoints(ckpt_root, model, settings, common, data))

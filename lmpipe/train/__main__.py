@@ -1,0 +1,81 @@
+"""`python -m lmpipe.train`: one model of params.yaml trained without orchestration, any of its settings changed.
+
+Apart from the trainer (lmpipe.train.trainer), so that the train stage, which never runs this, does not depend on
+the settings it reads (evaluate.chunk, for --score).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import yaml
+
+from lmpipe import checkpoints, distributed
+from lmpipe.config import load_params, parse_assignments
+from lmpipe.errors import LmpipeError
+from lmpipe.evaluate import evaluate_lm
+from lmpipe.io import atomic_path, write_json
+from lmpipe.models import save_model
+from lmpipe.process import keep_freed_memory
+from lmpipe.splits import load_tokens
+from lmpipe.train.trainer import Trainer, configure_run, run_checkpoints, setup_process
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Train one model of params.yaml without orchestration, any of its settings changed for this run (a probe
+    before a sweep): `python -m lmpipe.train --model gru --set optim.lr=0.003 --seed 7 --budget '{tokens: 1e6}'`,
+    or under `torchrun ... -m lmpipe.train`. Prints a JSON line per evaluation; --score adds a last line with valid
+    and test scored as the evaluate stage scores them; --out saves the model, its metrics and its curve."""
+    parser = argparse.ArgumentParser(prog="python -m lmpipe.train", description=main.__doc__.split(":")[0])
+    parser.add_argument("--model", required=True, help="an entry of params.yaml's `models`")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="dotted settings of models.<model>, YAML values (optim.lr=0.003 arch.layers=2)")
+    parser.add_argument("--seed", type=int, help="train.seed of this run (default: params.yaml's)")
+    parser.add_argument("--budget", help="this run's length instead of the model's: '{tokens: N}' or '{flops: F}'")
+    parser.add_argument("--threads", type=int, help="CPU threads (1: two runs side by side on 2 cores)")
+    parser.add_argument("--score", action="store_true", help="score valid and test as the evaluate stage does")
+    parser.add_argument("--out", help="directory for model.pt, metrics.json and history.json (default: none)")
+    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--checkpoints", default=".cache/lmpipe/ckpt", help="root of the resumable checkpoints")
+    args = parser.parse_args(argv)
+    ranks = distributed.launched()
+    keep_freed_memory()
+    train = {k: v for k, v in (("seed", args.seed), ("threads", args.threads)) if v is not None}
+    try:
+        budget = None if args.budget is None else yaml.safe_load(args.budget)
+        params, data = load_params(args.params), load_tokens()
+        settings, common = configure_run(params, args.model, parse_assignments(args.set), budget, train, args.params)
+        _, ckpt_dir = run_checkpoints(args.checkpoints, args.model, settings, common, data)
+        if ranks.main:
+            checkpoints.prune(ckpt_dir)
+        on_eval = lambda record: print(json.dumps(record), flush=True)  # noqa: E731
+        device = setup_process(common)
+        result = Trainer(args.model, settings, common, data, ckpt_dir, device, on_eval=on_eval,
+                         progress_bar=sys.stderr.isatty()).run()
+    except (LmpipeError, yaml.YAMLError) as exc:
+        if not ranks.main:  # the main process meets the same error and says it: torchrun would stop it on our exit
+            time.sleep(2)
+        sys.exit(f"error: {exc}" if ranks.main else 1)  # one line, from one process
+    finally:
+        distributed.leave(ranks)
+    if not ranks.main:
+        return
+    if args.out:
+        with atomic_path(args.out) as tmp:
+            tmp.mkdir()
+            save_model(result.model, settings.family, settings.arch, tmp / "model.pt")
+            write_json(tmp / "metrics.json", {**result.metrics, "processes": ranks.world})
+            write_json(tmp / "history.json", result.history)
+    if args.score:
+        scores = evaluate_lm(result.model.eval(), data, params.evaluate.chunk)
+        print(json.dumps({"model": args.model, "set": args.set, "seed": common.seed, "valid_bpb": scores["valid"]["bpb"],
+                          "test_bpb": scores["test"]["bpb"], "test_word_ppl": scores["test"]["word_ppl"],
+                          "train_seconds": result.metrics["seconds"]}), flush=True)
+    checkpoints.discard(ckpt_dir)
+
+
+if __name__ == "__main__":
+    main()
