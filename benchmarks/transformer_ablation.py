@@ -1,11 +1,12 @@
 """The transformer from the GPT-2 recipe to today's, one change at a time, at one FLOP budget.
 
-Each row adds one modern part to the row before it (lmpipe/models/transformer.py, lmpipe/optim.py) and trains
+Each row adds one modern part to the row it builds on (lmpipe/models/transformer.py, lmpipe/optim.py) and trains
 `models.transformer` of params.yaml with `python -m lmpipe.train --score` (the Trainer, data and evaluation of the
-study, outside DVC and MLflow), two rows side by side on one thread each. Rows already in the CSV are kept, so a run that
-stops resumes. Prints the table sweeps/notes.md holds.
+study, outside DVC and MLflow), two rows side by side on one thread each. Rows already in the CSV are kept, so a
+run that stops resumes. Prints the table sweeps/notes.md holds.
 
-    python benchmarks/transformer_ablation.py --budget 5e12 --out benchmarks/results/transformer_ablation.csv
+    python benchmarks/transformer_ablation.py --budget 2e13 --out benchmarks/results/transformer_ablation_2e13.csv \
+        --only "rotary + Muon" "rotary + Muon + ReLU^2 MLP"
 """
 
 from __future__ import annotations
@@ -20,27 +21,30 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# (row name, the settings it adds to the row before it; a later value of a setting replaces an earlier one)
+# (row name, the row it builds on, the settings it adds; a later value of a setting replaces an earlier one). The
+# chain of the first rows adds every part in turn; the study-budget rows build on the best row found before them.
 STEPS = [
-    ("GPT-2 recipe (default)", []),
-    ("+ rotary positions", ["arch.position=rope"]),
-    ("+ RMSNorm and QK-norm", ["arch.norm=rmsnorm", "arch.qk_norm=true"]),
-    ("+ ReLU^2 MLP", ["arch.mlp=relu2"]),
-    ("+ untied zero-init head", ["arch.tie=false", "arch.zero_init=true"]),
-    ("+ logit soft-cap 15", ["arch.softcap=15.0"]),
-    ("+ Muon", ["optim.name=muon"]),
-    ("+ the tied head again (no zero-init)", ["arch.tie=true", "arch.zero_init=false"]),  # the head hurt at this budget
-    ("- Muon (AdamW again)", ["optim.name=adamw"]),
+    ("GPT-2 recipe (default)", None, []),
+    ("+ rotary positions", "GPT-2 recipe (default)", ["arch.position=rope"]),
+    ("+ RMSNorm and QK-norm", "+ rotary positions", ["arch.norm=rmsnorm", "arch.qk_norm=true"]),
+    ("+ ReLU^2 MLP", "+ RMSNorm and QK-norm", ["arch.mlp=relu2"]),
+    ("+ untied zero-init head", "+ ReLU^2 MLP", ["arch.tie=false", "arch.zero_init=true"]),
+    ("+ logit soft-cap 15", "+ untied zero-init head", ["arch.softcap=15.0"]),
+    ("+ Muon", "+ logit soft-cap 15", ["optim.name=muon"]),
+    ("+ the tied head again (no zero-init)", "+ Muon", ["arch.tie=true", "arch.zero_init=false"]),
+    ("- Muon (AdamW again)", "+ the tied head again (no zero-init)", ["optim.name=adamw"]),
+    ("rotary + Muon", "+ rotary positions", ["optim.name=muon"]),
+    ("rotary + Muon + ReLU^2 MLP", "rotary + Muon", ["arch.mlp=relu2"]),
 ]
 COLUMNS = ("row", "settings", "valid_bpb", "test_bpb", "test_word_ppl", "train_seconds")
 
 
 def rows(budget: float) -> list[tuple[str, list[str]]]:
-    out, settings = [], [f"budget={{flops: {budget:g}}}"]  # the CSV's settings column: a row's whole recipe
-    for name, adds in STEPS:
-        settings = settings + adds
-        out.append((name, settings))
-    return out
+    """Each row's whole recipe (the CSV's settings column): its base row's settings, then its own."""
+    recipes = {}
+    for name, base, adds in STEPS:
+        recipes[name] = (recipes[base] if base else [f"budget={{flops: {budget:g}}}"]) + adds
+    return list(recipes.items())
 
 
 def probe(settings: list[str]) -> dict:
@@ -57,10 +61,12 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=5e12, help="training FLOPs of every row")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/transformer_ablation.csv"))
     parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--only", nargs="*", metavar="ROW", help="run these rows alone (default: every row)")
     args = parser.parse_args()
     out = Path(args.out)
     done = {r["row"]: r for r in csv.DictReader(out.open())} if out.exists() else {}
-    todo = [(name, settings) for name, settings in rows(args.budget) if name not in done]
+    todo = [(name, settings) for name, settings in rows(args.budget)
+            if name not in done and (not args.only or name in args.only)]
 
     def run(item):
         name, settings = item

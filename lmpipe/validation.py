@@ -6,9 +6,11 @@ summarised in a few human lines: which expectation, on which split, how many row
 
 from __future__ import annotations
 
+import ast
+import datetime
+import html
 import re
 from collections import Counter
-import datetime
 from pathlib import Path
 
 import pandas as pd
@@ -124,17 +126,47 @@ STAMP = re.compile(r"\d{8}T\d{6}\.\d{6}Z")
 REMOTE_LOGO = re.compile(r"https://great-expectations-web-assets\.[^\"]*logo-long\.png[^\"]*")
 
 
+TABLE_SCRIPT = re.compile(r"\$\('#(?P<id>[\w-]+)'\)\.bootstrapTable\(\s*Object\.assign\(\s*\{\s*"
+                          r"columns: (?P<columns>\[.*?\]),\s*data: (?P<data>\[.*?\]),\s*toolbar:", re.S)
+
+
+def static_tables(page: str) -> str:
+    """GX's index page builds its tables in the browser with bootstrap-table from a CDN, so offline they are blank.
+    Each table is written out as plain HTML rows in place (a row links to its page); online, bootstrap-table
+    replaces them with its own."""
+    for match in TABLE_SCRIPT.finditer(page):
+        columns = [c for c in ast.literal_eval(match["columns"]) if c.get("visible", True) not in (False, "false")]
+        head = "".join(f"<th>{html.escape(c['title'])}</th>" for c in columns)
+        rows = []
+        for row in ast.literal_eval(match["data"]):
+            cells = []
+            for c in columns:
+                value = row.get(f"_{c['field']}_text", row.get(c["field"], ""))  # the status as a word, not an icon
+                text = html.escape(" ".join(re.sub(r"<[^>]+>", " ", str(value)).split("Batch Spec:")[0].split()))
+                cells.append(f'<td><a href="{html.escape(row["_table_row_link_path"])}">{text}</a></td>'
+                             if c is columns[0] and "_table_row_link_path" in row else f"<td>{text}</td>")
+            rows.append(f"<tr>{''.join(cells)}</tr>")
+        empty = f'<table\n  id="{match["id"]}"'
+        start = page.index(empty)
+        end = page.index("</table>", start)
+        opening = page[start:page.index(">", start) + 1]
+        page = page[:start] + f"{opening}<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody>" + page[end:]
+    return page
+
+
 def steady_docs(docs_dir: str | Path, run_time: str) -> None:
     """Make GX's data docs a function of the corpus alone: its random element ids numbered in order, the times it
     stamps (render time, validation time) set to the run's constant time, and the logo it loads from the web taken
-    from its own static/ folder instead."""
+    from its own static/ folder instead. The index page's tables are written out as HTML (`static_tables`), so
+    the docs read offline."""
     root = Path(docs_dir)
     for page in sorted(root.rglob("*.html")):
         text, ids = page.read_text(encoding="utf-8"), {}
         text = UUID.sub(lambda m: ids.setdefault(m.group(0), f"id{len(ids) + 1}"), text)
         text = STAMP.sub(run_time, text)
         logo = Path(*[".."] * (len(page.relative_to(root).parts) - 1), "static/images/logo-long-vector.svg")
-        page.write_text(REMOTE_LOGO.sub(logo.as_posix(), text), encoding="utf-8")
+        text = REMOTE_LOGO.sub(logo.as_posix(), text)
+        page.write_text(static_tables(text) if page == root / "index.html" else text, encoding="utf-8")
 
 
 def validate_corpus(clean_dir: str | Path, params: ValidateParams, docs_dir: str | Path) -> dict:

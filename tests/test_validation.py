@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from lmpipe.config import ValidateParams
@@ -26,7 +28,14 @@ def test_clean_corpus_passes_and_builds_data_docs(clean_dir, tmp_path):
     assert report["success"], report["failures"]
     assert report["evaluated"] == 12 and report["failed"] == 0
     assert (tmp_path / "docs" / "index.html").exists()
-    assert any((tmp_path / "docs" / "validations").rglob("*.html"))
+    pages = sorted((tmp_path / "docs" / "validations").rglob("*.html"))
+    assert len(pages) == 3
+    # offline (no CDN scripts), the index still lists each validation with its status and a link to its page
+    index = re.sub(r"<script.*?</script>", "", (tmp_path / "docs" / "index.html").read_text(), flags=re.S)
+    for page in pages:
+        link = page.relative_to(tmp_path / "docs").as_posix()
+        assert f'<td><a href="{link}">Success</a></td>' in index
+    assert index.count("<tr>") == 3 + 3 + 2  # 3 validations, 3 suites, 2 header rows
 
 
 def test_markup_residue_fails_naming_split_and_count(clean_dir, tmp_path):
