@@ -21,11 +21,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The 2019 recipe, stated whole so that the rows mean the same whatever params.yaml's transformer is today
+GPT2 = ["arch.position=learned", "arch.norm=layernorm", "arch.qk_norm=false", "arch.mlp=gelu", "arch.tie=true",
+        "arch.zero_init=false", "arch.softcap=0.0", "optim.name=adamw"]
 # (row name, the row it builds on, the settings it adds; a later value of a setting replaces an earlier one). The
 # chain of the first rows adds every part in turn; the study-budget rows build on the best row found before them.
 STEPS = [
-    ("GPT-2 recipe (default)", None, []),
-    ("+ rotary positions", "GPT-2 recipe (default)", ["arch.position=rope"]),
+    ("GPT-2 recipe (2019)", None, GPT2),
+    ("+ rotary positions", "GPT-2 recipe (2019)", ["arch.position=rope"]),
     ("+ RMSNorm and QK-norm", "+ rotary positions", ["arch.norm=rmsnorm", "arch.qk_norm=true"]),
     ("+ ReLU^2 MLP", "+ RMSNorm and QK-norm", ["arch.mlp=relu2"]),
     ("+ untied zero-init head", "+ ReLU^2 MLP", ["arch.tie=false", "arch.zero_init=true"]),

@@ -19,6 +19,7 @@ study. Each trial reports its validation bpb at every evaluation; Hyperband stop
 
 from __future__ import annotations
 
+import re
 import statistics
 import warnings
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from lmpipe.config import ModelParams, nested, params_hash, yaml_error_place
 from lmpipe.errors import ConfigError
 
 SPACE_FILE = "sweeps/space.yaml"
+ABLATIONS = "benchmarks/results/transformer_ablation*.csv"  # benchmarks/transformer_ablation.py's tables
 RANDOM_TRIALS = 6  # TPE samples at random until this many trials exist (fixed, so a longer sweep extends a shorter one)
 
 
@@ -182,6 +184,40 @@ def _read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def _recipe(settings: str) -> dict:
+    """An ablation row's settings column as {key: value}, the budget left out; a later value of a key wins."""
+    return dict(item.split("=", 1) for item in re.sub(r"^budget=\{[^}]*\}\s*", "", settings).split())
+
+
+def ablation_markdown(tables: list[Path]) -> list[str]:
+    """The transformer ablations (benchmarks/transformer_ablation.py), one table per FLOP budget, from their CSVs."""
+    if not tables:
+        return []
+    lines = ["## The transformer, one modern part at a time", "",
+             "Written from the CSVs of `benchmarks/transformer_ablation.py`: each row trains `models.transformer` (4 x 64,",
+             "128-token window) with the recipe in the CSV for the same training FLOPs and scores valid and test as the",
+             "evaluate stage does, one seed (`train.seed`). Two rows ran side by side on one thread each, so a row's",
+             "seconds depend on what ran beside it; its bpb does not. The machine and precision of each table, and",
+             "what was decided from it: [sweeps/notes.md](../sweeps/notes.md).", ""]
+    for path in tables:
+        rows = _read_csv(path)
+        if not rows:
+            continue
+        budget = re.match(r"budget=\{flops: ([^}]+)\}", rows[0]["settings"])
+        first = float(rows[0]["valid_bpb"])
+        lines += [f"### {float(budget[1]):.1e} training FLOPs ([{path.name}](../{path.as_posix()}))", "",
+                  "| row | settings other than the first row's | valid bpb | vs first row | test bpb | train s |",
+                  "|---|---|---|---|---|---|"]
+        base = _recipe(rows[0]["settings"])
+        for r in rows:
+            settings = " ".join(f"`{k}={v}`" for k, v in _recipe(r["settings"]).items() if base.get(k) != v) or "(none)"
+            lines.append(f"| {r['row']} | {settings} | {float(r['valid_bpb']):.4f} | "
+                         f"{float(r['valid_bpb']) - first:+.4f} | {float(r['test_bpb']):.4f} | "
+                         f"{float(r['train_seconds']):.0f} |")
+        lines.append("")
+    return lines
+
+
 def tuning_markdown(sweeps_dir: str | Path) -> str:
     """docs/tuning.md: per swept model its space, trials, the best settings and the seed spread of the winner."""
     sweeps_dir = Path(sweeps_dir)
@@ -218,6 +254,7 @@ def tuning_markdown(sweeps_dir: str | Path) -> str:
         if (model_dir / "trials.png").exists():
             lines += ["", f"![valid bpb per trial of {model}](../sweeps/{model}/trials.png)"]
         lines.append("")
+    lines += ablation_markdown(sorted(Path(ABLATIONS).parent.glob(Path(ABLATIONS).name)))
     if (sweeps_dir / "notes.md").exists():  # hand-kept, dated: linked, never copied (a copy goes stale)
         lines += ["## Probes outside the sweeps", "", "Single runs outside the sweeps, ablations, and why each default "
                   f"is what it is: the dated log [{sweeps_dir.name}/notes.md](../{sweeps_dir.name}/notes.md).", ""]

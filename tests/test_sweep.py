@@ -175,3 +175,17 @@ def test_sweep_flow_records_trials_in_mlflow_and_writes_its_outcome(tiny_project
     with open(tiny_project / "sweeps/tiny/trials.csv") as f:
         more = list(csv.DictReader(f))
     assert len(more) == 6 and more[:4] == rows
+
+
+def test_the_ablation_tables_of_the_tuning_doc_are_written_from_their_csvs(tmp_path):
+    """docs/tuning.md's transformer ablation: one table per budget, each row's settings where they differ from the
+    first row's (a later value of a setting wins), its margin against the first row."""
+    path = tmp_path / "transformer_ablation.csv"
+    path.write_text("row,settings,valid_bpb,test_bpb,test_word_ppl,train_seconds\n"
+                    "base,budget={flops: 2e+13} arch.mlp=gelu optim.name=adamw,2.30,2.08,9000,600\n"
+                    "+ muon,budget={flops: 2e+13} arch.mlp=gelu optim.name=adamw optim.name=muon,2.20,1.99,6000,650\n")
+    lines = sw.ablation_markdown([path])
+    assert "### 2.0e+13 training FLOPs" in lines[8]
+    assert "| base | (none) | 2.3000 | +0.0000 | 2.0800 | 600 |" in lines
+    assert "| + muon | `optim.name=muon` | 2.2000 | -0.1000 | 1.9900 | 650 |" in lines
+    assert sw.ablation_markdown([]) == []

@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, help="train.seed of this run (default: params.yaml's)")
     parser.add_argument("--budget", help="this run's length instead of the model's: '{tokens: N}' or '{flops: F}'")
     parser.add_argument("--threads", type=int, help="CPU threads (1: two runs side by side on 2 cores)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model (train.compile)")
     parser.add_argument("--score", action="store_true", help="score valid and test as the evaluate stage does")
     parser.add_argument("--out", help="directory for model.pt, metrics.json and history.json (default: none)")
     parser.add_argument("--params", default="params.yaml")
@@ -43,7 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     ranks = distributed.launched()
     keep_freed_memory()
-    train = {k: v for k, v in (("seed", args.seed), ("threads", args.threads)) if v is not None}
+    train = {k: v for k, v in (("seed", args.seed), ("threads", args.threads), ("compile", args.compile or None))
+             if v is not None}
     try:
         budget = None if args.budget is None else yaml.safe_load(args.budget)
         params, data = load_params(args.params), load_tokens()
