@@ -5,6 +5,7 @@
 docs/screenshots/report.png         reports/study.html, the study report
 docs/screenshots/scaling-report.png reports/scaling.html, the scaling study (when `lmpipe scaling` has run)
 docs/screenshots/dvc-plots.png      `dvc plots show`'s page (drawn offline from reports/plots_template.html)
+docs/screenshots/validation.png     reports/validation/index.html, the corpus gate's data docs (offline: no CDN)
 docs/screenshots/mlflow-compare.png the MLflow compare view of the runs that trained the current models
 docs/screenshots/mlflow-runs.png    the MLflow runs view `lmpipe ui` opens (the ML workflow)
 docs/screenshots/prefect-run.png    the Prefect flow run page of the newest evaluate run (its log lines and artifact)
@@ -102,6 +103,7 @@ def main() -> None:
     shoot((ROOT / "reports/study.html").as_uri(), OUT / "report.png", 1200, 5200)
     if (ROOT / "reports/scaling.html").exists():
         shoot((ROOT / "reports/scaling.html").as_uri(), OUT / "scaling-report.png", 1200, 4200)
+    shoot((ROOT / "reports/validation/index.html").as_uri(), OUT / "validation.png", 1200, 1100)
     with tempfile.TemporaryDirectory() as plots:
         subprocess.run(["dvc", "plots", "show", "--out", plots], check=True, capture_output=True)
         shoot((Path(plots) / "index.html").as_uri(), OUT / "dvc-plots.png", 1400, 1900)

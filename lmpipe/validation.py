@@ -126,6 +126,13 @@ STAMP = re.compile(r"\d{8}T\d{6}\.\d{6}Z")
 REMOTE_LOGO = re.compile(r"https://great-expectations-web-assets\.[^\"]*logo-long\.png[^\"]*")
 
 
+# Bootstrap's styles come from a CDN: offline, these few rules keep the pages' tables and cards legible
+OFFLINE_STYLE = ("<style>body{font-family:system-ui,sans-serif;margin:1em 2em;color:#222}"
+                 "table{border-collapse:collapse;margin:.5em 0}th,td{border:1px solid #ccc;padding:.2em .6em;"
+                 "text-align:left;vertical-align:top}th{background:#f2f2f2}.card{border:1px solid #ddd;"
+                 "margin:.8em 0;padding:.4em .8em}.fa-check-circle:before{content:'\\2713';color:#080}"
+                 ".fa-times:before,.fa-times-circle:before,.fa-exclamation-triangle:before{content:'\\2717';"
+                 "color:#c00}</style>\n")
 TABLE_SCRIPT = re.compile(r"\$\('#(?P<id>[\w-]+)'\)\.bootstrapTable\(\s*Object\.assign\(\s*\{\s*"
                           r"columns: (?P<columns>\[.*?\]),\s*data: (?P<data>\[.*?\]),\s*toolbar:", re.S)
 
@@ -157,15 +164,15 @@ def static_tables(page: str) -> str:
 def steady_docs(docs_dir: str | Path, run_time: str) -> None:
     """Make GX's data docs a function of the corpus alone: its random element ids numbered in order, the times it
     stamps (render time, validation time) set to the run's constant time, and the logo it loads from the web taken
-    from its own static/ folder instead. The index page's tables are written out as HTML (`static_tables`), so
-    the docs read offline."""
+    from its own static/ folder instead. The index page's tables are written out as HTML (`static_tables`) and a
+    few inline styles stand in for Bootstrap's, so the docs read offline."""
     root = Path(docs_dir)
     for page in sorted(root.rglob("*.html")):
         text, ids = page.read_text(encoding="utf-8"), {}
         text = UUID.sub(lambda m: ids.setdefault(m.group(0), f"id{len(ids) + 1}"), text)
         text = STAMP.sub(run_time, text)
         logo = Path(*[".."] * (len(page.relative_to(root).parts) - 1), "static/images/logo-long-vector.svg")
-        text = REMOTE_LOGO.sub(logo.as_posix(), text)
+        text = REMOTE_LOGO.sub(logo.as_posix(), text).replace("</head>", OFFLINE_STYLE + "</head>", 1)
         page.write_text(static_tables(text) if page == root / "index.html" else text, encoding="utf-8")
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from lmpipe.config import ValidateParams
 from lmpipe.corpus.articles import format_articles, split_by_article
-from lmpipe.validation import corpus_tables, validate_corpus
+from lmpipe.validation import OFFLINE_STYLE, corpus_tables, validate_corpus
 
 PARAMS = ValidateParams(min_words=100, max_oov_rate=0.6)
 
@@ -36,6 +36,7 @@ def test_clean_corpus_passes_and_builds_data_docs(clean_dir, tmp_path):
         link = page.relative_to(tmp_path / "docs").as_posix()
         assert f'<td><a href="{link}">Success</a></td>' in index
     assert index.count("<tr>") == 3 + 3 + 2  # 3 validations, 3 suites, 2 header rows
+    assert all(OFFLINE_STYLE in page.read_text() for page in [tmp_path / "docs" / "index.html", *pages])
 
 
 def test_markup_residue_fails_naming_split_and_count(clean_dir, tmp_path):
