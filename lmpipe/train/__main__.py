@@ -11,8 +11,6 @@ import json
 import sys
 import time
 
-import yaml
-
 from lmpipe import checkpoints, distributed
 from lmpipe.config import load_params, parse_assignments
 from lmpipe.errors import LmpipeError
@@ -39,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (train.compile)")
     parser.add_argument("--score", action="store_true", help="score valid and test as the evaluate stage does")
     parser.add_argument("--out", help="directory for model.pt, metrics.json and history.json (default: none)")
-    parser.add_argument("--params", default="params.yaml")
+    parser.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")
     parser.add_argument("--checkpoints", default=".cache/lmpipe/ckpt", help="root of the resumable checkpoints")
     args = parser.parse_args(argv)
     ranks = distributed.launched()
@@ -47,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     train = {k: v for k, v in (("seed", args.seed), ("threads", args.threads), ("compile", args.compile or None))
              if v is not None}
     try:
-        budget = None if args.budget is None else yaml.safe_load(args.budget)
+        budget = None if args.budget is None else parse_assignments([f"budget={args.budget}"], "--budget")["budget"]
         params, data = load_params(args.params), load_tokens()
         settings, common = configure_run(params, args.model, parse_assignments(args.set), budget, train, args.params)
         _, ckpt_dir = run_checkpoints(args.checkpoints, args.model, settings, common, data)
@@ -57,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
         device = setup_process(common)
         result = Trainer(args.model, settings, common, data, ckpt_dir, device, on_eval=on_eval,
                          progress_bar=sys.stderr.isatty()).run()
-    except (LmpipeError, yaml.YAMLError) as exc:
+    except LmpipeError as exc:
         if not ranks.main:  # the main process meets the same error and says it: torchrun would stop it on our exit
             time.sleep(2)
         sys.exit(f"error: {exc}" if ranks.main else 1)  # one line, from one process
