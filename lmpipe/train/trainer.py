@@ -412,8 +412,11 @@ class Trainer:
                         self.optimizer.step()
                         self._count(loss, grad_norm, x.numel())
                         self._show(bar)
+                        due = self._eval_due(len(plan))
+                        if p.index == len(plan):  # the epoch is complete: the next starts with a fresh plan and state
+                            p.epoch, p.index = p.epoch + 1, 0
                         # evaluation (keeps the best weights, checkpoints) or a plain checkpoint, outside the clock
-                        if self._eval_due(len(plan)):
+                        if due:
                             with clock.paused():
                                 self._evaluate(len(plan))
                             if self._done():
@@ -427,8 +430,6 @@ class Trainer:
                                 self._save()
                             raise Interrupted(f"{self.name} interrupted at step {p.step}; checkpoint saved; "
                                               "`dvc repro` resumes")
-                if p.index == len(plan):  # the epoch is complete: the next one starts with a fresh plan and state
-                    p.epoch, p.index = p.epoch + 1, 0
         return self._finish()
 
     def _count(self, loss: torch.Tensor, grad_norm: torch.Tensor, tokens: int) -> None:
