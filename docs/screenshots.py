@@ -35,14 +35,48 @@ from lmpipe.telemetry import switch_off  # noqa: E402
 switch_off()  # before MLflow loads (model_runs) and for the servers started here
 
 
-def shoot(url: str, out: Path, width: int = 1400, height: int = 2400, wait_ms: int = 20000) -> None:
+def shoot(url: str, out: Path, width: int = 1400, height: int = 2400, wait_ms: int = 20000,
+          profile: Path | None = None) -> None:
     browser = shutil.which("chromium") or sys.exit("needs Debian's chromium: apt-get install chromium")
     subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
                     "--no-first-run", "--hide-scrollbars", f"--window-size={width},{height}",
+                    *([f"--user-data-dir={profile}"] if profile else []),
                     f"--virtual-time-budget={wait_ms}", f"--screenshot={out}", url],
                    check=True, capture_output=True, timeout=300)
-    print(f"{out.relative_to(ROOT)}: {url[:100]}")
+    if out.parent == OUT:
+        print(f"{out.relative_to(ROOT)}: {url[:100]}")
+
+
+# MLflow's UI opens its Assistant panel by itself on a browser's first visit to a local server; a user closes it
+# once and the browser remembers (these two localStorage entries). The screenshots show the page after that.
+CLOSED_ASSISTANT = """<script>
+localStorage.setItem("mlflow.assistant.panelOpen_v1", "false");
+localStorage.setItem("mlflow.assistant.fab.autoOpenedOnFirstLoad_v1", "true");
+document.write("assistant closed");
+</script>"""
+
+
+def close_assistant(port: int, profile: Path) -> None:
+    """Store the closed panel in `profile` for the origin 127.0.0.1:`port`, served here before MLflow takes the port."""
+    import http.server
+    import threading
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(CLOSED_ASSISTANT.encode())
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.HTTPServer(("127.0.0.1", port), Page) as page:
+        threading.Thread(target=page.serve_forever, daemon=True).start()
+        with tempfile.TemporaryDirectory() as scratch:
+            shoot(f"http://127.0.0.1:{port}/", Path(scratch) / "setup.png", 400, 300, 2000, profile)
+        page.shutdown()
 
 
 def wait_for(url: str, seconds: int = 120) -> None:
@@ -68,17 +102,18 @@ def model_runs() -> tuple[str, list[str]]:
     return tracking.experiment_id(experiment), found
 
 
-def mlflow_compare(port: int) -> None:
+def mlflow_compare(port: int, profile: Path) -> None:
     experiment_id, runs = model_runs()
+    close_assistant(port, profile)
     ui = subprocess.Popen(["lmpipe", "ui", "--port", str(port)], stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_for(f"{base}/health")
         query = urllib.parse.urlencode({"runs": json.dumps(runs), "experiments": json.dumps([experiment_id])})
-        shoot(f"{base}/#/compare-runs?{query}", OUT / "mlflow-compare.png", 2700, 2200)  # wide: 6 runs beside the assistant panel
+        shoot(f"{base}/#/compare-runs?{query}", OUT / "mlflow-compare.png", 2000, 2200, profile=profile)
         shoot(f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning", OUT / "mlflow-runs.png",
-              1800, 1200)  # where `lmpipe ui` lands: the runs of the ML workflow
+              1600, 1000, profile=profile)  # where `lmpipe ui` lands: the runs of the ML workflow
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
 
@@ -107,7 +142,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as plots:
         subprocess.run(["dvc", "plots", "show", "--out", plots], check=True, capture_output=True)
         shoot((Path(plots) / "index.html").as_uri(), OUT / "dvc-plots.png", 1400, 1900)
-    mlflow_compare(args.mlflow_port)
+    with tempfile.TemporaryDirectory() as profile:
+        mlflow_compare(args.mlflow_port, Path(profile))
     prefect_run(args.prefect_api)
 
 

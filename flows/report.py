@@ -66,9 +66,8 @@ def label_each_model_run(params, models: dict) -> None:
         run_id = tracking.run_of_output(params.tracking.experiment, paths.model_dir(name))
         if run_id:
             trained = json.loads(Path(paths.train_metrics(name)).read_text()) if name in params.models else {}
-            readable = {"train_tflops": trained["train_flops"] / 1e12} if "train_flops" in trained else {}
-            tracking.log_metrics({f"test_{k}": v for k, v in result["test"].items()} | readable, run_id=run_id)
-            tracking.set_tags(run_id, {"mlflow.note.content": describe(name, result, trained)})
+            tracking.log_metrics({f"test_{k}": v for k, v in result["test"].items()}, run_id=run_id)
+            tracking.set_tags(run_id, {tracking.NOTE: describe(name, result, trained)})
 
 
 def drop_removed(models: list[str]) -> list[Path]:

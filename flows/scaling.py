@@ -24,7 +24,7 @@ from flows.paths import RUNS
 from lmpipe import tracking
 from lmpipe.config import ModelParams, Params, TrainParams, load_params, params_hash
 from lmpipe.errors import ConfigError
-from lmpipe.io import csv_text, write_json, write_text
+from lmpipe.io import csv_text, without_timings, write_json, write_text
 from lmpipe.scaling import GridPoint, grid_points, size_label
 from lmpipe.splits import TokenData, load_tokens
 from lmpipe.checkpoints import code_version, discard
@@ -96,7 +96,7 @@ def grid() -> str:
     with tracking.run(params.tracking.experiment, f"scaling {key[:8]}", {"scaling": section},
                       tags={"lmpipe.role": "scaling"}, resume={"lmpipe.scaling": key}) as parent:
         rows = [train_point(p, r, params, data, parent.info.run_id) for p, r in zip(points, runs)]
-        write_text(RUNS, csv_text(rows))
+        write_text(RUNS, csv_text([without_timings(r) for r in rows]))  # timings: MLflow and the cache only
         tracking.log_metrics({"runs": len(rows), "grid_seconds": sum(r["wall_seconds"] for r in rows)})
         tracking.log_artifacts(RUNS)
         tracking.mark_output(RUNS)

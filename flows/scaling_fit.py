@@ -14,12 +14,13 @@ from prefect import flow
 from flows import paths
 from flows._stage import PARAMS_FILE, main
 from lmpipe import tracking
+from lmpipe.compare import baseline_label
 from lmpipe.config import load_params
 from lmpipe.errors import ConfigError
 from lmpipe.io import atomic_path, write_json
 from lmpipe.scaling import analyse, best_per_budget
 
-REPORTS, SUMMARY, KN5 = Path(paths.REPORTS), Path(paths.SCALING_METRICS), Path(paths.NGRAM_METRICS)
+REPORTS, SUMMARY, NGRAM = Path(paths.REPORTS), Path(paths.SCALING_METRICS), Path(paths.NGRAM_METRICS)
 
 
 def read_runs(path: Path = Path(paths.RUNS)) -> list[dict]:
@@ -37,16 +38,17 @@ def fit() -> str:
     settings = params.scaling.fit
     analysis = analyse(rows, settings.bootstrap, settings.seed, settings.huber_delta)
     best = best_per_budget(rows)
-    kn5 = json.loads(KN5.read_text())["valid"]["bpb"] if KN5.exists() else None
+    baseline = (baseline_label(params.ngram), json.loads(NGRAM.read_text())["valid"]["bpb"]) if NGRAM.exists() else None
     meta = {"sizes": max(len(v) for v in params.scaling.models.values()), "budgets": len({r["budget"] for r in rows}),
             "min_budget": min(float(r["budget"]) for r in rows), "max_budget": max(float(r["budget"]) for r in rows),
-            "train_tokens": int(rows[0]["epoch_tokens"]), "seconds": sum(float(r["wall_seconds"]) for r in rows),
+            "train_tokens": int(rows[0]["epoch_tokens"]), "flops": sum(float(r["flops"]) for r in rows),
             "device": ", ".join(sorted({r["device"] for r in rows})), "bootstrap": settings.bootstrap,
             "huber_delta": settings.huber_delta}
-    summary = {"kn5_valid_bpb": kn5, "best_per_budget": best, "families": analysis, "grid_seconds": meta["seconds"]}
+    summary = {"baseline": baseline and {"label": baseline[0], "valid_bpb": baseline[1]}, "best_per_budget": best,
+               "families": analysis, "grid_flops": meta["flops"]}
     with tempfile.TemporaryDirectory(dir=REPORTS, prefix=".scaling-") as build:  # the report, its HTML, its figures
         tmp = Path(build)
-        write_scaling_report(rows, analysis, best, kn5, meta, tmp)
+        write_scaling_report(rows, analysis, best, baseline, meta, tmp)
         with atomic_path(REPORTS / "scaling") as figures:
             (tmp / "scaling").rename(figures)
         for name in ("scaling.md", "scaling.html"):

@@ -56,7 +56,7 @@ def fit(name, settings, common, data, ckpt_dir, run_id):
         logger.info(line)  # the console and the flow run's page in the Prefect UI
 
     logger = get_run_logger()
-    trainer = Trainer(name, settings, common, data, ckpt_dir, setup_process(common), on_eval=on_eval)
+    trainer = Trainer(name, settings, common, data, ckpt_dir, setup_process(common, ckpt_dir), on_eval=on_eval)
     result = trainer.run()
     for record in result.history:  # points trained before a resume: the whole curve on this run too
         if record["step"] not in logged:
@@ -73,7 +73,6 @@ def fit(name, settings, common, data, ckpt_dir, run_id):
 def train(model: str) -> dict:
     params, data = load_params(PARAMS_FILE), load_tokens()
     settings, chosen, ckpt_dir = run_settings(params, model, PARAMS_FILE, CKPT_ROOT, data)
-    checkpoints.prune(ckpt_dir)
     with stage_run(f"train@{model}", params, chosen, model=model) as run:
         result = fit(model, settings, params.train, data, ckpt_dir, run.info.run_id)
         with atomic_path(paths.model_dir(model)) as tmp:
@@ -82,10 +81,12 @@ def train(model: str) -> dict:
         tracking.mark_output(paths.model_dir(model))
         write_json(paths.train_metrics(model), without_timings(result.metrics))  # timings: MLflow only
         write_text(paths.curve(model), csv_text([without_timings(r) for r in result.history]))
-        tracking.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))})
+        tracking.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
+                             | {"train_tflops": result.metrics["train_flops"] / 1e12})  # FLOPs, readable in the UI
         tracking.log_compare_axes(model, result.metrics["n_params"], result.metrics["tokens_seen"])
         tracking.log_artifacts(paths.curve(model))
         tracking.log_lm(paths.model_dir(model), paths.TOKENIZER, f"lmpipe-{model}", result.model.embed.num_embeddings)
+        tracking.carry_results(params.tracking.experiment, paths.model_dir(model), run.info.run_id)
     checkpoints.discard(ckpt_dir)  # every output is written: only now may the training go
     return result.metrics
 
@@ -100,5 +101,5 @@ if __name__ == "__main__":
     else:  # a torchrun helper process: same training, no outputs
         params, data = load_params(PARAMS_FILE), load_tokens()
         settings, _, ckpt_dir = run_settings(params, model, PARAMS_FILE, CKPT_ROOT, data)
-        Trainer(model, settings, params.train, data, ckpt_dir, setup_process(params.train)).run()
+        Trainer(model, settings, params.train, data, ckpt_dir, setup_process(params.train, ckpt_dir)).run()
     distributed.leave(ranks)

@@ -15,11 +15,16 @@ def baseline_label(ngram) -> str:
 BASELINE = "ngram"  # the study's baseline model: its row in metrics/eval.json
 
 
+def best_of(bpb: Mapping[str, float], baseline: str = BASELINE) -> str | None:
+    """The neural model with the lowest test bits per byte in `bpb` (one run's, or a mean over seeds); None when
+    there is none. The one definition of "the best model" that the report, the README and the benchmarks use."""
+    neural = [name for name in bpb if name != baseline]
+    return min(neural, key=lambda name: bpb[name], default=None)
+
+
 def best_model(models: Mapping[str, Mapping], baseline: str = BASELINE) -> str | None:
-    """The neural model with the lowest test bits per byte (None when there is none): the report's, the README's
-    and the benchmarks' one definition."""
-    neural = [name for name in models if name != baseline]
-    return min(neural, key=lambda name: models[name]["test"]["bpb"], default=None)
+    """The best model of metrics/eval.json-shaped results (`{name: {"test": {"bpb": ...}}}`)."""
+    return best_of({name: result["test"]["bpb"] for name, result in models.items()}, baseline)
 
 
 def vs_baseline(result: Mapping, baseline: Mapping) -> float:

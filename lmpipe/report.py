@@ -35,6 +35,12 @@ def _curves(plots_dir: Path) -> dict[str, list[dict]]:
     return curves
 
 
+def _times_power_of_ten(x: float, _position=None) -> str:
+    """A log axis's tick as '2×10¹²': short enough that 1, 2 and 5 per decade fit side by side."""
+    mantissa, exponent = f"{x:.0e}".split("e")
+    return f"{mantissa}×10$^{{{int(exponent)}}}$"
+
+
 def learning_curves_figure(curves: dict, baseline_bpb: float | None, out: Path, label: str = "KN-5") -> None:
     """Validation bpb per model against epochs (left) and against cumulative training FLOPs (right, log):
     the second puts every family on the axis of compute, where equal x means equal work."""
@@ -50,7 +56,9 @@ def learning_curves_figure(curves: dict, baseline_bpb: float | None, out: Path, 
         ax.grid(alpha=0.3)
     by_epoch.set(xlabel="epoch", ylabel="validation bits per byte (lower is better)", title="Learning curves")
     by_flops.set(xlabel="cumulative training FLOPs (log scale)", xscale="log", title="Validation bpb against compute")
-    by_flops.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: minor labels collide
+    by_flops.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    by_flops.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_times_power_of_ten))
+    by_flops.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # 1, 2, 5 per decade: more would collide
     by_flops.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -262,7 +270,7 @@ def _weat_section(weat, details=None) -> list[str]:
     counts = (f"{next(iter(ran.values()))} for every model" if len(set(ran.values())) == 1
               else ", ".join(f"{n} for {m}" for m, n in ran.items()))
     lines += [f"{len(tests)} tests per model; a test runs where each of its word sets keeps `audit.min_words` words in "
-              f"the training text (here {counts}). Each cell: effect "
+              f"the training text; tests that ran: {counts}. Each cell: effect "
               "size d, its one-sided permutation p-value, and q, the p-value adjusted for the tests that model ran "
               "(Benjamini-Hochberg): read a test as significant only where q < 0.05. Where a test could not run, the "
               "words each set X/Y/A/B kept. Which words were kept or dropped, with their counts: "

@@ -123,7 +123,7 @@ def fit_law(n, d, loss, delta: float = HUBER_DELTA, starts: list[tuple] | None =
 
     log_n, log_d, log_loss = (np.log(np.asarray(v, dtype=float)) for v in (n, d, loss))
     starts = starts or starting_points()
-    if len(starts) > KEEP_STARTS:  # L-BFGS from the most promising starts only: 25x faster, the same optimum in tests
+    if len(starts) > KEEP_STARTS:  # L-BFGS from the most promising starts only: the same optimum in tests
         initial = [_objective(np.array(s, dtype=float), log_n, log_d, log_loss, delta)[0] for s in starts]
         starts = [starts[i] for i in np.argsort(initial, kind="stable")[:KEEP_STARTS]]
     best = None

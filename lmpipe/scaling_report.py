@@ -10,15 +10,15 @@ from lmpipe.report import html_page, plt
 from lmpipe.scaling import Law
 
 CAVEATS = (
-    "Each point is one training run with one seed (the default GRU's spread over seeds is about 0.005 bpb, "
-    "docs/tuning.md): differences of that size between neighbouring runs are noise. Every size trains with its "
+    "Each point is one training run with one seed: differences between neighbouring runs as small as the study's "
+    "seed spread (reports/study.md, 'Seeds and verdicts') are noise. Every size trains with its "
     "family's default settings (learning rate, batch, dropout), not settings tuned per size, which can bend the "
     "profiles. Runs longer than an epoch repeat data, which the law's D term does not model. The grid spans a "
     "narrow range of N (the 8,192-token embedding is most of a small model's parameters), so the law's constants "
     "trade off against each other: read the bootstrap intervals before the point values, and the predictions "
     "at 10x and 100x the largest budget as extrapolations of the exponents, not measurements. The budgets are far "
-    "below the default study's trainings (`train_flops` in metrics/train/), so runs here can trail KN-5 where the "
-    "study's models beat it; which family is ahead at equal compute can change as compute grows.")
+    "below the default study's trainings (`train_flops` in metrics/train/), so runs here can trail the n-gram "
+    "baseline where the study's models beat it; which family is ahead at equal compute can change as compute grows.")
 
 COLOURS = {"transformer": "tab:blue", "lstm": "tab:red", "gru": "tab:green", "rnn": "tab:orange", "nplm": "tab:purple"}
 
@@ -34,9 +34,9 @@ def _by_model(rows: list[dict]) -> dict[str, list[dict]]:
     return models
 
 
-def loss_vs_compute_figure(rows: list[dict], kn5_bpb: float | None, out: Path) -> None:
+def loss_vs_compute_figure(rows: list[dict], baseline: tuple[str, float] | None, out: Path) -> None:
     """Every run's valid bpb against its training FLOPs; per family the compute-efficient frontier (its best run
-    at each budget) as a line; KN-5 as a dashed line."""
+    at each budget) as a line; the n-gram baseline (label, valid bpb) as a dashed line."""
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for k, (model, runs) in enumerate(_by_model(rows).items()):
         colour = _colour(model, k)
@@ -49,8 +49,8 @@ def loss_vs_compute_figure(rows: list[dict], kn5_bpb: float | None, out: Path) -
             best = min((r for r in runs if float(r["budget"]) == c), key=lambda r: float(r["valid_bpb"]))
             frontier.append((float(best["flops"]), float(best["valid_bpb"])))
         ax.plot(*zip(*frontier), color=colour, label=f"{model} frontier (best run per budget)")
-    if kn5_bpb:
-        ax.axhline(kn5_bpb, color="gray", linestyle="--", label=f"KN-5 n-gram ({kn5_bpb:.3f})")
+    if baseline:
+        ax.axhline(baseline[1], color="gray", linestyle="--", label=f"{baseline[0]} n-gram ({baseline[1]:.3f})")
     ax.set(xscale="log", xlabel="training FLOPs C (log scale)", ylabel="validation bits per byte (lower is better)",
            title="Loss against compute")
     ax.grid(alpha=0.3, which="both")
@@ -113,14 +113,14 @@ def _ci(pair) -> str:
     return f"[{pair[0]:.3g}, {pair[1]:.3g}]" if pair else "-"
 
 
-def findings(analysis: dict, best: list[dict], kn5_bpb: float | None) -> list[str]:
+def findings(analysis: dict, best: list[dict], baseline: tuple[str, float] | None) -> list[str]:
     """What the grid shows, in sentences computed from it (the report's summary)."""
     out = []
     winners = sorted({b["model"] for b in best})
     top = best[-1]
     per_budget = ", ".join(f"{b['budget']:.1e}: {b['model']}" for b in best)
     out.append(f"At the largest budget ({top['budget']:.1e} FLOPs) the best run is {top['model']} {top['size']} at "
-               f"{top['valid_bpb']:.4f} bpb" + (f", {top['valid_bpb'] - kn5_bpb:+.4f} against KN-5" if kn5_bpb else "")
+               f"{top['valid_bpb']:.4f} bpb" + (f", {top['valid_bpb'] - baseline[1]:+.4f} against {baseline[0]}" if baseline else "")
                + f"; {'the same family wins' if len(winners) == 1 else 'the winning family changes'} across budgets "
                f"({per_budget}).")
     for model, a in analysis.items():
@@ -143,7 +143,8 @@ def findings(analysis: dict, best: list[dict], kn5_bpb: float | None) -> list[st
     return out
 
 
-def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], kn5_bpb: float | None, meta: dict) -> str:
+def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], baseline: tuple[str, float] | None,
+                     meta: dict) -> str:
     """The report's text: what was run, what the fits say, and how far to trust them."""
     lines = ["# lmpipe scaling study", "",
              f"{len(rows)} runs: {meta['sizes']} sizes of each of {', '.join(analysis)} at {meta['budgets']} compute "
@@ -151,10 +152,11 @@ def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], kn5_bpb
              f"pipeline's tokens ({meta['train_tokens']:,} training tokens per epoch). Every run ends at its budget with "
              "its learning-rate schedule annealed to it; its tokens D follow from C and the size. Loss is validation "
              "bits per byte (bpb); N counts all parameters; FLOPs are lmpipe.flops' analytic count. "
-             f"Wall time of the grid: {meta['seconds'] / 60:.1f} min on {meta['device']}.", ""]
-    if kn5_bpb:
-        lines += [f"KN-5 on the same split: {kn5_bpb:.4f} bpb.", ""]
-    lines += ["## What the grid shows", ""] + [f"- {f}" for f in findings(analysis, best, kn5_bpb)] + [""]
+             f"Compute of the grid: {meta['flops']:.2e} training FLOPs on {meta['device']} (its wall time: the "
+             "scaling run in MLflow).", ""]
+    if baseline:
+        lines += [f"{baseline[0]} on the same split: {baseline[1]:.4f} bpb.", ""]
+    lines += ["## What the grid shows", ""] + [f"- {f}" for f in findings(analysis, best, baseline)] + [""]
     lines += ["## Best run at each budget", "", "| C (FLOPs) | best | N | D (tokens) | valid bpb |", "|---|---|---|---|---|"]
     lines += [f"| {b['budget']:.1e} | {b['model']} {b['size']} | {b['n_params']:,} | {b['tokens']:,} | {b['valid_bpb']:.4f} |"
               for b in best]
@@ -203,15 +205,15 @@ def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], kn5_bpb
     return "\n".join(lines) + "\n"
 
 
-def write_scaling_report(rows, analysis, best, kn5_bpb, meta, out_dir: str | Path) -> Path:
+def write_scaling_report(rows, analysis, best, baseline, meta, out_dir: str | Path) -> Path:
     """reports/scaling.md, reports/scaling.html (figures embedded) and reports/scaling/*.png."""
     out_dir = Path(out_dir)
     figures = out_dir / "scaling"
     figures.mkdir(parents=True, exist_ok=True)
-    loss_vs_compute_figure(rows, kn5_bpb, figures / "loss_vs_compute.png")
+    loss_vs_compute_figure(rows, baseline, figures / "loss_vs_compute.png")
     isoflop_figure(rows, analysis, figures / "isoflop.png")
     law_contours_figure(rows, analysis, figures / "law.png")
-    text = scaling_markdown(rows, analysis, best, kn5_bpb, meta)
+    text = scaling_markdown(rows, analysis, best, baseline, meta)
     (out_dir / "scaling.md").write_text(text, encoding="utf-8")
     (out_dir / "scaling.html").write_text(html_page(text, out_dir, "lmpipe scaling study"), encoding="utf-8")
     return out_dir / "scaling.md"

@@ -17,6 +17,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from lmpipe.compare import best_of
+
 COLUMNS = ("model", "seed", "valid_bpb", "test_bpb", "test_word_ppl", "precision")
 REAL_GAP_SDS = 2.0
 MATCH = 1e-9  # the study's row must carry eval.json's numbers: written from them, so equal but for the CSV's digits
@@ -131,10 +133,10 @@ def _gap(name: str, s: Spread, other: str, o: Spread) -> str:
 def verdicts(spreads_: dict[str, Spread], baseline: str, baseline_label: str) -> list[str]:
     """One sentence per neural model: its mean test bpb with the seed sd, its margin against the baseline and
     against the best model, and whether each gap is real."""
-    neural = sorted((n for n in spreads_ if n != baseline), key=lambda n: spreads_[n].bpb)
-    if not neural:
+    best = best_of({n: s.bpb for n, s in spreads_.items()}, baseline)
+    if best is None:
         return []
-    best = neural[0]
+    neural = sorted((n for n in spreads_ if n != baseline), key=lambda n: spreads_[n].bpb)
     lines = []
     for name in neural:
         s = spreads_[name]

@@ -17,7 +17,6 @@ from lmpipe.errors import LmpipeError
 from lmpipe.evaluate import evaluate_lm
 from lmpipe.io import atomic_path, write_json
 from lmpipe.models import save_model
-from lmpipe.process import keep_freed_memory
 from lmpipe.splits import load_tokens
 from lmpipe.train.trainer import Trainer, configure_run, run_checkpoints, setup_process
 
@@ -41,7 +40,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checkpoints", default=".cache/lmpipe/ckpt", help="root of the resumable checkpoints")
     args = parser.parse_args(argv)
     ranks = distributed.launched()
-    keep_freed_memory()
     train = {k: v for k, v in (("seed", args.seed), ("threads", args.threads), ("compile", args.compile or None))
              if v is not None}
     try:
@@ -49,10 +47,8 @@ def main(argv: list[str] | None = None) -> None:
         params, data = load_params(args.params), load_tokens()
         settings, common = configure_run(params, args.model, parse_assignments(args.set), budget, train, args.params)
         _, ckpt_dir = run_checkpoints(args.checkpoints, args.model, settings, common, data)
-        if ranks.main:
-            checkpoints.prune(ckpt_dir)
         on_eval = lambda record: print(json.dumps(record), flush=True)  # noqa: E731
-        device = setup_process(common)
+        device = setup_process(common, ckpt_dir)
         result = Trainer(args.model, settings, common, data, ckpt_dir, device, on_eval=on_eval,
                          progress_bar=sys.stderr.isatty()).run()
     except LmpipeError as exc:

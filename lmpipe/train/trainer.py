@@ -29,13 +29,13 @@ import torch.nn.functional as F
 from pydantic import ValidationError
 from tqdm.auto import tqdm
 
-from lmpipe import distributed
-from lmpipe import checkpoints
+from lmpipe import checkpoints, distributed
 from lmpipe.checkpoints import Checkpoint, checkpoint_dir
 from lmpipe.config import ModelParams, OptimParams, Params, TrainParams, describe_error, with_overrides
 from lmpipe.errors import ConfigError, Interrupted
 from lmpipe.evaluate import perplexities, stream_nll
 from lmpipe.optim import MuonAdamW
+from lmpipe.process import keep_freed_memory
 from lmpipe.flops import peak_flops, train_flops_per_token
 from lmpipe.models import (StreamLM, arch_with_defaults, build_model, count_non_embedding_parameters,
                            count_parameters)
@@ -223,11 +223,15 @@ def _averaged(model, optimizer, active: bool):
             p.data.copy_(value)
 
 
-def setup_process(common: TrainParams) -> torch.device:
-    """Process-wide setup, once per training run, by its entry point: the device and its threads, the DDP group
-    under torchrun, and torch's global RNG seeded from `train.seed`. The Trainer built next draws the model's initial
-    weights, then its dropout masks, from that RNG: build it right after this call."""
+def setup_process(common: TrainParams, ckpt_dir: str | Path | None = None) -> torch.device:
+    """Process-wide setup, once per training run, by its entry point: freed memory kept in the process, the
+    device and its threads, the DDP group under torchrun, torch's global RNG seeded from `train.seed`, and (given the
+    run's checkpoint folder) the pruning of its model's older runs' checkpoints. The Trainer built next draws the
+    model's initial weights, then its dropout masks, from that RNG: build it right after this call."""
+    keep_freed_memory()
     ranks = distributed.launched()
+    if ckpt_dir is not None and ranks.main:
+        checkpoints.prune(ckpt_dir)
     device = pick_device(common.device, ranks.local)
     configure_device(device, common.threads or (max(1, (os.cpu_count() or 1) // ranks.local_world)
                                                 if ranks.world > 1 else 0))
@@ -341,7 +345,7 @@ class Trainer:
     def _total_steps(self) -> int:
         """The run's length in optimiser steps, which the schedule anneals to: the steps of its epochs, or of the
         epoch plans (pure functions of seed and epoch) until its budget's tokens or FLOPs are seen - exact under
-        variable BPTT too, where steps differ in length (a budget of seq_len-long steps ended ~3% short)."""
+        variable BPTT too, where steps differ in length (counting seq_len-long steps would end a budget short)."""
         budget = self.settings.budget
         if budget is None:
             return sum(len(self._epoch_plan(epoch)) for epoch in range(self.settings.epochs))
