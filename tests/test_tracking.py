@@ -179,3 +179,31 @@ def test_a_copied_store_finds_its_artifacts_in_its_own_folder(tmp_path, monkeypa
     assert open(mlflow.artifacts.download_artifacts(artifact_uri=f"{uri}/note.txt")).read() == "kept"
     assert tracking.relocate_store(moved / "mlflow.db") is None  # once is enough
     assert MlflowClient(f"sqlite:///{first / 'mlflow.db'}").get_run(active.info.run_id).info.artifact_uri.startswith((first / "mlartifacts").as_uri())
+
+
+def test_a_run_that_makes_an_evaluated_model_again_carries_its_results_and_no_other_runs(store, monkeypatch, tmp_path):
+    """DVC re-evaluates nothing when a retrain reproduces a model bit for bit: the new run takes over the results
+    of the newest evaluated run of the same files; a different model's run gets none."""
+    uri, params = store
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "models/gru"
+    folder.mkdir(parents=True)
+    (folder / "model.pt").write_text("weights")
+    results = {"test_bpb": 1.96, "test_word_ppl": 5200.0}
+    with tracking.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as first:
+        tracking.mark_output(folder)
+    tracking.log_metrics(results, run_id=first.info.run_id)  # what evaluate logs onto the model's run
+    tracking.set_tags(first.info.run_id, {tracking.NOTE: "**gru**: test 1.960 bpb"})
+    with tracking.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as failed:  # never evaluated
+        tracking.mark_output(folder)
+    with tracking.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as again:
+        tracking.mark_output(folder)
+        tracking.carry_results("exp", folder, again.info.run_id)
+    carried = MlflowClient(uri).get_run(again.info.run_id).data
+    assert {k: carried.metrics[k] for k in results} == results and carried.tags[tracking.NOTE] == "**gru**: test 1.960 bpb"
+    assert "test_bpb" not in MlflowClient(uri).get_run(failed.info.run_id).data.metrics
+    (folder / "model.pt").write_text("other weights")  # a different model: nothing to carry
+    with tracking.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as other:
+        tracking.mark_output(folder)
+        tracking.carry_results("exp", folder, other.info.run_id)
+    assert "test_bpb" not in MlflowClient(uri).get_run(other.info.run_id).data.metrics
