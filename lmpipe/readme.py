@@ -16,7 +16,7 @@ RESULTS_BEGIN = "<!-- results: generated from metrics/ and seeds/seeds.csv by `p
 RESULTS_END = "<!-- end of results -->"
 
 
-def results_markdown(root: str | Path, study_seed: int, label: str = "KN-5") -> str:
+def results_markdown(root: str | Path, study_seed: int, label: str) -> str:
     """The README's results table, from the committed metrics: each model's test bpb (mean ± sd where seeds
     hold), word perplexity against the baseline, and its compute; then the best combination."""
     root = Path(root)

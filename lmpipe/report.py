@@ -41,7 +41,7 @@ def _times_power_of_ten(x: float, _position=None) -> str:
     return f"{mantissa}×10$^{{{int(exponent)}}}$"
 
 
-def learning_curves_figure(curves: dict, baseline_bpb: float | None, out: Path, label: str = "KN-5") -> None:
+def learning_curves_figure(curves: dict, baseline_bpb: float | None, out: Path, label: str) -> None:
     """Validation bpb per model against epochs (left) and against cumulative training FLOPs (right, log):
     the second puts every family on the axis of compute, where equal x means equal work."""
     fig, (by_epoch, by_flops) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
@@ -108,7 +108,7 @@ def _precision_note(trained: dict) -> str:
     return "; training " + " or ".join(how[k] for k in kinds) + ", evaluation in fp32"
 
 
-def _perplexity_section(evaluation, trained: dict, label: str = "KN-5") -> list[str]:
+def _perplexity_section(evaluation, trained: dict, label: str) -> list[str]:
     """The results table, each model with the compute it had, and what the numbers support: the winner and its
     margin over the baseline, and which models the baseline beats."""
     models = evaluation["models"]
@@ -150,7 +150,7 @@ def _perplexity_section(evaluation, trained: dict, label: str = "KN-5") -> list[
     return lines
 
 
-def _combine_section(combined: dict, evaluation: dict, label: str = "KN-5") -> list[str]:
+def _combine_section(combined: dict, evaluation: dict, label: str) -> list[str]:
     """The interpolated models against the single ones: what mixing adds, with weights fitted on valid only."""
     models, rows = evaluation["models"], combined["models"]
     single = best_model(models)
@@ -303,7 +303,7 @@ def dvc_plots_template(vega_lite: str = "5.21") -> str:
 
 
 def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None = None,
-                 experiment: str | None = None, study_seed: int | None = None, label: str = "KN-5",
+                 experiment: str | None = None, study_seed: int | None = None, *, label: str,
                  made_from: str | None = None) -> Path:
     """Write study.md, study.html and figures/ under `out_dir`, and metrics/models/, from the metrics under `root`;
     `models` (params.yaml's) limits the per-model files read, so a removed model's leftovers never show;

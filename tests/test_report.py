@@ -43,7 +43,7 @@ def fixture_study(root, with_weat=True):
 
 def test_report_has_every_section(tmp_path):
     fixture_study(tmp_path)
-    md = build_report(tmp_path, tmp_path / "reports").read_text()
+    md = build_report(tmp_path, tmp_path / "reports", label="KN-5").read_text()
     for heading in ("## Corpus", "## Tokenizer", "## Perplexity", "## Learning curves", "## Decoding samples",
                     "## Bias audit (WEAT)"):
         assert heading in md
@@ -60,14 +60,14 @@ def test_report_has_every_section(tmp_path):
 
 def test_report_without_audit_says_so(tmp_path):
     fixture_study(tmp_path, with_weat=False)
-    md = build_report(tmp_path, tmp_path / "reports").read_text()
+    md = build_report(tmp_path, tmp_path / "reports", label="KN-5").read_text()
     assert "The audit stage has not run yet." in md
 
 
 def test_one_small_metrics_file_per_model(tmp_path):
     """metrics/models/<model>.json: the numbers `dvc metrics show` lists, one narrow row per model."""
     fixture_study(tmp_path)
-    build_report(tmp_path, tmp_path / "reports")
+    build_report(tmp_path, tmp_path / "reports", label="KN-5")
     rows = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "metrics/models").glob("*.json")}
     assert rows == {
         "ngram": {"test_bpb": 2.0, "word_ppl": 720.0, "vs_baseline": 0.0, "params_m": 0.001},
@@ -103,7 +103,7 @@ def test_a_removed_models_leftovers_never_reach_the_report(tmp_path, monkeypatch
     write(tmp_path / "metrics/train/nplm.json", {"n_params_non_embedding": 1, "tokens_seen": 1, "epochs": 1.0,
                                                  "train_flops": 1e12})
     write(tmp_path / "plots/train/nplm.csv", "epoch,flops,valid_bpb\n1,1e13,9.9\n")
-    md = build_report(tmp_path, tmp_path / "reports", ["lstm", "transformer"]).read_text()
+    md = build_report(tmp_path, tmp_path / "reports", ["lstm", "transformer"], label="KN-5").read_text()
     assert "nplm" not in md
     monkeypatch.chdir(tmp_path)
     gone = drop_removed(["lstm", "transformer"])
@@ -127,9 +127,9 @@ def test_an_evaluation_that_does_not_cover_the_models_is_refused_in_one_line(tmp
 
 def test_an_experiments_report_says_it_is_one(tmp_path):
     fixture_study(tmp_path)
-    md = build_report(tmp_path, tmp_path / "reports", experiment="lanky-bass").read_text()
+    md = build_report(tmp_path, tmp_path / "reports", experiment="lanky-bass", label="KN-5").read_text()
     assert "**Experiment `lanky-bass`** (`dvc exp run`)" in md.splitlines()[2]
-    assert "Experiment" not in build_report(tmp_path, tmp_path / "reports").read_text()
+    assert "Experiment" not in build_report(tmp_path, tmp_path / "reports", label="KN-5").read_text()
 
 
 def test_the_readmes_results_block_is_the_committed_metrics(tmp_path):

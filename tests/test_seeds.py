@@ -82,7 +82,7 @@ def test_the_report_gives_mean_and_sd_and_dvc_metrics_carry_them(tmp_path):
     for name in ("lstm", "transformer"):
         path = tmp_path / f"metrics/train/{name}.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "precision": "bf16"}))
-    md = build_report(tmp_path, tmp_path / "reports", study_seed=1234).read_text()
+    md = build_report(tmp_path, tmp_path / "reports", study_seed=1234, label="KN-5").read_text()
     section = md[md.index("## Seeds and verdicts"):]
     assert "| transformer | 3 | 1.800 ± 0.020 |" in section
     assert "| lstm | 1 | 2.100 |" in section and "Stale seed runs, not shown: lstm" in section
