@@ -24,13 +24,15 @@ from flows.paths import RUNS
 from lmpipe import tracking
 from lmpipe.config import ModelParams, Params, TrainParams, load_params, params_hash
 from lmpipe.errors import ConfigError
-from lmpipe.io import csv_text, without_timings, write_json, write_text
+from lmpipe.io import csv_text, write_json, write_text
 from lmpipe.scaling import GridPoint, grid_points, size_label
 from lmpipe.splits import TokenData, load_tokens
 from lmpipe.checkpoints import code_version, discard
 from lmpipe.train import Trainer, configure_run, setup_process
 
 WORK = Path(CACHE_DIR) / "scaling"
+COLUMNS = ("name", "model", "family", "size", "budget", "n_params", "n_params_non_embedding", "tokens", "flops",
+           "epochs", "epoch_tokens", "valid_bpb", "valid_ppl", "valid_loss", "device")  # scaling/runs.csv, in order
 
 
 def point_settings(point: GridPoint, params: Params) -> tuple[ModelParams, TrainParams]:
@@ -96,7 +98,7 @@ def grid() -> str:
     with tracking.run(params.tracking.experiment, f"scaling {key[:8]}", {"scaling": section},
                       tags={"lmpipe.role": "scaling"}, resume={"lmpipe.scaling": key}) as parent:
         rows = [train_point(p, r, params, data, parent.info.run_id) for p, r in zip(points, runs)]
-        write_text(RUNS, csv_text([without_timings(r) for r in rows]))  # timings: MLflow and the cache only
+        write_text(RUNS, csv_text([{c: r[c] for c in COLUMNS} for r in rows]))  # timings: MLflow and the cache only
         tracking.log_metrics({"runs": len(rows), "grid_seconds": sum(r["wall_seconds"] for r in rows)})
         tracking.log_artifacts(RUNS)
         tracking.mark_output(RUNS)

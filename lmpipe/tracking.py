@@ -13,6 +13,7 @@ import hashlib
 import os
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -419,7 +420,7 @@ def registered_artifacts(uri: str) -> dict[str, Path]:
         raise TrackingError(f"{uri}: not in the MLflow model registry at {tracking_uri()} ({exc.error_code}; see the "
                             "versions with `lmpipe ui`, Models)") from None
     try:
-        with _env(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false"):
+        with _env(MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR=str(sys.stderr.isatty()).lower()):  # a bar for a person only
             local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri))
         spec = yaml.safe_load((local / "MLmodel").read_text()).get("flavors", {}).get("python_function", {})
     except (MlflowException, OSError) as exc:
