@@ -5,7 +5,9 @@
 
 FLOPs are lmpipe.flops' analytic count (the same the trainer and the scaling grid record); the peak is the
 dense bf16 tensor-core figure of lmpipe.flops.PEAK_BF16_FLOPS for the device's name. On a CPU there is no peak
-in the table, so only FLOP/s is printed. Needs the default corpus tokens (dvc repro tokenize).
+in the table, so only FLOP/s is printed. "whole run" counts every training second (with torch.compile, its
+compilation in the first steps); "last quarter" is the rate between the last two of four evaluations, the steady
+state (each quarter is one short epoch). Needs the default corpus tokens (dvc repro tokenize).
 """
 
 from __future__ import annotations
@@ -42,19 +44,23 @@ def main() -> None:
     batch = args.batch or (64 if gpu else 16)
     print(f"device: {name}; bf16 peak: {f'{peak / 1e12:.0f} TFLOP/s' if peak else 'not in the table'}; "
           f"batch {batch} x {args.seq_len}, {args.steps} steps, compile {args.compile}")
-    print(f"{'size':>14} {'params':>10} {'tokens/s':>10} {'TFLOP/s':>9} {'MFU':>7}")
+    print(f"{'size':>10} {'params':>11} | whole run: {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} "
+          f"| last quarter: {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}")
     for dim, layers, heads in GPU_SIZES if gpu else CPU_SIZES:
         settings, common = configure_run(
             params, "transformer",
             {"arch.dim": dim, "arch.layers": layers, "arch.heads": heads, "arch.block_size": args.seq_len,
-             "arch.dropout": 0.0, "batch_size": batch, "seq_len": args.seq_len, "optim.warmup_steps": 0},
-            {"tokens": args.steps * batch * args.seq_len}, {"compile": args.compile, "evals_per_epoch": 1})
+             "arch.dropout": 0.0, "batch_size": batch, "seq_len": args.seq_len, "optim.warmup_steps": 0,
+             "epochs": 4, "max_steps_per_epoch": max(args.steps // 4, 1)},  # four evaluations: the last quarter timed
+            None, {"compile": args.compile, "evals_per_epoch": 1})
         with tempfile.TemporaryDirectory() as ckpt:
-            m = Trainer("transformer", settings, common, data, ckpt, setup_process(common), progress_bar=False).run().metrics
-        mfu = f"{100 * m['flops_per_sec'] / peak:.1f}%" if peak else "-"
-        print(f"{f'{layers} x {dim}':>14} {m['n_params']:>10,} {m['tokens_per_sec']:>10,.0f} "
-              f"{m['flops_per_sec'] / 1e12:>9.3f} {mfu:>7}", flush=True)
-
+            run = Trainer("transformer", settings, common, data, ckpt, setup_process(common), progress_bar=False).run()
+            m, last = run.metrics, run.history[-1]
+        rates = [(m["tokens_per_sec"], m["flops_per_sec"]),
+                 (last["tokens_per_sec"], last["tokens_per_sec"] * m["flops_per_token"])]
+        print(f"{f'{layers} x {dim}':>10} {m['n_params']:>11,} | " + " | ".join(
+            f"{'':>11}{tokens:>10,.0f} {flops / 1e12:>8.3f} {f'{100 * flops / peak:.1f}%' if peak else '-':>6}"
+            for tokens, flops in rates), flush=True)
 
 if __name__ == "__main__":
     main()

@@ -79,7 +79,7 @@ def main(flow: Callable, **flow_kwargs) -> None:
         with on_running_server(), prefect.tags(f"commit:{key.commit[:12]}", f"study:{key}"):
             state = flow(**flow_kwargs, return_state=True)
     except Interrupted as exc:
-        sys.exit(str(exc))
+        sys.exit(f"{exc}; `dvc repro` resumes")
     except KeyboardInterrupt:
         sys.exit("interrupted: nothing was written to this stage's outputs; training stages keep their last "
                  "checkpoint, so `dvc repro` resumes them")

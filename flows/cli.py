@@ -140,15 +140,18 @@ def _check_params(args) -> int:
 
 
 def _export_arpa(args) -> int:
-    from lmpipe.ngram import NGramLM, write_arpa
+    from tqdm.auto import tqdm
+
+    from lmpipe.ngram import NGramLM, arpa_counts, write_arpa
 
     if not (Path(args.model) / "ngram.json").exists():
         raise LmpipeError(f"{args.model}: no n-gram model there (run: dvc repro ngram)")
     model = NGramLM.load(args.model)
     if model.method != "kneser_ney":
         raise LmpipeError(f"{args.model}: ARPA needs a kneser_ney model, this one is {model.method} (set ngram.method)")
-    print(f"writing {args.out} ...", file=sys.stderr, flush=True)
-    counts = write_arpa(model, args.out)
+    with tqdm(total=sum(arpa_counts(model).values()), desc=f"writing {args.out}", unit=" n-grams", unit_scale=True,
+              disable=not sys.stderr.isatty()) as bar:
+        counts = write_arpa(model, args.out, bar.update)
     print(f"wrote {args.out}: " + ", ".join(f"{n} {k}-grams" for k, n in counts.items()))
     print("tokens are written as their ids; the boundary token is </s> (and <s> as context)")
     return 0

@@ -17,11 +17,13 @@ from lmpipe.perplexity import perplexities  # noqa: F401  (re-exported: the eval
 
 
 @torch.no_grad()
-def stream_nll(model, tokens: np.ndarray, chunk: int, device: torch.device | str = "cpu",
+def stream_nll(model, tokens: np.ndarray, chunk: int, device: torch.device | str | None = None,
                token_logprobs: list | None = None) -> tuple[float, int]:
-    """Total natural-log loss of every token of `tokens`, and how many were scored; each token's log-probability
-    (float32) goes to `token_logprobs` when one is given."""
+    """Total natural-log loss of every token of `tokens`, and how many were scored, computed where the model's
+    weights are unless `device` says otherwise; each token's log-probability (float32) goes to `token_logprobs`
+    when one is given."""
     model.eval()
+    device = device or next(model.parameters()).device
     stream = torch.from_numpy(np.concatenate([[model.boundary], np.asarray(tokens, dtype=np.int64)]))
     stream = stream.to(device).unsqueeze(0)
     inputs, targets = stream[:, :-1], stream[:, 1:]
@@ -56,9 +58,10 @@ def load_lm(directory, device: str = "cpu"):
     raise ModelFileError(f"{directory}: no trained model there (train it: dvc repro {stage})")
 
 
-def evaluate_lm(model, data, chunk: int = 128, device: str = "cpu", token_logprobs: dict | None = None) -> dict:
+def evaluate_lm(model, data, chunk: int = 128, device: str | None = None, token_logprobs: dict | None = None) -> dict:
     """valid and test loss/ppl/word_ppl/bpb of any model, with the same accounting for all; each token's
-    log-probability per split (float32) goes to `token_logprobs` when one is given (what `combine` mixes)."""
+    log-probability per split (float32) goes to `token_logprobs` when one is given (what `combine` mixes). A neural
+    model is scored on the device its weights are on (a GPU-trained one on the GPU) unless `device` says otherwise."""
     from lmpipe.models import count_parameters
     from lmpipe.ngram import NGramLM
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -103,3 +104,19 @@ def test_one_command_trains_a_model_with_other_settings_seed_and_budget(workdir)
                          cwd=workdir, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [bad.stderr.strip()]
     assert "arch" in bad.stderr and "nonsense" in bad.stderr
+
+
+def test_sigterm_stops_the_training_command_in_one_line_and_keeps_the_checkpoint(workdir):
+    """`python -m lmpipe.train` stopped by SIGTERM (or Ctrl-C) finishes its step, saves it, and says how to resume in
+    one line: no traceback."""
+    import signal
+
+    run = subprocess.Popen([sys.executable, "-m", "lmpipe.train", "--model", "transformer", "--threads", "1",
+                            "--budget", "{tokens: 10000000}", "--checkpoints", "ckpt-sigterm"], cwd=workdir,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert json.loads(run.stdout.readline())["step"] > 0  # the first evaluation: training is under way
+    run.send_signal(signal.SIGTERM)
+    _, stderr = run.communicate(timeout=120)
+    assert run.returncode == 1
+    assert re.fullmatch(r"transformer interrupted at step \d+; checkpoint saved; the same command resumes\n", stderr)
+    assert list((workdir / "ckpt-sigterm").glob("transformer-*/last.pt"))

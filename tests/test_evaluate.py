@@ -111,3 +111,18 @@ def test_the_saved_per_token_log_probabilities_add_up_to_the_same_scores():
     # token by token: the first is conditioned on the boundary (0), each next one on the token before it
     expected = np.log(table[np.concatenate([[0], tokens[:-1]]), tokens])
     np.testing.assert_allclose(neural["test"], expected, rtol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (benchmarks/gpu_check.sh runs it)")
+def test_a_model_on_the_gpu_is_scored_there_as_on_the_cpu():
+    """A GPU-trained model (python -m lmpipe.train --score, lmpipe seeds) is scored on its own device, to the same
+    numbers as on the CPU."""
+    from lmpipe.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("rnn", {"cell": "lstm", "emb": 16, "hidden": 16, "layers": 1}, 11, 0)
+    tokens = np.random.default_rng(0).integers(0, 11, 300)
+    data = TokenData(11, 0, {s: Split(s, tokens, 60, 900) for s in ("train", "valid", "test")})
+    on_cpu = evaluate_lm(model, data, chunk=32)
+    on_gpu = evaluate_lm(model.to("cuda"), data, chunk=32)
+    assert on_gpu["test"]["bpb"] == pytest.approx(on_cpu["test"]["bpb"], rel=1e-4)

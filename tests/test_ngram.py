@@ -209,9 +209,11 @@ def arpa_log10(tables, words, context):
 def test_arpa_round_trip_and_kenlm(tmp_path, order):
     model = NGramLM(order, V, B).fit(TRAIN)
     path = tmp_path / "model.arpa"
-    counts = write_arpa(model, path)
+    written = []
+    counts = write_arpa(model, path, written.append)
     header, tables = read_arpa(path)
     assert header == counts == {k: len(tables[k]) for k in range(1, order + 1)}
+    assert sum(written) == sum(counts.values())  # the progress it reports reaches the whole file
     reference = Reference(TRAIN, order, "kneser_ney")
     for k in range(2, order + 1):
         assert len(tables[k]) == len(reference.counts[k - 1])  # every seen n-gram, nothing more

@@ -5,8 +5,8 @@ fit, score, save, load memory-mapped), `lookup` (searching the memory-mapped tab
 `arpa` (the export KenLM and SRILM load). The out-of-core build of the same tables is lmpipe.ngram_build.
 """
 
-from lmpipe.ngram.arpa import write_arpa
+from lmpipe.ngram.arpa import arpa_counts, write_arpa
 from lmpipe.ngram.counts import TABLE_FIELDS, OrderTable
 from lmpipe.ngram.model import NGramLM, perplexity
 
-__all__ = ["NGramLM", "OrderTable", "TABLE_FIELDS", "perplexity", "write_arpa"]
+__all__ = ["NGramLM", "OrderTable", "TABLE_FIELDS", "arpa_counts", "perplexity", "write_arpa"]

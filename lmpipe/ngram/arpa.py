@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -13,8 +14,14 @@ from lmpipe.ngram.model import NGramLM
 ARPA_CHUNK = 1 << 20  # n-grams formatted at a time: the export's memory does not grow with the model
 
 
-def write_arpa(model: NGramLM, path: str | Path) -> dict:
-    """Export an interpolated Kneser-Ney model in ARPA backoff form (KenLM, SRILM), streamed to disk.
+def arpa_counts(model: NGramLM) -> dict:
+    """How many n-grams of each order the ARPA file lists (the unigrams with <s> and <unk>)."""
+    return {k: (model.vocab_size + 2 if k == 1 else len(model.tables[k - 1].keys)) for k in range(1, model.order + 1)}
+
+
+def write_arpa(model: NGramLM, path: str | Path, on_written: Callable[[int], None] = lambda rows: None) -> dict:
+    """Export an interpolated Kneser-Ney model in ARPA backoff form (KenLM, SRILM), streamed to disk; `on_written`
+    hears how many n-grams each chunk wrote (a progress bar).
 
     Tokens are written as their ids; the boundary is `</s>` when predicted and `<s>` as context.
     Each listed n-gram carries its full interpolated log10 probability, each context its backoff
@@ -24,7 +31,7 @@ def write_arpa(model: NGramLM, path: str | Path) -> dict:
         raise ValueError(f"ARPA export needs a backoff-form model (kneser_ney), not {model.method}")
     names = np.array([str(i) for i in range(model.vocab_size)], dtype=object)
     names[model.boundary] = "</s>"
-    counts = {k: (model.vocab_size + 2 if k == 1 else len(model.tables[k - 1].keys)) for k in range(1, model.order + 1)}
+    counts = arpa_counts(model)
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as out:
@@ -34,8 +41,10 @@ def write_arpa(model: NGramLM, path: str | Path) -> dict:
             n = model.vocab_size if k == 1 else len(model.tables[k - 1].keys)
             for start in range(0, n, ARPA_CHUNK):
                 out.writelines(_arpa_rows(model, k, names, slice(start, min(n, start + ARPA_CHUNK))))
+                on_written(min(n, start + ARPA_CHUNK) - start)
             if k == 1:
                 out.write(f"-99\t<s>{_bos_backoff(model)}\n-99\t<unk>\n")
+                on_written(2)
             out.write("\n")
         out.write("\\end\\\n")
     os.replace(tmp, path)

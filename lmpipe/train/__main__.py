@@ -13,7 +13,7 @@ import time
 
 from lmpipe import checkpoints, distributed
 from lmpipe.config import load_params, parse_assignments
-from lmpipe.errors import LmpipeError
+from lmpipe.errors import Interrupted, LmpipeError
 from lmpipe.evaluate import evaluate_lm
 from lmpipe.io import atomic_path, write_json
 from lmpipe.models import save_model
@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> None:
         if not ranks.main:  # the main process meets the same error and says it: torchrun would stop it on our exit
             time.sleep(2)
         sys.exit(f"error: {exc}" if ranks.main else 1)  # one line, from one process
+    except Interrupted as exc:  # Ctrl-C or SIGTERM: the trainer finished its step and saved it
+        sys.exit(f"{exc}; the same command resumes" if ranks.main else 130)
     finally:
         distributed.leave(ranks)
     if not ranks.main:

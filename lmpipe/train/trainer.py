@@ -432,8 +432,7 @@ class Trainer:
                         if stop.requested:
                             with clock.paused():
                                 self._save()
-                            raise Interrupted(f"{self.name} interrupted at step {p.step}; checkpoint saved; "
-                                              "`dvc repro` resumes")
+                            raise Interrupted(f"{self.name} interrupted at step {p.step}; checkpoint saved")
         return self._finish()
 
     def _count(self, loss: torch.Tensor, grad_norm: torch.Tensor, tokens: int) -> None:
@@ -540,7 +539,7 @@ class Trainer:
         self.optimizer, self.progress = optimizer, progress
         torch.set_rng_state(ckpt.torch_rng.cpu())
         if ckpt.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(ckpt.cuda_rng)
+            torch.cuda.set_rng_state_all([state.cpu() for state in ckpt.cuda_rng])  # loaded onto the device
         self.hidden = ckpt.hidden
 
     def _finish(self) -> TrainResult:

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The GPU checks in one short run on a CUDA machine (docs/benchmarks.md, "On a GPU", holds their numbers):
+#   1. the trainer's and the evaluator's tests on CUDA (tests/test_train.py, tests/test_evaluate.py: learning,
+#      determinism, exact resume, scoring on the GPU, and the torch.compile smoke test, compiled against eager), and
+#      how far compiled lands from eager per precision (benchmarks/compile_vs_eager.py);
+#   2. model FLOPs utilisation of the transformer at three sizes, eager and compiled (benchmarks/mfu.py);
+#   3. the GPU profile (profiles/wikitext2-gpu.yaml): each of its five models, compiled as the profile says, for a
+#      short token budget, scored as the evaluate stage scores.
+# It needs torch with CUDA, pydantic, PyYAML, numpy, tqdm and pytest, the default corpus's tokens (data/tokens: dvc
+# repro tokenize) and the profile merged into params (PARAMS, made here by `lmpipe profile`'s merge: see
+# docs/benchmarks.md). Outputs go to $OUT (default /tmp/gpu-check). PROFILE_TOKENS sets the profile runs' budget.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-check}; PARAMS=${PARAMS:-.gpu/wikitext2-gpu-params.yaml}; TOKENS=${PROFILE_TOKENS:-2000000}
+MFU_STEPS=${MFU_STEPS:-100}
+mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'device',
+torch.cuda.get_device_name() if torch.cuda.is_available() else 'none')"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null
+
+echo "== 1. the trainer's tests on $(python3 -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')"): the compile smoke test first"
+for tests in "compiled" "not compiled"; do
+  timeout "${TEST_TIMEOUT:-100}" python3 -m pytest -q -p no:cacheprovider -o addopts="" -rfE tests/test_train.py \
+    tests/test_evaluate.py -k "$tests" --junitxml "$OUT/tests-${tests// /_}.xml" 2>&1 | tail -15
+done
+timeout "${DIAG_TIMEOUT:-130}" python3 benchmarks/compile_vs_eager.py 2>&1 | grep -v Warning
+
+echo "== 2. MFU, eager then torch.compile"
+timeout "${MFU_TIMEOUT:-60}" python3 benchmarks/mfu.py --steps "$MFU_STEPS"
+timeout "${MFU_COMPILE_TIMEOUT:-150}" python3 benchmarks/mfu.py --steps "$MFU_STEPS" --compile
+
+echo "== 3. the GPU profile ($PARAMS), $TOKENS tokens a model, the five side by side"
+for model in nplm rnn lstm gru transformer; do
+  timeout "${PROFILE_TIMEOUT:-150}" python3 -m lmpipe.train --model "$model" --params "$PARAMS" \
+    --budget "{tokens: $TOKENS}" --score --out "/tmp/gpu-profile/$model" --checkpoints /tmp/gpu-ckpt \
+    >"$OUT/profile-$model.log" 2>&1 &
+done
+wait
+for model in nplm rnn lstm gru transformer; do
+  python3 - "$model" <<'EOF'
+import json, sys
+from pathlib import Path
+model = sys.argv[1]
+lines = Path(f"{__import__('os').environ['OUT']}/profile-{model}.log").read_text().splitlines()
+scored = [json.loads(l) for l in lines if l.startswith("{") and "test_bpb" in l]
+metrics = Path(f"/tmp/gpu-profile/{model}/metrics.json")
+if not scored or not metrics.exists():
+    print(f"{model:>12}: FAILED: " + " | ".join(lines[-3:]))
+    sys.exit()
+m = json.loads(metrics.read_text())
+mfu = f"{100 * m['mfu']:.2f}%" if m.get("mfu") is not None else "-"
+print(f"{model:>12}: {m['n_params']:>11,} params, {m['tokens_seen']:>9,} tokens in {m['seconds']:6.1f} s "
+      f"({m['tokens_per_sec']:>9,.0f} tokens/s, MFU {mfu}, {m['precision']}), valid bpb {scored[-1]['valid_bpb']:.4f}, "
+      f"test bpb {scored[-1]['test_bpb']:.4f}")
+EOF
+done
