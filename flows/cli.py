@@ -371,9 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
     spread = commands.add_parser(
         "seeds", help="retrain every model with the seeds of seeds.extra: mean ± sd and verdicts in the report",
         description="Retrain every model of params.yaml with each seed of `seeds.extra` (seeds/dvc.yaml; each model "
-                    "trains once per extra seed, as long as in the study), score it like the evaluate stage, and write seeds/seeds.csv, whose rows "
-                    "the study's report turns into mean ± sd and verdicts. Finished runs are cached: a second call "
-                    "retrains only models whose settings changed.")
+                    "trains once per extra seed, as long as in the study), score it like the evaluate stage, and "
+                    "write seeds/seeds.csv, whose rows the study's report turns into mean ± sd and verdicts. "
+                    "Finished runs are cached: a second call retrains only models whose settings changed.")
     spread.add_argument("--models", nargs="+", metavar="MODEL",
                         help="retrain only these models' seeds; the other models keep their rows of seeds/seeds.csv")
     spread.set_defaults(run=_seeds)

@@ -85,7 +85,10 @@ def start(port: int = PORT, log_dir: str | Path = ".cache/lmpipe", timeout: floa
 
 
 def port_free(port: int) -> bool:
+    """Whether a server could bind `port` now: as servers bind (SO_REUSEADDR), so that the closing connections of a
+    server just stopped (TIME_WAIT) do not count as a server."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((HOST, port))
         except OSError:

@@ -77,3 +77,24 @@ def test_ui_on_a_taken_port_is_one_line():
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
         f"error: 127.0.0.1:{port} is taken by another program (choose another: lmpipe ui --port N)"]
+
+
+def test_a_port_whose_last_server_just_stopped_is_free():
+    """Closed connections linger in TIME_WAIT after a server stops; servers bind over them (SO_REUSEADDR), so
+    `lmpipe server` and `lmpipe ui` must not take such a port for one in use."""
+    import socket
+
+    from flows.server import HOST, port_free
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((HOST, 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    client = socket.create_connection((HOST, port))
+    accepted, _ = listener.accept()
+    assert not port_free(port)  # a server listens there
+    accepted.close()  # the server's side closes first: its end of the connection waits in TIME_WAIT
+    client.close()
+    listener.close()
+    assert port_free(port)
