@@ -7,8 +7,10 @@
 #   3. the GPU profile (profiles/wikitext2-gpu.yaml): each of its five models, compiled as the profile says, for a
 #      short token budget, scored as the evaluate stage scores.
 # It needs torch with CUDA, pydantic, PyYAML, numpy, tqdm and pytest, the default corpus's tokens (data/tokens: dvc
-# repro tokenize) and the profile merged into params (PARAMS, made here by `lmpipe profile`'s merge: see
-# docs/benchmarks.md). Outputs go to $OUT (default /tmp/gpu-check). PROFILE_TOKENS sets the profile runs' budget.
+# repro tokenize) and the profile applied to params.yaml as one file, made where lmpipe is installed:
+#   lmpipe profile profiles/wikitext2-gpu.yaml --write .gpu/wikitext2-gpu-params.yaml
+# Outputs go to $OUT (default /tmp/gpu-check); PARAMS, PROFILE_TOKENS, MFU_STEPS and the *_TIMEOUT variables below
+# change what it runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}; PARAMS=${PARAMS:-.gpu/wikitext2-gpu-params.yaml}; TOKENS=${PROFILE_TOKENS:-2000000}
@@ -37,16 +39,14 @@ for model in nplm rnn lstm gru transformer; do
 done
 wait
 for model in nplm rnn lstm gru transformer; do
-  python3 - "$model" <<'EOF'
+  python3 - "$OUT/profile-$model.log" "/tmp/gpu-profile/$model/metrics.json" "$model" <<'EOF'
 import json, sys
 from pathlib import Path
-model = sys.argv[1]
-lines = Path(f"{__import__('os').environ['OUT']}/profile-{model}.log").read_text().splitlines()
-scored = [json.loads(l) for l in lines if l.startswith("{") and "test_bpb" in l]
-metrics = Path(f"/tmp/gpu-profile/{model}/metrics.json")
+log, metrics, model = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+lines = log.read_text().splitlines()
+scored = [json.loads(line) for line in lines if line.startswith("{") and "test_bpb" in line]
 if not scored or not metrics.exists():
-    print(f"{model:>12}: FAILED: " + " | ".join(lines[-3:]))
-    sys.exit()
+    sys.exit(print(f"{model:>12}: FAILED: " + " | ".join(lines[-3:])))
 m = json.loads(metrics.read_text())
 mfu = f"{100 * m['mfu']:.2f}%" if m.get("mfu") is not None else "-"
 print(f"{model:>12}: {m['n_params']:>11,} params, {m['tokens_seen']:>9,} tokens in {m['seconds']:6.1f} s "

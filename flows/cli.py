@@ -182,6 +182,10 @@ def _profile(args) -> int:
     # check the merged params before anyone spends GPU hours on a typo
     merged = apply_overrides(yaml.safe_load(Path("params.yaml").read_text()), overrides)
     parse_params(merged, f"params.yaml + {args.file}")
+    if args.write:  # the same params as one file, for runs outside DVC (python -m lmpipe.train --params FILE)
+        from lmpipe.io import write_text
+
+        write_text(args.write, yaml.safe_dump(merged, sort_keys=False))
     print(" ".join(f"-S {shlex.quote(o)}" for o in overrides))
     return 0
 
@@ -330,7 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", default="ngram.arpa", help="the ARPA file to write (default: ngram.arpa)")
     export.set_defaults(run=_export_arpa)
     profile = commands.add_parser("profile", help="print a params profile as `-S` overrides for dvc exp run")
-    profile.add_argument("file", help="a YAML file of params to change, e.g. profiles/gpu.yaml or sweeps/gru/best.yaml")
+    profile.add_argument("file", help="a YAML file of params to change, e.g. profiles/wikitext2-gpu.yaml or "
+                                      "sweeps/transformer/best.yaml")
+    profile.add_argument("--write", metavar="FILE", help="also write params.yaml with the profile applied to FILE "
+                                                         "(for python -m lmpipe.train --params FILE)")
     profile.set_defaults(run=_profile)
     gen = commands.add_parser("generate", help="continue a prompt with a trained model")
     gen.add_argument("--model", required=True, help="ngram, a name under models/, or a registered model: models:/lmpipe-<name>@champion "

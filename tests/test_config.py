@@ -82,6 +82,9 @@ def test_gpu_profile_is_valid_params_and_becomes_dvc_overrides(tmp_path, capsys)
     params = parse_params(merged)
     assert params.models["lstm"].optim.name == "sgd" and params.models["lstm"].arch["hidden"] == 1150
     assert params.corpus.source == "wikitext-2"
+    assert all(m.budget is None for m in params.models.values())  # its epochs, not the CPU study's budgets
+    assert main(["profile", str(ROOT / "profiles/wikitext2-gpu.yaml"), "--write", str(tmp_path / "gpu.yaml")]) == 0
+    assert load_params(tmp_path / "gpu.yaml") == params  # the same params as one file, for python -m lmpipe.train
 
 
 def test_model_arch_must_fit_its_family(tmp_path):
