@@ -104,13 +104,7 @@ def model_runs() -> tuple[str, list[str]]:
 
 def mlflow_compare(port: int, profile: Path) -> None:
     experiment_id, runs = model_runs()
-    close_assistant(port, profile)
-    from flows import server
-
-    for _ in range(120):  # the page's closed connections hold the port a while (TIME_WAIT) before lmpipe ui may take it
-        if server.port_free(port):
-            break
-        time.sleep(1)
+    close_assistant(port, profile)  # its closed connections linger in TIME_WAIT, which lmpipe ui's port check ignores
     ui = subprocess.Popen(["lmpipe", "ui", "--port", str(port)], stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
