@@ -8,6 +8,7 @@ export PATH := $(abspath $(VENV)/bin):$(PATH)
 .PHONY: study test test-fast server stop
 
 study: $(READY) server
+	lmpipe check-params --store
 	dvc repro
 	@echo "report: reports/study.html   numbers: dvc metrics show   MLflow: lmpipe ui   (tools in $(VENV)/bin)"
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import sys
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NoReturn
 
 import prefect
 from prefect import runtime
@@ -14,7 +15,7 @@ from prefect import runtime
 from flows.server import on_running_server
 from lmpipe import tracking
 from lmpipe.config import Params, load_params, params_hash
-from lmpipe.errors import Interrupted, LmpipeError
+from lmpipe.errors import Interrupted, LmpipeError, first_line
 from lmpipe.process import keep_freed_memory
 
 PARAMS_FILE = "params.yaml"
@@ -61,13 +62,22 @@ def _terminated(signum, frame):
     raise KeyboardInterrupt
 
 
+def fail(line: str, restorable: bool = True) -> NoReturn:
+    """Exit 1 with one line. Under DVC the stage's outputs were removed before it ran: the line says so and how to
+    get them back from DVC's cache (they come back as the last completed run left them)."""
+    stage = os.environ.get("DVC_STAGE")
+    if stage and restorable:
+        line += f" (DVC removed this stage's outputs before it ran; `dvc checkout {stage}` restores them)"
+    sys.exit(line)
+
+
 def main(flow: Callable, **flow_kwargs) -> None:
     """Run a stage flow as a script: check params first, then run; exit 1 with one line on a user error."""
     try:
         params = load_params(PARAMS_FILE)
         tracking.check_store(params.tracking.timeout_seconds)
     except LmpipeError as exc:
-        sys.exit(f"error: {exc}")
+        fail(f"error: {exc}")
     keep_freed_memory()  # training and scoring re-allocate the same big buffers every step: no page faults for them
     for handler in logging.getLogger("prefect").handlers + logging.getLogger().handlers:
         handler.addFilter(_OneLineUserErrors())
@@ -79,17 +89,17 @@ def main(flow: Callable, **flow_kwargs) -> None:
         with on_running_server(), prefect.tags(f"commit:{key.commit[:12]}", f"study:{key}"):
             state = flow(**flow_kwargs, return_state=True)
     except Interrupted as exc:
-        sys.exit(f"{exc}; `dvc repro` resumes")
+        fail(f"{exc}; `dvc repro` resumes", restorable=False)
     except KeyboardInterrupt:
-        sys.exit("interrupted: nothing was written to this stage's outputs; training stages keep their last "
-                 "checkpoint, so `dvc repro` resumes them")
+        fail("interrupted: nothing was written to this stage's outputs; training stages keep their last "
+             "checkpoint, so `dvc repro` resumes them", restorable=False)
     if state.is_failed():
         exc = state.result(raise_on_failure=False)
         if isinstance(exc, LmpipeError):
-            sys.exit(f"error: {exc}")
+            fail(f"error: {exc}")
         if line := full_disk(exc):
-            sys.exit(f"error: {line}")
-        sys.exit(f"error: stage failed: {exc!r}")
+            fail(f"error: {line}")
+        fail(f"error: stage failed: {type(exc).__name__}: {first_line(str(exc))}")
 
 
 def full_disk(exc: BaseException) -> str | None:

@@ -14,9 +14,14 @@ The retrain's MLflow parent run carries the comparison table and the decision as
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+from collections import deque
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,9 +33,10 @@ from flows._stage import CACHE_DIR, PARAMS_FILE, main
 from flows.study import stage_env, dvc, one_study
 from lmpipe import tracking
 from lmpipe.compare import changed, compare_eval, comparison_markdown, describe, metrics_of
-from lmpipe.config import load_params
+from lmpipe.config import load_params, load_with_overrides
 from lmpipe.corpus.sources import corpus_sha256, fetch_corpus
-from lmpipe.errors import LmpipeError
+from lmpipe.errors import ConfigError, LmpipeError
+from lmpipe.params_file import edit_params
 
 DECISION, EXPERIMENT, COMPARISON = "lmpipe.retrain.decision", "lmpipe.retrain.experiment", "lmpipe.retrain.comparison"
 REGRESSED, COMMIT = "lmpipe.retrain.regressed", "lmpipe.retrain.commit"
@@ -71,10 +77,19 @@ def commit_message(name: str, rows: list[dict], max_regression: float) -> str:
     return "\n".join([head, "", *(f"- {describe(r)}" for r in moved)]) + "\n"
 
 
-def apply(name: str, ref: str, message: str, env: dict) -> str:
-    """The experiment into the workspace and into one commit (pushed to the DVC remote when there is one)."""
+def apply(name: str, ref: str, message: str, overrides: list[str], env: dict) -> str:
+    """The experiment into the workspace and into one commit (pushed to the DVC remote when there is one). params.yaml
+    gets only the changed values, written where they stand (DVC's own copy rewraps the whole file)."""
     files = git("diff", "--name-only", "HEAD", ref).split()
+    before = Path(PARAMS_FILE).read_text(encoding="utf-8")
     dvc(["exp", "apply", name], env)
+    if overrides:
+        try:
+            edited = edit_params(before, overrides)
+        except ConfigError:
+            edited = None  # a change ruamel cannot place: DVC's rewrite, which holds the same settings
+        if edited is not None and yaml_equal(edited, Path(PARAMS_FILE).read_text(encoding="utf-8")):
+            Path(PARAMS_FILE).write_text(edited, encoding="utf-8")
     git("add", "--", *files)
     identity = [] if git_identity() else ["-c", "user.name=lmpipe retrain", "-c", "user.email=lmpipe@localhost"]
     git(*identity, "commit", "-q", "-m", message)
@@ -83,14 +98,80 @@ def apply(name: str, ref: str, message: str, env: dict) -> str:
     return git("rev-parse", "HEAD").strip()
 
 
+def yaml_equal(a: str, b: str) -> bool:
+    import yaml
+
+    return yaml.safe_load(a) == yaml.safe_load(b)
+
+
+EXPERIMENT_COPIES = Path(".dvc/tmp/exps")  # where `dvc exp run --temp` makes its temporary copy (tmp*)
+STAGE = re.compile(r"Running stage '([^']+)'")
+EPOCH = re.compile(r"(\S+ epoch \d+\.\d+/[\d.]+ .*\S)")  # the trainer's line per evaluation: '<model> epoch 1.50/4.47 ...'
+
+
+def progress(line: str) -> str | None:
+    """The retrain's progress from a line DVC or a stage printed: the stage DVC is on, a model's epoch; else None."""
+    if stage := STAGE.search(line):
+        return f"stage {stage.group(1)}"
+    if epoch := EPOCH.search(line):
+        return epoch.group(1)
+    return None
+
+
+def run_experiment(name: str, sets: list[str], env: dict) -> None:
+    """`dvc exp run --temp`, saying as it goes which stage runs and each model's epochs. Stopped (Ctrl-C, SIGTERM,
+    the flow's timeout), it stops DVC and the stage it runs and removes the temporary copy DVC leaves behind."""
+    log = get_run_logger()
+    copies = set(EXPERIMENT_COPIES.glob("tmp*"))
+    command = ["dvc", "exp", "run", "--temp", "--name", name, *[a for s in sets for a in ("-S", s)]]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               errors="replace", start_new_session=True)  # its own group: stopped as one, below
+    tail: deque[str] = deque(maxlen=20)
+    try:
+        for chunk in process.stdout:
+            for line in chunk.replace("\r", "\n").splitlines():
+                if line.strip():
+                    tail.append(line.strip())
+                if said := progress(line):
+                    log.info("retrain %s: %s", name, said)
+        code = process.wait()
+    except BaseException:
+        stop_group(process)
+        raise
+    finally:
+        for copy in set(EXPERIMENT_COPIES.glob("tmp*")) - copies:
+            shutil.rmtree(copy, ignore_errors=True)
+    if code != 0:
+        reason = next((line for line in reversed(tail) if line.startswith(("ERROR", "error"))), tail[-1] if tail else "")
+        raise LmpipeError(f"dvc exp run failed (exit {code}): {reason}")
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """SIGINT to DVC and its stage (each closes its runs and keeps its checkpoint), then SIGKILL after 60 s."""
+    for sig, patience in ((signal.SIGINT, 60), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, sig)
+            process.wait(timeout=patience)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def git_identity() -> bool:
     return subprocess.run(["git", "config", "user.email"], capture_output=True).returncode == 0
+
+
+RESUME = "run the same `lmpipe retrain` again: DVC's run cache restores every stage that finished"
 
 
 @flow(name="retrain")
 def retrain(overrides: list[str] | None = None) -> dict:
     """Retrain what a refreshed corpus (or `overrides`, e.g. models.gru.epochs=4) changes, as a DVC experiment;
-    apply and commit it, and promote its models, only when no model regressed beyond retrain.max_regression."""
+    apply and commit it, and promote its models, only when no model regressed beyond retrain.max_regression.
+    Every outcome ends in one line: nothing to retrain, applied (the commit and the champions), or regressed."""
+    load_with_overrides(PARAMS_FILE, overrides)  # a typo in an override stops here, before DVC deletes anything
     params = load_params(PARAMS_FILE)
     limit, log = params.retrain.max_regression, get_run_logger()
     with one_study():
@@ -101,17 +182,33 @@ def retrain(overrides: list[str] | None = None) -> dict:
         parent = tracking.start_study_run(params.tracking.experiment, PARAMS_FILE, "retrain")
         env = stage_env(parent)
         sets = list(overrides or [])
+        log.info("retrain: fetching the corpus source again")
         pinned = fetched_sha256(params.corpus)
         if pinned != corpus_sha256(paths.RAW):
-            log.info("the source has a new corpus: sha256 %s", pinned)
+            log.info("retrain: the source has a new corpus (sha256 %s)", pinned)
             sets.append(f"corpus.sha256={pinned}")
         if not sets and not json.loads(dvc(["status", "--json", "dvc.yaml"], env) or "{}"):
             tracking.set_tags(parent, {DECISION: "unchanged"})
             create_markdown_artifact("# Retraining\n\nThe corpus and the pipeline are unchanged: nothing to retrain.\n",
                                      key="retrain-comparison", description="nothing changed")
+            print(f"nothing to retrain: the corpus source and the pipeline are unchanged since "
+                  f"{git('rev-parse', '--short', 'HEAD').strip()}", flush=True)
             return {"decision": "unchanged"}
         name = f"retrain-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
-        dvc(["exp", "run", "--temp", "--name", name, *[a for s in sets for a in ("-S", s)]], env)
+        log.info("retrain %s: dvc exp run --temp %s", name, " ".join(f"-S {s}" for s in sets))
+        try:
+            run_experiment(name, sets, env)
+        except BaseException as exc:
+            stopped = isinstance(exc, (KeyboardInterrupt, TimeoutError))  # Ctrl-C or SIGTERM (flows/_stage), timeout
+            reason = ("interrupted" if isinstance(exc, KeyboardInterrupt) else
+                      "timed out" if isinstance(exc, TimeoutError) else str(exc)[:250] or type(exc).__name__)
+            tracking.set_tags(parent, {DECISION: "interrupted" if stopped else "failed", EXPERIMENT: name,
+                                       "lmpipe.retrain.reason": reason})
+            tracking.end_run(parent, "KILLED" if stopped else "FAILED")
+            if stopped:
+                raise RetrainStopped(f"retrain {name} {reason}: its temporary copy is removed and nothing is "
+                                     f"applied; {RESUME}") from None
+            raise
         ref = experiment_ref(name)
         head = json.loads(Path(paths.EVAL).read_text()) if Path(paths.EVAL).exists() else None
         before = {**metrics_of(head), **tracking.champion_metrics(params.models)}
@@ -124,11 +221,18 @@ def retrain(overrides: list[str] | None = None) -> dict:
             raise LmpipeError(f"{name} regressed beyond retrain.max_regression={limit:g}: "
                               + "; ".join(describe(r) for r in rows if r["model"] in regressed)
                               + f"; nothing applied (inspect it: dvc exp show, dvc exp diff HEAD {name})")
-        commit = apply(name, ref, commit_message(name, rows, limit), env)
+        commit = apply(name, ref, commit_message(name, rows, limit), sets, env)
         champions = tracking.promote_experiment(name)
         tracking.set_tags(parent, {COMMIT: commit})
-    log.info("applied %s as %s; champions now: %s", name, commit[:12], champions)
+    moved = changed(rows)
+    print(f"applied {name} as commit {commit[:12]}; champions: "
+          + (", ".join(f"{m.removeprefix('lmpipe-')} v{v}" for m, v in sorted(champions.items())) or "unchanged")
+          + ("; " + "; ".join(describe(r) for r in moved) if moved else "; no model's numbers changed"), flush=True)
     return {"decision": "passed", "experiment": name, "commit": commit, "rows": rows, "champions": champions}
+
+
+class RetrainStopped(LmpipeError):
+    """A retrain stopped by Ctrl-C, SIGTERM or its timeout, cleaned up: one line, how to resume."""
 
 
 if __name__ == "__main__":

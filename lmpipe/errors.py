@@ -1,6 +1,14 @@
 """User-facing errors: each carries one line that names the file, the field and the fix."""
 
 
+def first_line(text: str, limit: int = 300) -> str:
+    """The first line of a library's message, whole up to `limit` characters, else cut at a word with an ellipsis."""
+    line = (text.strip().splitlines() or [""])[0].strip()
+    if len(line) <= limit:
+        return line
+    return line[:limit].rsplit(" ", 1)[0].rstrip(" ,;:") + " ..."
+
+
 class LmpipeError(Exception):
     """A mistake in the user's input or environment; printed as one line, never as a traceback."""
 

@@ -17,8 +17,16 @@ from typing import Iterator
 
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `dest` (file or directory); rename it onto `dest` only on success."""
+    """Yield a temporary path beside `dest` (file or directory); rename it onto `dest` only on success. A directory
+    `dest` is replaced whole (a stage's output, which DVC owns), so the working directory and the folders above it
+    are refused: replacing one would delete the project."""
     dest = Path(dest)
+    here = Path.cwd().resolve()
+    if dest.resolve() == here or dest.resolve() in here.parents:
+        from lmpipe.errors import LmpipeError
+
+        raise LmpipeError(f"{dest}: is the working directory or a folder above it, which lmpipe never replaces; "
+                          "write to a new folder")
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     os.close(fd)
@@ -50,6 +58,25 @@ def _disk_full(dest: Path):
     free = shutil.disk_usage(dest.parent).free / 2**20
     return DiskFull(f"{dest}: no space left on device ({free:.0f} MiB free there); free some space and run again "
                     "(a training stage resumes from its checkpoint)")
+
+
+OUT_MARK = "lmpipe-output.json"  # written into every folder a user names with --out: lmpipe may replace that folder
+
+
+def check_out_dir(dest: str | os.PathLike, command: str) -> None:
+    """A folder a user named for results (--out) is new, empty, or an earlier result of lmpipe's (it holds OUT_MARK):
+    anything else is the user's, and is refused before any work is done."""
+    from lmpipe.errors import LmpipeError
+
+    dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise LmpipeError(f"{command} --out {dest}: is a file; name a new or empty folder")
+    if dest.is_dir() and any(dest.iterdir()) and not (dest / OUT_MARK).is_file():
+        raise LmpipeError(f"{command} --out {dest}: the folder holds files that lmpipe did not write, and --out "
+                          "replaces the whole folder; name a new or empty folder")
+    here = Path.cwd().resolve()
+    if dest.resolve() == here or dest.resolve() in here.parents:
+        raise LmpipeError(f"{command} --out {dest}: is the working directory or a folder above it; name a new folder")
 
 
 def write_text(dest: str | os.PathLike, text: str) -> None:

@@ -21,7 +21,7 @@ from typing import Iterator, Mapping
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from lmpipe.errors import TrackingError
+from lmpipe.errors import TrackingError, first_line
 from lmpipe.io import sha256_tree
 
 ROLE, STUDY_KEY = "lmpipe.role", "lmpipe.study_key"
@@ -82,7 +82,7 @@ def check_store(timeout: float) -> None:
             with _env(MLFLOW_HTTP_REQUEST_TIMEOUT=f"{max(1, round(timeout))}"):  # the probe only: uploads take longer
                 MlflowClient(uri).search_experiments(max_results=1)
         except Exception as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            first = first_line(str(exc)) or type(exc).__name__
             raise TrackingError(f"MLFLOW_TRACKING_URI={uri}: the MLflow server answers /health but its API fails "
                                 f"({first}); check the server's log, or unset MLFLOW_TRACKING_URI to use the "
                                 f"project's mlflow.db") from None
@@ -548,6 +548,13 @@ def promote_experiment(name: str) -> dict[str, str]:
         client.set_registered_model_alias(version.name, CHAMPION, str(version.version))
         moved[version.name] = str(version.version)
     return moved
+
+
+def end_run(run_id: str, status: str) -> None:
+    """End a run as FINISHED, FAILED or KILLED now (a retrain's parent run is created finished, at its start)."""
+    import time
+
+    MlflowClient().set_terminated(run_id, status, end_time=int(time.time() * 1000))
 
 
 def set_tags(run_id: str, tags: Mapping[str, str]) -> None:

@@ -183,7 +183,17 @@ def test_a_model_file_that_would_run_code_is_refused_in_one_line_and_never_runs(
     with pytest.raises(ModelFileError) as info:
         load_model(tmp_path / "model.pt")
     assert str(tmp_path / "model.pt") in str(info.value) and "\n" not in str(info.value)
+    assert "not an lmpipe model" in str(info.value) and "weights_only" not in str(info.value)  # lmpipe's advice only
     assert not marker.exists()
+
+
+def test_a_long_library_message_is_cut_whole_at_a_word():
+    from lmpipe.errors import first_line
+
+    text = "word " * 100 + "\nsecond line"
+    cut = first_line(text)
+    assert len(cut) <= 304 and cut.endswith("word ...") and "second" not in cut
+    assert first_line("short one\nmore") == "short one"
 
 
 def test_a_saved_model_loads_back_with_weights_only(tmp_path):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+
 import os
+import re
 import signal
 
 import numpy as np
@@ -111,8 +113,10 @@ def test_kill_and_resume_gives_identical_weights_and_curve(tmp_path, name, step,
     capsys.readouterr()
     steps = []
     resumed = train(tmp_path / "killed", name, on_step=steps.append)
-    assert "unreadable checkpoint" not in capsys.readouterr().err  # it resumed, it did not start afresh
+    said = capsys.readouterr().err
+    assert "unreadable checkpoint" not in said  # it resumed, it did not start afresh
     assert steps and 1 < steps[0] <= step + 1  # from the last checkpoint before the kill
+    assert re.search(rf"^resuming {name} from step {steps[0] - 1} of \d+ ", said, re.M), said  # and says so
     for (key, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items()):
         assert torch.equal(a, b), key
     assert drop_timings(resumed.history) == drop_timings(whole.history)

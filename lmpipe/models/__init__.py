@@ -49,7 +49,7 @@ def load_model(path, device="cpu") -> StreamLM:
 
     import torch
 
-    from lmpipe.errors import ModelFileError
+    from lmpipe.errors import ModelFileError, first_line
 
     path = Path(path)
     if not path.is_file():
@@ -60,9 +60,14 @@ def load_model(path, device="cpu") -> StreamLM:
         model = build_model(saved["family"], saved["arch"], saved["vocab_size"], saved["boundary"])
         model.load_state_dict(saved["state_dict"])
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        import pickle
+
         restore = (f"restore the study's copy: dvc checkout --force train@{path.parent.name}"
                    if path.parent.parent.name == "models" else "use a model.pt written by lmpipe")
+        if isinstance(exc, pickle.UnpicklingError):  # torch's own advice (weights_only=False) would run the file's code
+            raise ModelFileError(f"{path}: not an lmpipe model (it holds objects other than tensors and plain values, "
+                                 f"which lmpipe never loads); {restore}") from None
+        first = first_line(str(exc)) or type(exc).__name__
         raise ModelFileError(f"{path}: not a readable lmpipe model ({type(exc).__name__}: {first}); {restore}") from None
     return model.to(device).eval()
 

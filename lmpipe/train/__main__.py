@@ -15,7 +15,7 @@ from lmpipe import checkpoints, distributed
 from lmpipe.config import load_params, parse_assignments
 from lmpipe.errors import Interrupted, LmpipeError
 from lmpipe.evaluate import evaluate_lm
-from lmpipe.io import atomic_path, write_json
+from lmpipe.io import OUT_MARK, atomic_path, check_out_dir, write_json
 from lmpipe.models import save_model
 from lmpipe.splits import load_tokens
 from lmpipe.train.trainer import Trainer, configure_run, run_checkpoints, setup_process
@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, help="CPU threads (1: two runs side by side on 2 cores)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (train.compile)")
     parser.add_argument("--score", action="store_true", help="score valid and test as the evaluate stage does")
-    parser.add_argument("--out", help="directory for model.pt, metrics.json and history.json (default: none)")
+    parser.add_argument("--out", help="a new or empty folder for model.pt, metrics.json and history.json, or one an "
+                                      f"earlier --out wrote (it holds {OUT_MARK}; replaced whole) (default: none)")
     parser.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")
     parser.add_argument("--checkpoints", default=".cache/lmpipe/ckpt", help="root of the resumable checkpoints")
     args = parser.parse_args(argv)
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     train = {k: v for k, v in (("seed", args.seed), ("threads", args.threads), ("compile", args.compile or None))
              if v is not None}
     try:
+        if args.out:  # before any training: a folder of the user's is never replaced
+            check_out_dir(args.out, "python -m lmpipe.train")
         budget = None if args.budget is None else parse_assignments([f"budget={args.budget}"], "--budget")["budget"]
         params, data = load_params(args.params), load_tokens()
         settings, common = configure_run(params, args.model, parse_assignments(args.set), budget, train, args.params)
@@ -67,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
             save_model(result.model, settings.family, settings.arch, tmp / "model.pt")
             write_json(tmp / "metrics.json", {**result.metrics, "processes": ranks.world})
             write_json(tmp / "history.json", result.history)
+            write_json(tmp / OUT_MARK, {"written_by": "python -m lmpipe.train", "model": args.model, "set": args.set})
     if args.score:
         scores = evaluate_lm(result.model.eval(), data, params.evaluate.chunk)
         print(json.dumps({"model": args.model, "set": args.set, "seed": common.seed, "valid_bpb": scores["valid"]["bpb"],

@@ -537,6 +537,9 @@ class Trainer:
             self.model.load_state_dict(initial)  # load_state_dict may have copied some tensors before it failed
             return
         self.optimizer, self.progress = optimizer, progress
+        if self.ranks.main:
+            print(f"resuming {self.name} from step {progress.step} of {self.total_steps} ({path})", file=sys.stderr,
+                  flush=True)
         torch.set_rng_state(ckpt.torch_rng.cpu())
         if ckpt.cuda_rng is not None:
             torch.cuda.set_rng_state_all([state.cpu() for state in ckpt.cuda_rng])  # loaded onto the device
