@@ -43,18 +43,27 @@ def stage_run(stage: str, params: Params, sections: list[str] | dict, model: str
         yield run
 
 
+def _user_error_names() -> set[str]:
+    names, todo = set(), [LmpipeError]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo += cls.__subclasses__()
+    return names
+
+
 class _OneLineUserErrors(logging.Filter):
-    """Prefect logs a failed task with its traceback; for a user mistake the message alone is the point, and an
-    interrupt is said once, by `main`, not as Prefect's crash reports."""
+    """A user mistake is said once, as `main`'s one line: Prefect's four reports of it (task failed, task finished
+    Failed, flow encountered, flow finished Failed, each repeating the message) are dropped, as are its crash reports
+    of an interrupt, which `main` also says once."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt):
+        if record.exc_info and isinstance(record.exc_info[1], (KeyboardInterrupt, LmpipeError)):
             return False
-        if "aborted by an interrupt signal" in record.getMessage():
+        message = record.getMessage()
+        if "aborted by an interrupt signal" in message:
             return False
-        if record.exc_info and isinstance(record.exc_info[1], LmpipeError):
-            record.exc_info, record.exc_text = None, None
-        return True
+        return not any(f"{name}(" in message or f"{name}: " in message for name in _user_error_names())
 
 
 def _terminated(signum, frame):

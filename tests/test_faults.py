@@ -158,3 +158,22 @@ def test_a_tracking_server_that_answers_health_but_fails_its_api_fails_the_stage
     message = str(info.value)
     assert message.startswith(f"MLFLOW_TRACKING_URI={uri}: the MLflow server answers /health but its API fails")
     assert "\n" not in message
+
+
+def test_a_user_error_is_said_once_and_not_again_in_prefects_reports():
+    import logging
+
+    from flows._stage import _OneLineUserErrors
+    from lmpipe.errors import ConfigError
+
+    def record(message, exc=None):
+        return logging.LogRecord("prefect.flow_runs", logging.ERROR, __file__, 1, message, None,
+                                 (type(exc), exc, None) if exc else None)
+
+    keep = _OneLineUserErrors().filter
+    said = "params.yaml: models.gru.budget: must be > 0"
+    assert not keep(record(f"Task run failed with exception: ConfigError('{said}')"))
+    assert not keep(record(f"Finished in state Failed('Flow run encountered an exception: ConfigError: {said}')"))
+    assert not keep(record("Encountered exception during execution", ConfigError(said)))
+    assert keep(record("Finished in state Failed('Flow run encountered an exception: ValueError: a bug')"))
+    assert keep(record("Beginning flow run 'train' for flow 'train'"))
