@@ -130,8 +130,14 @@ def _check_params(args) -> int:
 
     from lmpipe.config import load_params, unstated_settings
 
-    load_params(args.file)
-    print(f"{args.file}: ok")
+    params = load_params(args.file)
+    if args.store:  # what every stage needs before DVC removes its outputs: the tracking store answers
+        from lmpipe.tracking import check_store, tracking_uri
+
+        check_store(params.tracking.timeout_seconds)
+        print(f"{args.file}: ok; MLflow store {tracking_uri()}: ok")
+    else:
+        print(f"{args.file}: ok")
     left = unstated_settings(yaml.safe_load(Path(args.file).read_text(encoding="utf-8")) or {})
     if left:  # valid, but DVC cannot see a change of these defaults
         print(f"note: {len(left)} settings are left to lmpipe's defaults, which DVC does not track; state them to "
@@ -237,21 +243,10 @@ def _generate(args) -> int:
 
 
 def _serve(args) -> int:
-    """`mlflow models serve` of a registered model, on 127.0.0.1 and in this environment (--env-manager local)."""
-    from lmpipe.tracking import champion_versions, relocate_store, tracking_uri
+    """A registered model over HTTP on 127.0.0.1, in this process: requests checked and bounded (lmpipe.serve_app)."""
+    from lmpipe.serve_app import serve
 
-    relocate_store()  # a copied or moved checkout: serve this one's files
-    uri = f"models:/lmpipe-{args.model}" + (f"/{args.alias}" if args.alias.isdigit() else f"@{args.alias}")
-    if args.alias == "champion" and not champion_versions([args.model]):
-        raise LmpipeError(f"{uri}: no such model in the registry at {tracking_uri()} (train it: dvc repro; "
-                          "the models: lmpipe ui)")
-    print(f"serving {uri} on http://127.0.0.1:{args.port}/invocations; Ctrl-C stops it", flush=True)
-    print(f"""  curl -s http://127.0.0.1:{args.port}/invocations -H 'Content-Type: application/json' \\
-    -d '{{"inputs": {{"prompt": ["The history of"]}}, "params": {{"strategy": "greedy", "max_new_tokens": 20}}}}'""",
-          flush=True)
-    command = [sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local",
-               "--host", "127.0.0.1", "--port", str(args.port)]
-    return subprocess.call(command, env={**this_environment(), "MLFLOW_TRACKING_URI": tracking_uri()})
+    return serve(args.model, args.alias, args.port)
 
 
 def check_cron(cron: str) -> None:
@@ -266,30 +261,52 @@ def check_cron(cron: str) -> None:
 
 
 def _schedule(args) -> int:
+    """Serve the retrain deployment on the project's Prefect server. Prefect reads PREFECT_API_URL once, when it is
+    first imported, so the server is settled before anything imports Prefect: a temporary server cannot schedule."""
     from flows import server
 
-    check_cron(args.cron)
-    if not os.environ.get("PREFECT_API_URL"):
-        url, _ = server.start()
-        os.environ["PREFECT_API_URL"] = url
+    ours = not os.environ.get("PREFECT_API_URL")
+    if ours:
+        os.environ["PREFECT_API_URL"] = server.api_url()
+    if args.cron:
+        check_cron(args.cron)  # imports Prefect, which now reads the server's URL
+    if ours:
+        if server.start()[1]:
+            print(f"started the project's Prefect server: {server.api_url()} (stop it with: lmpipe server --stop)",
+                  flush=True)
+    elif not server.healthy(os.environ["PREFECT_API_URL"], timeout=5):
+        raise LmpipeError(f"PREFECT_API_URL={os.environ['PREFECT_API_URL']} does not answer: a schedule needs a "
+                          "running Prefect server (start one: lmpipe server, or unset PREFECT_API_URL)")
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
 
     from flows.retrain import retrain
     from lmpipe.config import load_params
 
     timeout = load_params().retrain.timeout
-    print(f"serving deployment 'retrain/{args.name}' on cron '{args.cron}' via {os.environ['PREFECT_API_URL']}"
-          f" (one retrain at a time, a firing during one is cancelled; each may run {timeout:g} s; Ctrl-C stops it)")
+    when = f"cron '{args.cron}'" if args.cron else f"every {args.interval:g} s"
+    print(f"serving deployment 'retrain/{args.name}' on {when} via {os.environ['PREFECT_API_URL']}"
+          f" (one retrain at a time, a firing during one is cancelled; each may run {timeout:g} s; Ctrl-C stops it)",
+          flush=True)
     # Prefect 3.8's runner stops on SIGTERM through a coroutine it never awaits; the shutdown is clean all the same
     warnings.filterwarnings("ignore", message="coroutine 'Runner.astop' was never awaited")
     try:
         retrain.with_options(timeout_seconds=timeout).serve(
-            name=args.name, cron=args.cron, print_starting_message=False,
+            name=args.name, cron=args.cron, interval=args.interval, print_starting_message=False,
             global_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW))
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (the runner exits 0 after pausing the schedule)
         pass
     print(f"stopped serving 'retrain/{args.name}'", flush=True)
     return 0
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0 (e.g. 86400 for daily)")
+    return value
 
 
 RETRAIN_HELP = """Each retrain fetches the corpus source again and runs what a new corpus (or the given overrides)
@@ -309,7 +326,8 @@ def _retrain(args) -> int:
     return 0
 
 
-SCHEDULE_HELP = """Serve a Prefect deployment of the `retrain` flow on a cron schedule, from this project directory.
+SCHEDULE_HELP = """Serve a Prefect deployment of the `retrain` flow on a cron or interval schedule, from this project
+directory.
 """ + RETRAIN_HELP + """
 Schedules need a Prefect server: set PREFECT_API_URL (e.g. http://prefect.example:4200/api for a
 shared server, or your Prefect Cloud workspace URL); without it `lmpipe server` is started on
@@ -352,7 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"the study's tokenizer, for models under models/ (default: {paths.TOKENIZER}; a registered "
                           "model carries its own)")
     gen.set_defaults(run=_generate)
-    serve = commands.add_parser("serve", help="answer prompts over HTTP with a registered model (mlflow models serve)")
+    serve = commands.add_parser("serve", help="answer prompts over HTTP with a registered model (MLflow's scoring "
+                                "protocol; requests checked and bounded)")
     serve.add_argument("--model", required=True, help="an entry of params.yaml's `models`, e.g. gru")
     serve.add_argument("--alias", default="champion", help="registry alias or version number (default: champion)")
     serve.add_argument("--port", type=int, default=5001, help="port on 127.0.0.1 (default: 5001)")
@@ -363,7 +382,10 @@ def build_parser() -> argparse.ArgumentParser:
     again.set_defaults(run=_retrain)
     schedule = commands.add_parser("schedule", help="serve the retraining flow on a cron schedule",
                                    description=SCHEDULE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    schedule.add_argument("--cron", required=True, help='cron expression, e.g. "0 3 * * 1" (Mondays 03:00)')
+    when = schedule.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", help='cron expression, e.g. "0 3 * * 1" (Mondays 03:00)')
+    when.add_argument("--interval", type=positive_seconds, metavar="SECONDS",
+                      help="or every SECONDS seconds from now (e.g. 86400: daily)")
     schedule.add_argument("--name", default="lmpipe-retrain", help="deployment name")
     schedule.set_defaults(run=_schedule)
     tune = commands.add_parser("sweep", help="tune one model's settings with Optuna (trials in MLflow, outcome in sweeps/)")
@@ -386,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
     spread.set_defaults(run=_seeds)
     check = commands.add_parser("check-params", help="validate params.yaml and say what is wrong in one line")
     check.add_argument("file", nargs="?", default="params.yaml", help="the params file (default: params.yaml)")
+    check.add_argument("--store", action="store_true", help="also reach the MLflow tracking store (make study runs "
+                                                            "this before dvc repro: a stage never fails on either "
+                                                            "after DVC removed its outputs)")
     check.set_defaults(run=_check_params)
     return parser
 

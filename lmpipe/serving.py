@@ -1,10 +1,11 @@
 """A trained LM as MLflow pyfunc models, read with the safe loader (tensors and JSON, never a pickle):
 
 - `TextGenerator`: prompts in, continuations out, as `lmpipe generate` prints them; the registered `lmpipe-<m>`
-  model, so `mlflow models serve -m models:/lmpipe-<m>@champion` answers text over HTTP;
+  model, which `lmpipe serve` (lmpipe.serve_app) answers over HTTP;
 - `TokenLogits`: int64 token ids (batch, time) in, float32 next-token logits (batch, time, vocab) out.
 
 Each is logged as code (MLflow's models-from-code: lmpipe/pyfunc/*.py), so loading one unpickles nothing.
+`check_request` is the one check of a scoring request, against the limits below, before any model work.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -22,8 +23,18 @@ from lmpipe.config import STRATEGIES
 from lmpipe.decode import DecodeSettings, generate
 from lmpipe.tokenize import decode_stream
 
-MAX_NEW_TOKENS = 1024  # a request's ceiling: generation is one forward per token
+# A request's limits, checked before any model work (`check_request`; README, "Operate it"). Generation reads the
+# prompt again for every new token, and a recurrent model's logits over a prompt of n tokens take n x vocab floats:
+# a 1 MB prompt (~250k tokens) took 40 s and 8.7 GB for one new token. The worst request these limits allow reads
+# 16 prompts of 4096 tokens 1024 times, in bounded memory (one prompt's logits: 4096 x 8192 floats, 128 MiB).
+MAX_NEW_TOKENS = 1024  # new tokens a prompt may ask for
+MAX_PROMPTS = 16  # prompts a request may hold
+MAX_PROMPT_TOKENS = 4096  # tokens of one prompt (with the study's tokenizer)
+MAX_PROMPT_BYTES = 32 * 1024  # UTF-8 bytes of one prompt, checked before it is tokenized: 8 bytes a token
+MAX_BODY_BYTES = 1024 * 1024  # bytes of a request's body: 16 such prompts with room for JSON's \u escapes
 REQUEST_PARAMS = ("strategy", "max_new_tokens", "seed")
+INPUT_FORMATS = ("inputs", "dataframe_records", "dataframe_split")  # MLflow's scoring protocol, one column: prompt
+MAX_SEED = 2**63 - 1  # the signature's `long`
 
 
 def continuation(lm, tokenizer, boundary: int, prompt: str, settings: DecodeSettings) -> str:
@@ -33,16 +44,137 @@ def continuation(lm, tokenizer, boundary: int, prompt: str, settings: DecodeSett
     return decode_stream(tokenizer, np.array(new + [boundary]), boundary)[:-1]
 
 
+class BadRequest(ValueError):
+    """A request the server refuses before any model work: one line that names the field and the limit, never
+    quotes the input; `status` is its HTTP status (400, or 413 for a request over a size limit)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def _kind(value) -> str:
+    """A JSON value's kind, for a message that must not quote the value itself."""
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _name(key) -> str:
+    """A field name as a message may show it: short, so a hostile name is not echoed."""
+    text = repr(str(key))
+    return text if len(text) <= 40 else text[:36] + "...'"
+
+
+def _integer(value) -> bool:
+    from numbers import Integral
+
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
 def request_settings(defaults: DecodeSettings, params: Mapping | None) -> DecodeSettings:
-    """A request's settings on top of the model's defaults; a bad value is a ValueError of one line."""
-    given = {k: v for k, v in (params or {}).items() if k in REQUEST_PARAMS and v is not None}
+    """A request's settings on top of the model's defaults; an unknown or bad one is a BadRequest of one line."""
+    if params is None:
+        params = {}
+    if not isinstance(params, Mapping):
+        raise BadRequest(f"params must be an object of {', '.join(REQUEST_PARAMS)}, not {_kind(params)}")
+    unknown = [k for k in params if k not in REQUEST_PARAMS]
+    if unknown:
+        raise BadRequest(f"params.{_name(unknown[0])[1:-1]} is not a setting of this model: use "
+                         f"{', '.join(REQUEST_PARAMS)}")
+    given = {k: v for k, v in params.items() if v is not None}
     if "strategy" in given and given["strategy"] not in STRATEGIES:
-        raise ValueError(f"strategy {given['strategy']!r} is unknown: use one of {', '.join(STRATEGIES)}")
-    if "max_new_tokens" in given and not 1 <= int(given["max_new_tokens"]) <= MAX_NEW_TOKENS:
-        raise ValueError(f"max_new_tokens {given['max_new_tokens']} is out of range: use 1 to {MAX_NEW_TOKENS}")
-    if "seed" in given and int(given["seed"]) < 0:
-        raise ValueError(f"seed {given['seed']} is negative: use a number >= 0")
+        raise BadRequest(f"strategy must be one of {', '.join(STRATEGIES)}")
+    if "max_new_tokens" in given and not (_integer(given["max_new_tokens"])
+                                          and 1 <= given["max_new_tokens"] <= MAX_NEW_TOKENS):
+        raise BadRequest(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS}")
+    if "seed" in given and not (_integer(given["seed"]) and 0 <= given["seed"] <= MAX_SEED):
+        raise BadRequest("seed must be a whole number from 0 to 2**63 - 1")
     return replace(defaults, **{k: (v if k == "strategy" else int(v)) for k, v in given.items()})
+
+
+def check_prompts(prompts, count_tokens: Callable[[str], int] | None = None, field: str = "prompt",
+                  max_prompts: int | None = MAX_PROMPTS) -> list[str]:
+    """`prompts` if it is a non-empty list of at most `max_prompts` strings, each within MAX_PROMPT_BYTES and (with
+    `count_tokens`) MAX_PROMPT_TOKENS; else a BadRequest (413 over a limit). Cheap checks first."""
+    if not isinstance(prompts, list):
+        raise BadRequest(f"{field} must be a list of strings, not {_kind(prompts)}")
+    if not prompts:
+        raise BadRequest(f"{field} is empty: give at least one prompt")
+    if max_prompts is not None and len(prompts) > max_prompts:
+        raise BadRequest(f"{field} holds {len(prompts)} prompts: at most {max_prompts} a request", 413)
+    for i, prompt in enumerate(prompts, 1):
+        if not isinstance(prompt, str):
+            raise BadRequest(f"prompt {i} is {_kind(prompt)}: each prompt must be a string")
+    for i, prompt in enumerate(prompts, 1):
+        try:
+            size = len(prompt.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise BadRequest(f"prompt {i} is not valid Unicode (it holds a lone surrogate)") from None
+        if size > MAX_PROMPT_BYTES:
+            raise BadRequest(f"prompt {i} has {size} bytes: at most {MAX_PROMPT_BYTES} (UTF-8) a prompt", 413)
+    for i, prompt in enumerate(prompts if count_tokens else (), 1):
+        tokens = count_tokens(prompt)
+        if tokens > MAX_PROMPT_TOKENS:
+            raise BadRequest(f"prompt {i} has {tokens} tokens: at most {MAX_PROMPT_TOKENS} a prompt", 413)
+    return prompts
+
+
+SHAPES = {"inputs": '{"prompt": [strings]}', "dataframe_records": '[{"prompt": string}, ...]',
+          "dataframe_split": '{"columns": ["prompt"], "data": [[string], ...]}'}
+
+
+def _prompts_of(form: str, value) -> list:
+    """The prompts of a request's input `value` given in `form` (one of INPUT_FORMATS), as a list of whatever the
+    client sent: `check_prompts` checks them."""
+    wrong = BadRequest(f"{form} must be {SHAPES[form]}, not {_kind(value)}")
+    if form == "inputs":
+        if not isinstance(value, Mapping):
+            raise wrong
+        if "prompt" not in value:
+            raise BadRequest(f"inputs must be {SHAPES[form]}: it has no prompt")
+        extra = [k for k in value if k != "prompt"]
+        if extra:
+            raise BadRequest(f"inputs has an unknown column {_name(extra[0])}: the model reads one, prompt")
+        return value["prompt"]
+    if form == "dataframe_records":
+        if not isinstance(value, list):
+            raise wrong
+        if len(value) > MAX_PROMPTS:  # before looking at each
+            raise BadRequest(f"dataframe_records holds {len(value)} prompts: at most {MAX_PROMPTS} a request", 413)
+        if not all(isinstance(r, Mapping) and list(r) == ["prompt"] for r in value):
+            raise BadRequest(f"dataframe_records must be {SHAPES[form]}: each record has one field, prompt")
+        return [r["prompt"] for r in value]
+    if not (isinstance(value, Mapping) and set(value) <= {"columns", "data", "index"} and
+            value.get("columns") == ["prompt"] and isinstance(value.get("data"), list)):
+        raise BadRequest(f"dataframe_split must be {SHAPES[form]}")
+    if len(value["data"]) > MAX_PROMPTS:
+        raise BadRequest(f"dataframe_split holds {len(value['data'])} prompts: at most {MAX_PROMPTS} a request", 413)
+    if not all(isinstance(row, list) and len(row) == 1 for row in value["data"]):
+        raise BadRequest(f"dataframe_split must be {SHAPES[form]}: each row holds one prompt")
+    return [row[0] for row in value["data"]]
+
+
+def check_request(body, count_tokens: Callable[[str], int], defaults: DecodeSettings | None = None
+                  ) -> tuple[list[str], dict]:
+    """(prompts, params) of a parsed MLflow scoring request (POST /invocations), or a BadRequest of one line: exactly
+    one of INPUT_FORMATS holding 1 to MAX_PROMPTS string prompts within the limits above, and `params` with known
+    settings only (`request_settings`). Every check is cheap; the tokens are counted last, of checked prompts."""
+    if not isinstance(body, Mapping):
+        raise BadRequest(f"the body must be a JSON object with one of {', '.join(INPUT_FORMATS)}, not {_kind(body)}")
+    unknown = [k for k in body if k not in (*INPUT_FORMATS, "params")]
+    if unknown:
+        raise BadRequest(f"unknown field {_name(unknown[0])}: a request has one of {', '.join(INPUT_FORMATS)}, "
+                         "and params")
+    forms = [f for f in INPUT_FORMATS if f in body]
+    if len(forms) != 1:
+        raise BadRequest(f"a request has exactly one of {', '.join(INPUT_FORMATS)}, not {len(forms)}")
+    form = forms[0]
+    prompts = check_prompts(_prompts_of(form, body[form]), field="inputs.prompt" if form == "inputs" else form)
+    params = {} if body.get("params") is None else body["params"]
+    request_settings(defaults or DecodeSettings(), params)
+    check_prompts(prompts, count_tokens)
+    return prompts, {k: v for k, v in params.items() if v is not None}
 
 
 def bundle_files(model_dir: str | Path, tokenizer: str | Path, defaults: DecodeSettings, scratch: Path) -> dict[str, str]:
@@ -70,16 +202,20 @@ class TextGenerator(PythonModel):
     def load_context(self, context):
         self.lm, self.tokenizer, self.boundary, self.defaults = load_bundle(context.artifacts)
 
+    def count_tokens(self, prompt: str) -> int:
+        return len(self.tokenizer.encode(prompt, add_special_tokens=False).ids)
+
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:
         from mlflow.exceptions import MlflowException
         from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
+        prompts = model_input["prompt"].tolist() if isinstance(model_input, pd.DataFrame) else list(model_input)
         try:
             settings = request_settings(self.defaults, params)
-        except ValueError as exc:
+            check_prompts(prompts, self.count_tokens, max_prompts=None)  # a server limits the count
+        except BadRequest as exc:
             raise MlflowException(str(exc), error_code=INVALID_PARAMETER_VALUE) from None
-        prompts = model_input["prompt"].tolist() if isinstance(model_input, pd.DataFrame) else list(model_input)
-        return pd.DataFrame({"continuation": [continuation(self.lm, self.tokenizer, self.boundary, str(p), settings)
+        return pd.DataFrame({"continuation": [continuation(self.lm, self.tokenizer, self.boundary, p, settings)
                                               for p in prompts]})
 
 

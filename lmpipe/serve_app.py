@@ -1,0 +1,259 @@
+"""`lmpipe serve`: a registered text model over HTTP, in this process (uvicorn, one worker, 127.0.0.1).
+
+The model is the registry's pyfunc (`mlflow.pyfunc.load_model`, lmpipe.serving.TextGenerator), answering MLflow's
+scoring protocol, so MLflow clients keep working: POST /invocations with {"inputs": {"prompt": [...]}, "params":
+{...}} (or dataframe_records, dataframe_split) answers {"predictions": [{"continuation": ...}]}; GET /ping and
+/health answer 200, /version names the model. Before any model work a request must say it is JSON (else 415), its
+body is read to at most MAX_BODY_BYTES whatever its Content-Length says (413 past it), and
+`lmpipe.serving.check_request` checks it (400, or 413 over a limit). Every refusal is one line that names the field
+and the limit and never quotes the input. The model runs on one daemon thread, one request at a time: the server
+keeps answering (and refusing) meanwhile, and SIGTERM or Ctrl-C stop it within seconds, no traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from http import HTTPStatus
+from typing import Callable
+
+from lmpipe.errors import LmpipeError
+from lmpipe.serving import MAX_BODY_BYTES, BadRequest, check_request
+
+HOST = "127.0.0.1"
+GRACE_S = 2  # a stopping server waits this long for a running generation, then drops it
+MAX_CONNECTIONS = 64  # open connections and requests at once (each holds at most MAX_BODY_BYTES); 503 past it
+
+
+def model_uri(model: str, alias: str) -> str:
+    """models:/lmpipe-<model>/<version> for a number, else models:/lmpipe-<model>@<alias>."""
+    return f"models:/lmpipe-{model}" + (f"/{alias}" if alias.isdigit() else f"@{alias}")
+
+
+def resolve(model: str, alias: str) -> tuple[str, str]:
+    """(URI, version) of the registry's lmpipe-<model> at `alias` (an alias or a version number); when it has none
+    such, one line that names the versions and aliases it has (or the models the registry has)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    from lmpipe.tracking import registered_version, relocate_store, tracking_uri
+
+    mlflow.set_tracking_uri(tracking_uri())
+    relocate_store()  # a copied or moved checkout: serve this one's files
+    uri, name = model_uri(model, alias), f"lmpipe-{model}"
+    with contextlib.suppress(MlflowException):
+        return uri, str(registered_version(uri).version)
+    client = MlflowClient()
+    try:
+        aliases = client.get_registered_model(name).aliases  # {alias: version}
+        versions = sorted(int(v.version) for v in client.search_model_versions(f"name = '{name}'"))
+    except MlflowException:
+        models = sorted(m.name.removeprefix("lmpipe-") for m in client.search_registered_models()
+                        if m.name.startswith("lmpipe-"))
+        raise LmpipeError(f"{uri}: no model '{model}' in the registry at {tracking_uri()} (it has "
+                          f"{', '.join(models) if models else 'none: train them with dvc repro'})") from None
+    named = ", ".join(f"{a} (version {v})" for a, v in sorted(aliases.items())) or "none"
+    raise LmpipeError(f"{uri}: {name} has no {'version' if alias.isdigit() else 'alias'} {alias}: its versions are "
+                      f"{', '.join(map(str, versions)) or 'none'}; its aliases {named}")
+
+
+def load(uri: str):
+    """The registered pyfunc at `uri`, as MLflow loads it; its files missing or not a text model: one line."""
+    import mlflow.pyfunc
+    from mlflow.exceptions import MlflowException
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # a log, not a terminal
+    try:
+        pyfunc = mlflow.pyfunc.load_model(uri)
+    except (MlflowException, OSError) as exc:
+        raise LmpipeError(f"{uri}: registered, but it cannot be loaded ({type(exc).__name__}): were its files under "
+                          "mlartifacts/ removed?") from None
+    try:
+        text_model = hasattr(pyfunc.unwrap_python_model(), "tokenizer")
+    except MlflowException:  # not a Python model at all
+        text_model = False
+    if not text_model:
+        raise LmpipeError(f"{uri}: not an lmpipe text model (register it anew: dvc repro --force train@<model>)")
+    return pyfunc
+
+
+class Worker:
+    """Runs the model's work on one daemon thread, one call at a time: the event loop stays free to answer, and a
+    stopping process does not wait for a generation to end."""
+
+    def __init__(self):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.busy = False
+        threading.Thread(target=self._work, name="lmpipe-serve-model", daemon=True).start()
+
+    async def run(self, fn: Callable, *args):
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self.jobs.put((fn, args, loop, done))
+        return await done
+
+    def _work(self) -> None:
+        while True:
+            fn, args, loop, done = self.jobs.get()
+            if done.cancelled():  # its request is gone (a stopping server)
+                continue
+            self.busy = True
+            try:
+                outcome = (fn(*args), None)
+            except Exception as exc:  # handed to the request, which answers it
+                outcome = (None, exc)
+            finally:
+                self.busy = False
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                loop.call_soon_threadsafe(_settle, done, *outcome)
+
+
+def _settle(done: asyncio.Future, result, error: Exception | None) -> None:
+    if not done.done():
+        done.set_exception(error) if error is not None else done.set_result(result)
+
+
+def refusal(status: int, message: str):
+    """An error reply as MLflow's server gives it: {"error_code", "message"}, the message one line."""
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error_code": HTTPStatus(status).name, "message": message}, status_code=status)
+
+
+async def read_body(request) -> bytes:
+    """The request's body, read to at most MAX_BODY_BYTES: a larger Content-Length is refused unread, and a body
+    without one (chunked) is cut off where it passes the limit."""
+    too_large = BadRequest(f"the body is larger than {MAX_BODY_BYTES} bytes, the limit of a request", 413)
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
+        raise too_large if declared.isdigit() else BadRequest("Content-Length is not a number")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def build_app(pyfunc, about: dict, say: Callable[[str], None] = lambda line: None):
+    """The ASGI app answering MLflow's scoring protocol with `pyfunc` (a loaded TextGenerator); `about` is /version's
+    answer, `say` takes one short line per scoring request (the access log)."""
+    import pandas as pd
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.responses import JSONResponse, PlainTextResponse
+    from starlette.routing import Route
+
+    generator, worker = pyfunc.unwrap_python_model(), Worker()
+
+    def count_tokens(prompt: str) -> int:
+        return len(generator.tokenizer.encode(prompt, add_special_tokens=False).ids)
+
+    def predict(prompts: list[str], params: dict) -> list[str]:
+        return pyfunc.predict(pd.DataFrame({"prompt": prompts}), params=params)["continuation"].tolist()
+
+    async def invocations(request):
+        start = time.monotonic()
+        try:
+            kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind != "application/json":
+                raise BadRequest("the body must be JSON, sent with Content-Type: application/json", 415)
+            raw = await read_body(request)
+            try:
+                body = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise BadRequest(f"the body is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+            except (ValueError, RecursionError) as exc:  # not UTF-8, a number of over 4300 digits, nested too deep
+                raise BadRequest(f"the body is not JSON that can be read ({type(exc).__name__})") from None
+            prompts, params = check_request(body, count_tokens, generator.defaults)
+        except BadRequest as exc:
+            say(f"POST /invocations {exc.status} in {time.monotonic() - start:.2f} s: {exc}")
+            return refusal(exc.status, str(exc))
+        try:
+            continuations = await worker.run(predict, prompts, params)
+        except asyncio.CancelledError:  # the server stops: the generation is dropped
+            return refusal(503, "the server is stopping")
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            say(f"POST /invocations 500 in {time.monotonic() - start:.2f} s: {type(exc).__name__}: {first}")
+            return refusal(500, f"the model failed ({type(exc).__name__}); see the server's output")
+        say(f"POST /invocations 200 in {time.monotonic() - start:.2f} s: {len(prompts)} prompt(s)")
+        return JSONResponse({"predictions": [{"continuation": c} for c in continuations]})
+
+    async def ping(request):
+        return PlainTextResponse("\n")
+
+    async def version(request):
+        return JSONResponse(about)
+
+    async def http_error(request, exc: HTTPException):
+        return refusal(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+
+    routes = [Route("/invocations", invocations, methods=["POST"]), Route("/ping", ping, methods=["GET"]),
+              Route("/health", ping, methods=["GET"]), Route("/version", version, methods=["GET"])]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app.state.worker = worker
+    return app
+
+
+def listen(port: int) -> socket.socket:
+    """A socket bound to HOST:port (SO_REUSEADDR, as uvicorn binds), or one line saying the port is taken."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((HOST, port))
+    except OSError as exc:
+        sock.close()
+        raise LmpipeError(f"port {port} on {HOST} is not free ({exc.strerror}): stop what listens there, or give "
+                          "another --port") from None
+    return sock
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def serve(model: str, alias: str, port: int, say: Callable[[str], None] = _say) -> int:
+    """Serve lmpipe-<model> at `alias` on HOST:port until SIGTERM or SIGINT; 0 when stopped so."""
+    import uvicorn
+
+    from lmpipe import __version__
+
+    before = {sig: signal.signal(sig, signal.default_int_handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    sock = worker = None
+    try:  # both signals end in KeyboardInterrupt, loading or serving: uvicorn raises them again once it stopped
+        uri, version = resolve(model, alias)
+        sock = listen(port)
+        pyfunc = load(f"models:/lmpipe-{model}/{version}")
+        app = build_app(pyfunc, {"model": uri, "version": version, "lmpipe": __version__}, say)
+        worker = app.state.worker
+        config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False, lifespan="off",
+                                workers=1, limit_concurrency=MAX_CONNECTIONS, timeout_graceful_shutdown=GRACE_S)
+        say(f"serving {uri} (version {version}) on http://{HOST}:{port}/invocations; Ctrl-C stops it")
+        say(f"""  curl -s http://{HOST}:{port}/invocations -H 'Content-Type: application/json' \\
+    -d '{{"inputs": {{"prompt": ["The history of"]}}, "params": {{"strategy": "greedy", "max_new_tokens": 20}}}}'""")
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        if sock is not None:
+            sock.close()
+    if worker is not None and worker.busy:  # a generation still runs on its thread, and cannot be stopped: end
+        say("stopped (the running request was dropped)")  # the process without waiting, as torch would not
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    say("stopped")
+    return 0

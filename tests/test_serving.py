@@ -1,0 +1,255 @@
+"""`lmpipe serve`'s checks, without a pipeline: the request validator's table, and the app (lmpipe.serve_app) on a
+tiny real model through starlette's TestClient. A hostile request is refused in one line that never quotes it,
+before any model work; tests/test_pipeline_e2e.py serves a trained champion the same way over a socket."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lmpipe.decode import DecodeSettings
+from lmpipe.serving import (MAX_BODY_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_BYTES, MAX_PROMPT_TOKENS, MAX_PROMPTS,
+                            BadRequest, check_request)
+
+TEXT = "The history of the city is long.\nIn 1990 the wall fell, and the people of the city went out.\n" * 40
+
+
+def words(prompt: str) -> int:
+    return len(prompt.split())
+
+
+def refused(body, count=words) -> tuple[int, str]:
+    with pytest.raises(BadRequest) as caught:
+        check_request(body, count)
+    return caught.value.status, str(caught.value)
+
+
+def test_a_good_request_in_each_of_mlflows_formats_gives_its_prompts_and_params():
+    params = {"strategy": "greedy", "max_new_tokens": 6, "seed": 3}
+    for body in ({"inputs": {"prompt": ["The history of", "In"]}, "params": params},
+                 {"dataframe_records": [{"prompt": "The history of"}, {"prompt": "In"}], "params": params},
+                 {"dataframe_split": {"columns": ["prompt"], "data": [["The history of"], ["In"]]}, "params": params}):
+        assert check_request(body, words) == (["The history of", "In"], params)
+    assert check_request({"inputs": {"prompt": [""]}, "params": None}, words) == ([""], {})  # an empty prompt is one
+    assert check_request({"inputs": {"prompt": ["a"] * MAX_PROMPTS}, "params": {"seed": None}}, words)[1] == {}
+
+
+HUGE = "x" * 1_000_000
+TABLE = [  # (what, body, status, the start of the one line)
+    ("a list body", [1, 2], 400, "the body must be a JSON object"),
+    ("a string body", HUGE, 400, "the body must be a JSON object"),
+    ("no input", {"params": {}}, 400, "a request has exactly one of inputs, dataframe_records, dataframe_split, not 0"),
+    ("two inputs", {"inputs": {"prompt": ["a"]}, "dataframe_records": [{"prompt": "a"}]}, 400, "a request has exactly"),
+    ("unknown top-level field", {"inputs": {"prompt": ["a"]}, "temperature": 0.5}, 400, "unknown field 'temperature'"),
+    ("a huge unknown field", {"inputs": {"prompt": ["a"]}, HUGE: 1}, 400, "unknown field 'xxxx"),
+    ("inputs a list", {"inputs": ["a"]}, 400, 'inputs must be {"prompt": [strings]}, not a list'),
+    ("inputs without prompt", {"inputs": {"text": ["a"]}}, 400, "inputs must be"),
+    ("an unknown column", {"inputs": {"prompt": ["a"], "text": ["b"]}}, 400, "inputs has an unknown column 'text'"),
+    ("prompt a dict", {"inputs": {"prompt": {"a": 1}}}, 400, "inputs.prompt must be a list of strings, not an object"),
+    ("prompt a number", {"inputs": {"prompt": 5}}, 400, "inputs.prompt must be a list of strings, not a number"),
+    ("prompt a string", {"inputs": {"prompt": HUGE}}, 400, "inputs.prompt must be a list of strings, not a string"),
+    ("prompt null", {"inputs": {"prompt": None}}, 400, "inputs.prompt must be a list of strings, not null"),
+    ("an empty list", {"inputs": {"prompt": []}}, 400, "inputs.prompt is empty"),
+    ("a number in the list", {"inputs": {"prompt": ["a", 5]}}, 400, "prompt 2 is a number: each prompt must be"),
+    ("a list in the list", {"inputs": {"prompt": [["a"]]}}, 400, "prompt 1 is a list"),
+    ("a lone surrogate", {"inputs": {"prompt": ["\ud800"]}}, 400, "prompt 1 is not valid Unicode"),
+    ("records not records", {"dataframe_records": [{"text": "a"}]}, 400, "dataframe_records must be"),
+    ("split of two columns", {"dataframe_split": {"columns": ["prompt", "x"], "data": [["a", "b"]]}}, 400,
+     "dataframe_split must be"),
+    ("params a list", {"inputs": {"prompt": ["a"]}, "params": [1]}, 400, "params must be an object"),
+    ("unknown param", {"inputs": {"prompt": ["a"]}, "params": {"temperature": 0.5}}, 400,
+     "params.temperature is not a setting of this model: use strategy, max_new_tokens, seed"),
+    ("unknown strategy", {"inputs": {"prompt": ["a"]}, "params": {"strategy": HUGE}}, 400,
+     "strategy must be one of greedy, beam, top-k, top-p, typical, sample"),
+    ("no new token", {"inputs": {"prompt": ["a"]}, "params": {"max_new_tokens": 0}}, 400,
+     f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS}"),
+    ("too many new tokens", {"inputs": {"prompt": ["a"]}, "params": {"max_new_tokens": MAX_NEW_TOKENS + 1}}, 400,
+     "max_new_tokens must be"),
+    ("new tokens a string", {"inputs": {"prompt": ["a"]}, "params": {"max_new_tokens": "6"}}, 400, "max_new_tokens"),
+    ("new tokens a fraction", {"inputs": {"prompt": ["a"]}, "params": {"max_new_tokens": 2.5}}, 400, "max_new_tokens"),
+    ("new tokens true", {"inputs": {"prompt": ["a"]}, "params": {"max_new_tokens": True}}, 400, "max_new_tokens"),
+    ("a negative seed", {"inputs": {"prompt": ["a"]}, "params": {"seed": -1}}, 400, "seed must be a whole number"),
+    ("a huge seed", {"inputs": {"prompt": ["a"]}, "params": {"seed": 2**70}}, 400, "seed must be a whole number"),
+    ("too many prompts", {"inputs": {"prompt": ["a"] * (MAX_PROMPTS + 1)}}, 413,
+     f"inputs.prompt holds {MAX_PROMPTS + 1} prompts: at most {MAX_PROMPTS} a request"),
+    ("too many records", {"dataframe_records": [{"prompt": "a"}] * (MAX_PROMPTS + 1)}, 413, "dataframe_records holds"),
+    ("a 1 MB prompt", {"inputs": {"prompt": ["a", HUGE]}}, 413,
+     f"prompt 2 has 1000000 bytes: at most {MAX_PROMPT_BYTES} (UTF-8) a prompt"),
+    ("bytes counted in UTF-8", {"inputs": {"prompt": ["é" * (MAX_PROMPT_BYTES // 2 + 1)]}}, 413, "prompt 1 has"),
+    ("too many tokens", {"inputs": {"prompt": ["a " * (MAX_PROMPT_TOKENS + 1)]}}, 413,
+     f"prompt 1 has {MAX_PROMPT_TOKENS + 1} tokens: at most {MAX_PROMPT_TOKENS} a prompt"),
+]
+
+
+@pytest.mark.parametrize("what, body, status, start", TABLE, ids=[row[0] for row in TABLE])
+def test_a_bad_request_is_one_line_that_does_not_quote_it(what, body, status, start):
+    code, message = refused(body)
+    assert (code, message[:len(start)]) == (status, start)
+    assert "\n" not in message and len(message) < 200
+
+
+def test_tokens_are_counted_only_of_prompts_that_passed_every_cheap_check():
+    counted = []
+
+    def count(prompt):
+        counted.append(prompt)
+        return 1
+
+    for body in ({"inputs": {"prompt": ["a", 5]}}, {"inputs": {"prompt": ["a"]}, "params": {"temperature": 1}},
+                 {"inputs": {"prompt": ["a", HUGE]}}):
+        refused(body, count)
+    assert counted == []
+
+
+def test_request_settings_layer_a_request_on_the_models_defaults():
+    from lmpipe.serving import request_settings
+
+    defaults = DecodeSettings(strategy="top-p", max_new_tokens=30, seed=(1, 2))
+    assert request_settings(defaults, None) == defaults
+    assert request_settings(defaults, {"strategy": "greedy", "max_new_tokens": 6, "seed": 4}) == DecodeSettings(
+        strategy="greedy", max_new_tokens=6, seed=4)
+
+
+# The app on a tiny real model ------------------------------------------------------------------------------------
+
+
+class Loaded:
+    """What mlflow.pyfunc.load_model returns, for a TextGenerator built in the test (no registry)."""
+
+    def __init__(self, generator):
+        self.generator, self.calls = generator, 0
+
+    def unwrap_python_model(self):
+        return self.generator
+
+    def predict(self, frame, params=None):
+        self.calls += 1
+        return self.generator.predict(None, frame, params)
+
+
+@pytest.fixture(scope="module")
+def served():
+    import torch
+    from starlette.testclient import TestClient
+
+    from lmpipe.config import TokenizerParams
+    from lmpipe.models import build_model
+    from lmpipe.serve_app import build_app
+    from lmpipe.serving import TextGenerator
+    from lmpipe.tokenize import boundary_id, train_tokenizer
+
+    tokenizer = train_tokenizer(TEXT, TokenizerParams(vocab_size=300, min_frequency=1))
+    boundary = boundary_id(tokenizer, "<|endoftext|>")
+    torch.manual_seed(0)
+    generator = TextGenerator()
+    generator.lm = build_model("rnn", {"cell": "gru", "emb": 16, "layers": 1}, tokenizer.get_vocab_size(), boundary).eval()
+    generator.tokenizer, generator.boundary, generator.defaults = tokenizer, boundary, DecodeSettings(max_new_tokens=4)
+    model, lines = Loaded(generator), []
+    with TestClient(build_app(model, {"model": "models:/lmpipe-gru@champion", "version": "1"}, lines.append)) as client:
+        yield client, model, lines
+
+
+GOOD = {"inputs": {"prompt": ["The history of", "In 1990"]}, "params": {"strategy": "greedy", "max_new_tokens": 5}}
+
+
+def test_the_app_answers_mlflows_scoring_protocol(served):
+    client, model, lines = served
+    answer = client.post("/invocations", json=GOOD)
+    assert answer.status_code == 200, answer.text
+    continuations = [p["continuation"] for p in answer.json()["predictions"]]
+    assert len(continuations) == 2 and all(isinstance(c, str) and c for c in continuations)
+    records = {"dataframe_records": [{"prompt": "The history of"}], "params": GOOD["params"]}
+    assert client.post("/invocations", json=records).json()["predictions"][0]["continuation"] == continuations[0]
+    charset = client.post("/invocations", content=json.dumps(GOOD),
+                          headers={"Content-Type": "application/json; charset=utf-8"})
+    assert [p["continuation"] for p in charset.json()["predictions"]] == continuations  # greedy: the same again
+    for path in ("/ping", "/health"):
+        assert client.get(path).status_code == 200
+    assert client.get("/version").json() == {"model": "models:/lmpipe-gru@champion", "version": "1"}
+    assert lines[0].startswith("POST /invocations 200 in ")
+
+
+@pytest.mark.parametrize("what, request_, status, start", [
+    ("no content type", {"content": json.dumps(GOOD)}, 415, "the body must be JSON, sent with Content-Type"),
+    ("text/plain", {"content": json.dumps(GOOD), "headers": {"Content-Type": "text/plain"}}, 415, "the body must"),
+    ("form data", {"data": {"prompt": "The"}}, 415, "the body must be JSON"),
+    ("not JSON", {"content": b"{nope", "headers": {"Content-Type": "application/json"}}, 400, "the body is not JSON"),
+    ("not UTF-8", {"content": b'"\xff"', "headers": {"Content-Type": "application/json"}}, 400, "the body is not JSON"),
+    ("nested too deep", {"content": b"[" * 200_000, "headers": {"Content-Type": "application/json"}}, 400,
+     "the body is not JSON"),
+    ("a number of 5000 digits", {"content": b"{\"params\": {\"seed\": " + b"9" * 5000 + b"}}",
+                                 "headers": {"Content-Type": "application/json"}}, 400, "the body is not JSON"),
+    ("a body too large", {"content": b"x" * (MAX_BODY_BYTES + 1), "headers": {"Content-Type": "application/json"}},
+     413, f"the body is larger than {MAX_BODY_BYTES} bytes"),
+    ("a chunked body too large", {"content": iter([b"x" * 65536] * (MAX_BODY_BYTES // 65536 + 1)),
+                                  "headers": {"Content-Type": "application/json"}}, 413, "the body is larger than"),
+    ("a 1 MB prompt", {"json": {"inputs": {"prompt": [HUGE]}, "params": {"max_new_tokens": 1}}}, 413, "prompt 1 has"),
+    ("unknown field", {"json": {**GOOD, "temperature": 0.5}}, 400, "unknown field 'temperature'"),
+    ("prompt a dict", {"json": {"inputs": {"prompt": {"a": "b"}}}}, 400, "inputs.prompt must be a list of strings"),
+    ("too many prompts", {"json": {"inputs": {"prompt": ["a"] * (MAX_PROMPTS + 1)}}}, 413, "inputs.prompt holds"),
+    ("too many tokens", {"json": {"inputs": {"prompt": ["The history of " * 2000]}}}, 413, "prompt 1 has"),
+])
+def test_the_app_refuses_a_bad_request_before_any_model_work(served, what, request_, status, start):
+    client, model, lines = served
+    calls = model.calls
+    answer = client.post("/invocations", **request_)
+    assert answer.status_code == status and answer.json()["message"].startswith(start), answer.text
+    assert set(answer.json()) == {"error_code", "message"} and len(answer.content) < 300  # nothing quoted
+    assert model.calls == calls  # the model never saw it
+    assert lines[-1].startswith(f"POST /invocations {status} in ")
+
+
+def test_the_app_refuses_a_declared_length_over_the_limit_unread(served):
+    client, model, _ = served
+    answer = client.post("/invocations", content=b"{}", headers={"Content-Type": "application/json",
+                                                                  "Content-Length": str(MAX_BODY_BYTES + 1)})
+    assert answer.status_code == 413
+
+
+def test_other_paths_and_methods_are_one_line_too(served):
+    client, _, _ = served
+    assert client.get("/nope").json() == {"error_code": "NOT_FOUND", "message": "GET /nope: Not Found"}
+    assert client.get("/invocations").status_code == 405
+
+
+def test_an_unknown_alias_or_version_names_what_the_registry_has(tmp_path, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    from lmpipe.errors import LmpipeError
+    from lmpipe.serve_app import resolve
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = MlflowClient(uri)
+    client.create_registered_model("lmpipe-gru")
+    for _ in range(2):
+        client.create_model_version("lmpipe-gru", source=str(tmp_path))
+    client.set_registered_model_alias("lmpipe-gru", "champion", "1")
+    client.set_registered_model_alias("lmpipe-gru", "challenger", "2")
+    assert resolve("gru", "champion") == ("models:/lmpipe-gru@champion", "1")
+    assert resolve("gru", "2") == ("models:/lmpipe-gru/2", "2")
+    for alias, message in (
+            ("99", "models:/lmpipe-gru/99: lmpipe-gru has no version 99: its versions are 1, 2; its aliases "
+                   "challenger (version 2), champion (version 1)"),
+            ("best", "models:/lmpipe-gru@best: lmpipe-gru has no alias best: its versions are 1, 2; its aliases "
+                     "challenger (version 2), champion (version 1)")):
+        with pytest.raises(LmpipeError) as caught:
+            resolve("gru", alias)
+        assert str(caught.value) == message
+    with pytest.raises(LmpipeError) as caught:
+        resolve("lstm", "champion")
+    assert str(caught.value) == f"models:/lmpipe-lstm@champion: no model 'lstm' in the registry at {uri} (it has gru)"
+
+
+def test_a_taken_port_is_one_line():
+    import socket
+
+    from lmpipe.errors import LmpipeError
+    from lmpipe.serve_app import HOST, listen
+
+    with socket.socket() as taken:
+        taken.bind((HOST, 0))
+        taken.listen()
+        with pytest.raises(LmpipeError, match=rf"^port {taken.getsockname()[1]} on {HOST} is not free"):
+            listen(taken.getsockname()[1])
