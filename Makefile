@@ -11,6 +11,7 @@ study: $(READY) server
 	lmpipe check-params --store
 	dvc repro
 	@echo "report: reports/study.html   numbers: dvc metrics show   MLflow: lmpipe ui   (tools in $(VENV)/bin)"
+	@echo "the Prefect server (http://127.0.0.1:4200) is still up, for the next run and its UI: stop it with make stop"
 
 test: $(READY)
 	python -m pytest -q

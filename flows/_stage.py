@@ -76,7 +76,7 @@ def fail(line: str, restorable: bool = True) -> NoReturn:
     get them back from DVC's cache (they come back as the last completed run left them)."""
     stage = os.environ.get("DVC_STAGE")
     if stage and restorable:
-        line += f" (DVC removed this stage's outputs before it ran; `dvc checkout {stage}` restores them)"
+        line += f" (DVC removed this stage's outputs before it ran; `lmpipe restore {stage}` brings them back)"
     sys.exit(line)
 
 

@@ -73,7 +73,8 @@ def _ui(args) -> int:
     uri, params, base = tracking_uri(), load_params(), f"http://127.0.0.1:{args.port}"
     relocate_store()  # a copied or moved checkout: the UI serves this one's artifacts
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
-               "--port", str(args.port), "--workers", "1"]
+               "--port", str(args.port), "--workers", "1",
+               *([] if args.access_log else ["--uvicorn-opts", "--no-access-log"])]  # quiet: the links stay in view
     env = {**this_environment(), "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     print(f"starting the MLflow UI over {uri} ...", flush=True)
     process = subprocess.Popen(command, env=env)
@@ -142,6 +143,36 @@ def _check_params(args) -> int:
     if left:  # valid, but DVC cannot see a change of these defaults
         print(f"note: {len(left)} settings are left to lmpipe's defaults, which DVC does not track; state them to "
               f"make a change of default re-run what it affects: {', '.join(left[:8])}" + (" ..." if len(left) > 8 else ""))
+    return 0
+
+
+def _restore(args) -> int:
+    """A stage's outputs as its last completed run left them (dvc.lock): DVC's cache holds the cached ones, git the
+    ones DVC leaves to git (`cache: false`, e.g. metrics and plots). `dvc checkout` alone restores only the first."""
+    import os
+
+    from dvc.exceptions import DvcException
+    from dvc.repo import Repo
+
+    from lmpipe.errors import first_line
+
+    try:
+        repo = Repo(".")
+        stages = repo.stage.collect(args.stage)
+    except DvcException as exc:
+        raise LmpipeError(f"{args.stage}: not a stage of this project ({first_line(str(exc))}); see: dvc stage list") from None
+    cached = [os.path.relpath(o.fs_path, repo.root_dir) for s in stages for o in s.outs if o.use_cache]
+    tracked = [os.path.relpath(o.fs_path, repo.root_dir) for s in stages for o in s.outs if not o.use_cache]
+    env = this_environment()
+    if cached and subprocess.call(["dvc", "checkout", "--force", "--quiet", args.stage], env=env) != 0:
+        raise LmpipeError(f"dvc checkout {args.stage} failed: its outputs are not in DVC's cache (re-run it: "
+                          f"dvc repro -s {args.stage})")
+    known = subprocess.run(["git", "ls-files", "--", *tracked], capture_output=True, text=True).stdout.split()
+    if known and subprocess.call(["git", "checkout", "HEAD", "--", *tracked]) != 0:
+        raise LmpipeError(f"git checkout of {', '.join(tracked)} failed")
+    left = [t for t in tracked if not any(k == t or k.startswith(t.rstrip("/") + "/") for k in known)]
+    print(f"restored {args.stage}: {', '.join(cached + [t for t in tracked if t not in left])}"
+          + (f"; not in git, so not restored: {', '.join(left)} (dvc repro -s {args.stage} makes them)" if left else ""))
     return 0
 
 
@@ -345,6 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     server.set_defaults(run=_server)
     ui = commands.add_parser("ui", help="open the MLflow UI on this study's tracking store (127.0.0.1)")
     ui.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default: 5000)")
+    ui.add_argument("--access-log", action="store_true", help="print the web server's line per request (default: off)")
     ui.set_defaults(run=_ui)
     ngram = commands.add_parser("ngram", help="n-gram model tools").add_subparsers(dest="ngram_command", required=True)
     export = ngram.add_parser("export-arpa", help="write the n-gram model as an ARPA file (KenLM, SRILM)")
@@ -406,6 +438,10 @@ def build_parser() -> argparse.ArgumentParser:
     spread.add_argument("--models", nargs="+", metavar="MODEL",
                         help="retrain only these models' seeds; the other models keep their rows of seeds/seeds.csv")
     spread.set_defaults(run=_seeds)
+    restore = commands.add_parser("restore", help="bring back a stage's outputs that DVC removed before a run that "
+                                                  "failed (from DVC's cache, and git for metrics and plots)")
+    restore.add_argument("stage", help="the stage, as DVC names it: train@gru, evaluate, scaling/dvc.yaml:grid")
+    restore.set_defaults(run=_restore)
     check = commands.add_parser("check-params", help="validate params.yaml and say what is wrong in one line")
     check.add_argument("file", nargs="?", default="params.yaml", help="the params file (default: params.yaml)")
     check.add_argument("--store", action="store_true", help="also reach the MLflow tracking store (make study runs "
@@ -419,10 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except LmpipeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except RuntimeError as exc:
+    except LmpipeError as exc:  # the project's own errors only: a library's error keeps its traceback
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

@@ -78,10 +78,10 @@ def start(port: int = PORT, log_dir: str | Path = ".cache/lmpipe", timeout: floa
             (log_dir / f"prefect-server-{port}.pid").write_text(str(process.pid))
             return url, process
         if process.poll() is not None:
-            raise RuntimeError(f"prefect server exited with code {process.returncode}; see {log_dir}/prefect-server-{port}.log")
+            raise LmpipeError(f"prefect server exited with code {process.returncode}; see {log_dir}/prefect-server-{port}.log")
         time.sleep(0.5)
     process.terminate()
-    raise RuntimeError(f"prefect server did not answer on {url} within {timeout:.0f} s; see {log_dir}/prefect-server-{port}.log")
+    raise LmpipeError(f"prefect server did not answer on {url} within {timeout:.0f} s; see {log_dir}/prefect-server-{port}.log")
 
 
 def port_free(port: int) -> bool:

@@ -98,3 +98,33 @@ def test_a_port_whose_last_server_just_stopped_is_free():
     client.close()
     listener.close()
     assert port_free(port)
+
+
+def test_the_mlflow_ui_is_quiet_while_a_browser_loads_it(tmp_path):
+    """No line per request: the printed links stay in view (--access-log brings them back)."""
+    import os
+    import shutil
+    import signal
+    import time
+
+    import requests
+
+    from tests.conftest import free_port
+
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    port = free_port()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        lines, deadline = [], time.monotonic() + 180
+        while not any("the study's runs" in line for line in lines) and time.monotonic() < deadline:
+            lines.append(ui.stdout.readline())
+        assert any("the study's runs" in line for line in lines), "".join(lines)
+        for path in ("/", "/health", "/static-files/favicon.ico", "/ajax-api/2.0/mlflow/experiments/search") * 5:
+            requests.get(f"http://127.0.0.1:{port}{path}", timeout=30)
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        rest, _ = ui.communicate(timeout=60)
+    said = "".join(lines) + rest
+    assert "HTTP/1.1" not in said and "GET /" not in said, said[-2000:]

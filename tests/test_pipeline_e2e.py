@@ -626,11 +626,11 @@ def test_malformed_params_fail_in_one_line(scratch):  # its own copy: it edits p
         params.write_text(saved)
 
 
-def test_a_params_typo_under_dvc_says_how_to_restore_and_the_fixed_rerun_does_not_retrain(scratch):
+def test_a_params_typo_under_dvc_says_how_to_restore_and_the_fixed_rerun_does_not_retrain(committed):
     """`dvc repro` itself (not make study, which checks params.yaml first): DVC removes the stage's outputs, the stage
-    fails in one line naming `dvc checkout <stage>`, which brings them back byte for byte; after the fix nothing
-    trains again."""
-    copy, env = scratch
+    fails in one line naming `lmpipe restore <stage>`, which brings them back byte for byte (DVC's cache for the
+    model, git for its metrics and curve); after the fix nothing trains again."""
+    copy, env = committed
     outputs = [copy / "models/gru", copy / "metrics/train/gru.json", copy / "plots/train/gru.csv"]
     before = {o: sha256_tree(o) for o in outputs}
     params = copy / "params.yaml"
@@ -642,15 +642,17 @@ def test_a_params_typo_under_dvc_says_how_to_restore_and_the_fixed_rerun_does_no
     assert failed.returncode != 0
     line = next(l for l in failed.stderr.splitlines() if l.startswith("error: "))
     assert "models.gru.budget" in line and line.endswith(
-        "(DVC removed this stage's outputs before it ran; `dvc checkout train@gru` restores them)"), line
+        "(DVC removed this stage's outputs before it ran; `lmpipe restore train@gru` brings them back)"), line
     assert "Traceback" not in failed.stderr and failed.stderr.count(line) == 1  # said once
     assert not any(o.exists() for o in outputs)
-    run(["dvc", "checkout", "train@gru"], copy, env)
+    restored = run(["lmpipe", "restore", "train@gru"], copy, env)
+    assert restored.stdout.strip() == "restored train@gru: models/gru, metrics/train/gru.json, plots/train/gru.csv"
     assert {o: sha256_tree(o) for o in outputs} == before
     params.write_text(saved)
     rerun = run(["dvc", "repro", "train@gru"], copy, env)
     assert "Running stage 'train@gru'" not in rerun.stdout and " epoch " not in rerun.stdout + rerun.stderr
     assert {o: sha256_tree(o) for o in outputs} == before
+    assert run(["git", "status", "--porcelain"], copy, env).stdout == ""
 
 
 def test_ctrl_c_stops_a_training_stage_in_one_line_and_its_run_ends_killed(scratch):  # its own copy: it edits params.yaml
