@@ -5,7 +5,8 @@
 #      how far compiled lands from eager per precision (benchmarks/compile_vs_eager.py);
 #   2. model FLOPs utilisation of the transformer at three sizes, eager and compiled (benchmarks/mfu.py);
 #   3. the GPU profile (profiles/wikitext2-gpu.yaml): each of its five models, compiled as the profile says, for a
-#      short token budget, scored as the evaluate stage scores.
+#      short token budget, scored as the evaluate stage scores;
+#   4. Muon's optimiser step, batched (lmpipe.muon) against torch.optim.Muon, on the profile's models.
 # It needs torch with CUDA, pydantic, PyYAML, numpy, tqdm and pytest, the default corpus's tokens (data/tokens: dvc
 # repro tokenize) and the profile applied to params.yaml as one file, made where lmpipe is installed:
 #   lmpipe profile profiles/wikitext2-gpu.yaml --write .gpu/wikitext2-gpu-params.yaml
@@ -54,3 +55,6 @@ print(f"{model:>12}: {m['n_params']:>11,} params, {m['tokens_seen']:>9,} tokens 
       f"test bpb {scored[-1]['test_bpb']:.4f}")
 EOF
 done
+
+echo "== 4. Muon's step: lmpipe.muon.BatchedMuon against torch.optim.Muon, the profile's models"
+timeout "${MUON_TIMEOUT:-60}" python3 benchmarks/muon.py --params "$PARAMS" --steps 50 --rounds 3
