@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 from typing import Callable, Iterator, NoReturn
 
 import prefect
@@ -75,9 +76,22 @@ def fail(line: str, restorable: bool = True) -> NoReturn:
     """Exit 1 with one line. Under DVC the stage's outputs were removed before it ran: the line says so and how to
     get them back from DVC's cache (they come back as the last completed run left them)."""
     stage = os.environ.get("DVC_STAGE")
-    if stage and restorable:
+    if stage and restorable and ran_before(stage):
         line += f" (DVC removed this stage's outputs before it ran; `lmpipe restore {stage}` brings them back)"
     sys.exit(line)
+
+
+def ran_before(stage: str) -> bool:
+    """Whether DVC's lock file records a run of `stage` ('train@gru', 'scaling/dvc.yaml:grid'): only then did it
+    have outputs to remove."""
+    import yaml
+
+    pipeline, _, name = stage.rpartition(":")
+    lock = Path(os.environ.get("DVC_ROOT", ".")) / (pipeline or "dvc.yaml").replace("dvc.yaml", "dvc.lock")
+    try:
+        return name in (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
+    except (OSError, yaml.YAMLError):
+        return False
 
 
 def main(flow: Callable, **flow_kwargs) -> None:

@@ -104,7 +104,12 @@ def yaml_equal(a: str, b: str) -> bool:
     return yaml.safe_load(a) == yaml.safe_load(b)
 
 
-EXPERIMENT_COPIES = Path(".dvc/tmp/exps")  # where `dvc exp run --temp` makes its temporary copy (tmp*)
+EXPERIMENT_SCRATCH = Path(".dvc/tmp/exps")  # `dvc exp run --temp`: its copy (standalone/tmp*) and run info (run/*)
+
+
+def experiment_scratch() -> set[Path]:
+    return {*EXPERIMENT_SCRATCH.glob("tmp*"), *EXPERIMENT_SCRATCH.glob("standalone/tmp*"),
+            *EXPERIMENT_SCRATCH.glob("run/*")}
 STAGE = re.compile(r"Running stage '([^']+)'")
 EPOCH = re.compile(r"(\S+ epoch \d+\.\d+/[\d.]+ .*\S)")  # the trainer's line per evaluation: '<model> epoch 1.50/4.47 ...'
 
@@ -122,7 +127,7 @@ def run_experiment(name: str, sets: list[str], env: dict) -> None:
     """`dvc exp run --temp`, saying as it goes which stage runs and each model's epochs. Stopped (Ctrl-C, SIGTERM,
     the flow's timeout), it stops DVC and the stage it runs and removes the temporary copy DVC leaves behind."""
     log = get_run_logger()
-    copies = set(EXPERIMENT_COPIES.glob("tmp*"))
+    scratch = experiment_scratch()
     command = ["dvc", "exp", "run", "--temp", "--name", name, *[a for s in sets for a in ("-S", s)]]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                errors="replace", start_new_session=True)  # its own group: stopped as one, below
@@ -139,8 +144,9 @@ def run_experiment(name: str, sets: list[str], env: dict) -> None:
         stop_group(process)
         raise
     finally:
-        for copy in set(EXPERIMENT_COPIES.glob("tmp*")) - copies:
-            shutil.rmtree(copy, ignore_errors=True)
+        if process.returncode != 0:  # a finished run cleans up after itself; a stopped or failed one may not
+            for left in experiment_scratch() - scratch:
+                shutil.rmtree(left, ignore_errors=True)
     if code != 0:
         reason = next((line for line in reversed(tail) if line.startswith(("ERROR", "error"))), tail[-1] if tail else "")
         raise LmpipeError(f"dvc exp run failed (exit {code}): {reason}")

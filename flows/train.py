@@ -93,8 +93,8 @@ def train(model: str) -> dict:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="train one model of params.yaml's `models`")
-    parser.add_argument("--model", required=True)
-    model = parser.parse_args().model
+    parser.add_argument("--model", required=True, nargs="+")  # DVC splits a name with a space: params.yaml's name
+    model = " ".join(parser.parse_args().model)               # rule (main, first) then says what is wrong with it
     ranks = distributed.launched()
     if ranks.main:
         main(train, model=model)

@@ -177,3 +177,26 @@ def test_a_user_error_is_said_once_and_not_again_in_prefects_reports():
     assert not keep(record("Encountered exception during execution", ConfigError(said)))
     assert keep(record("Finished in state Failed('Flow run encountered an exception: ValueError: a bug')"))
     assert keep(record("Beginning flow run 'train' for flow 'train'"))
+
+
+def test_a_model_name_with_a_space_fails_on_the_name_rule_not_on_dvcs_command_line(tmp_path):
+    """DVC runs `python -m flows.train --model gru small` for such a name: params.yaml's rule says what is wrong,
+    and a stage DVC never ran before has no outputs to restore, so the line offers none."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.conftest import ROOT
+
+    tree = yaml.safe_load((ROOT / "params.yaml").read_text())
+    tree["models"]["gru small"] = tree["models"]["gru"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
+    env = {**os.environ, "DVC_STAGE": "train@gru small", "DVC_ROOT": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "flows.train", "--model", "gru", "small"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        "error: params.yaml: models: model name 'gru small': use lowercase letters, digits, '-' and '_', starting "
+        "with a letter, at most 40 characters (it names a DVC stage, a folder and an MLflow model)"]

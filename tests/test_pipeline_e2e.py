@@ -760,6 +760,9 @@ def test_a_scheduled_retrain_fires_by_itself_and_reaches_a_decision(committed, p
     finally:
         stop(serve)
         log.close()
+        for deployment in requests.post(f"{prefect_api}/deployments/filter", timeout=10,
+                                        json={"deployments": {"name": {"any_": ["e2e-interval"]}}}).json():
+            requests.delete(f"{prefect_api}/deployments/{deployment['id']}", timeout=10)  # and its runs ahead
     served = (copy / "schedule.log").read_text()
     assert "on every 15 s via" in served and "nothing to retrain: the corpus source and the pipeline are unchanged" \
         in served, served[-3000:]
@@ -893,6 +896,10 @@ def test_an_added_model_is_evaluated_audited_and_reported_and_removing_it_leaves
         assert not (copy / leftover).exists(), leftover
     assert "grusmall" not in run(["dvc", "metrics", "show", "--json"], copy, env).stdout
     assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}
+    assert not (copy / "models/grusmall").exists()  # as `dvc remove` leaves it: no folder, no line, no lock entry
+    assert "/grusmall" not in (copy / "models/.gitignore").read_text().split()
+    assert "train@grusmall" not in (copy / "dvc.lock").read_text()
+    assert (copy / "dvc.lock").read_text().startswith("schema: '2.0'")
 
 
 def test_a_changed_code_default_makes_dvc_status_name_the_stages_it_affects(scratch):
@@ -1000,8 +1007,10 @@ def retrain_runs(copy: Path) -> list:
 
 
 def newest_flow_run_state(prefect_api: str, flow_name: str) -> str:
+    """The state of the flow's newest run that started (a schedule's future runs, created ahead, do not count)."""
     runs = requests.post(f"{prefect_api}/flow_runs/filter", timeout=10, json={
-        "flows": {"name": {"any_": [flow_name]}}, "sort": "EXPECTED_START_TIME_DESC", "limit": 1}).json()
+        "flows": {"name": {"any_": [flow_name]}}, "sort": "START_TIME_DESC", "limit": 1,
+        "flow_runs": {"start_time": {"is_null_": False}}}).json()
     return runs[0]["state_type"]
 
 
@@ -1092,7 +1101,7 @@ def test_ctrl_c_stops_a_retrain_removes_its_copy_and_says_how_to_resume(committe
         if re.search(r"gru epoch \d+\.\d+/", line) or time.monotonic() > deadline:
             break
     assert any("stage train@gru" in l for l in lines), "".join(lines)[-3000:]
-    assert list((copy / ".dvc/tmp/exps").glob("tmp*"))  # the experiment's temporary copy, while it runs
+    assert list((copy / ".dvc/tmp/exps").glob("standalone/tmp*"))  # the experiment's temporary copy, while it runs
     os.killpg(retrain.pid, signal.SIGINT)
     rest, _ = retrain.communicate(timeout=120)
     said = "".join(lines) + rest
@@ -1102,7 +1111,7 @@ def test_ctrl_c_stops_a_retrain_removes_its_copy_and_says_how_to_resume(committe
                         r"applied; run the same `lmpipe retrain` again: DVC's run cache restores every stage that "
                         r"finished", last), said[-3000:]
     assert "Traceback" not in said
-    assert not list((copy / ".dvc/tmp/exps").glob("tmp*"))
+    assert not list((copy / ".dvc/tmp/exps").glob("standalone/tmp*")) and not list((copy / ".dvc/tmp/exps").glob("run/*"))
     assert workspace(copy) == before
     newest = retrain_runs(copy)[0]
     assert newest.info.status == "KILLED" and newest.data.tags["lmpipe.retrain.decision"] == "interrupted"
