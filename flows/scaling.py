@@ -20,7 +20,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows._stage import CACHE_DIR, PARAMS_FILE, main
-from flows.paths import RUNS
+from flows.paths import RUNS, SCALING_PIPELINE
 from lmpipe import tracking
 from lmpipe.config import ModelParams, Params, TrainParams, load_params, params_hash
 from lmpipe.errors import ConfigError
@@ -84,11 +84,26 @@ def train_point(point: GridPoint, run: tuple[ModelParams, TrainParams], params: 
     return row
 
 
+def check_declared(families: list[str]) -> None:
+    """The grid starts from each listed family's study settings (`models.<family>`), and DVC re-runs it when they
+    change only where scaling/dvc.yaml names them: a family it does not name is refused. So the grid depends on
+    those models alone, not on the study's whole `models` (adding a model to the study leaves the grid current)."""
+    import yaml
+
+    declared = yaml.safe_load(Path(SCALING_PIPELINE).read_text())["stages"]["grid"].get("params", [])
+    missing = [m for m in families if f"models.{m}" not in declared]
+    if missing:
+        raise ConfigError(f"{PARAMS_FILE}: scaling.models lists {', '.join(missing)}, but {SCALING_PIPELINE}'s "
+                          f"grid does not name models.{missing[0]} in its params: add it there, so that DVC re-runs "
+                          "the grid when that model's settings change")
+
+
 @flow(name="scaling-grid")
 def grid() -> str:
     params, data = load_params(PARAMS_FILE), load_tokens()
     if not params.scaling.models or not params.scaling.budgets:
         raise ConfigError(f"{PARAMS_FILE}: scaling.models and scaling.budgets must list at least one model and budget")
+    check_declared(list(params.scaling.models))
     points = grid_points(params.scaling.models, params.scaling.budgets)
     runs = [point_settings(p, params) for p in points]  # every typo before the first hour of training
     section = params.section("scaling")

@@ -138,3 +138,22 @@ def test_peak_flops_table_knows_the_lent_gpus_and_nothing_else():
     assert peak_flops("NVIDIA H200") == 989e12
     assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
     assert peak_flops("cpu") is None and peak_flops("Tesla T4") is None
+
+
+def test_the_grid_depends_on_the_models_it_trains_not_on_the_whole_study():
+    """scaling/dvc.yaml names models.<family> for each family of scaling.models; a family it does not name is
+    refused in one line (DVC would not re-run the grid when its settings change)."""
+    import pytest
+    import yaml
+
+    from flows.scaling import check_declared
+    from lmpipe.errors import ConfigError
+    from tests.conftest import ROOT
+
+    declared = yaml.safe_load((ROOT / "scaling/dvc.yaml").read_text())["stages"]["grid"]["params"]
+    assert "models" not in declared
+    families = list(yaml.safe_load((ROOT / "params.yaml").read_text())["scaling"]["models"])
+    check_declared(families)
+    with pytest.raises(ConfigError, match="scaling.models lists gru, but scaling/dvc.yaml's grid does not name "
+                                          "models.gru in its params"):
+        check_declared(families + ["gru"])
