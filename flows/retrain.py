@@ -176,65 +176,68 @@ RESUME = "run the same `lmpipe retrain` again: DVC's run cache restores every st
 def retrain(overrides: list[str] | None = None) -> dict:
     """Retrain what a refreshed corpus (or `overrides`, e.g. models.gru.epochs=4) changes, as a DVC experiment;
     apply and commit it, and promote its models, only when no model regressed beyond retrain.max_regression.
-    Every outcome ends in one line: nothing to retrain, applied (the commit and the champions), or regressed."""
+    Every outcome ends in one line: nothing to retrain, applied (the commit and the champions), or regressed.
+    Stopped (Ctrl-C, SIGTERM, the deployment's timeout), its MLflow run ends KILLED and the line says how to resume."""
     load_with_overrides(PARAMS_FILE, overrides)  # a typo in an override stops here, before DVC deletes anything
     params = load_params(PARAMS_FILE)
-    limit, log = params.retrain.max_regression, get_run_logger()
     with one_study():
         dirty = uncommitted()
         if dirty:
             raise LmpipeError(f"uncommitted changes to {', '.join(dirty[:4])}: a retrain commits its outcome on "
                               "top of HEAD; commit or stash them first")
         parent = tracking.start_study_run(params.tracking.experiment, PARAMS_FILE, "retrain")
-        env = stage_env(parent)
-        sets = list(overrides or [])
-        log.info("retrain: fetching the corpus source again")
-        pinned = fetched_sha256(params.corpus)
-        if pinned != corpus_sha256(paths.RAW):
-            log.info("retrain: the source has a new corpus (sha256 %s)", pinned)
-            sets.append(f"corpus.sha256={pinned}")
-        if not sets and not json.loads(dvc(["status", "--json", "dvc.yaml"], env) or "{}"):
-            tracking.set_tags(parent, {DECISION: "unchanged"})
-            create_markdown_artifact("# Retraining\n\nThe corpus and the pipeline are unchanged: nothing to retrain.\n",
-                                     key="retrain-comparison", description="nothing changed")
-            print(f"nothing to retrain: the corpus source and the pipeline are unchanged since "
-                  f"{git('rev-parse', '--short', 'HEAD').strip()}", flush=True)
-            return {"decision": "unchanged"}
-        name = f"retrain-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
-        log.info("retrain %s: dvc exp run --temp %s", name, " ".join(f"-S {s}" for s in sets))
         try:
-            run_experiment(name, sets, env)
-        except BaseException as exc:
-            stopped = isinstance(exc, (KeyboardInterrupt, TimeoutError))  # Ctrl-C or SIGTERM (flows/_stage), timeout
-            reason = ("interrupted" if isinstance(exc, KeyboardInterrupt) else
-                      "timed out" if isinstance(exc, TimeoutError) else str(exc)[:250] or type(exc).__name__)
-            tracking.set_tags(parent, {DECISION: "interrupted" if stopped else "failed", EXPERIMENT: name,
-                                       "lmpipe.retrain.reason": reason})
-            tracking.end_run(parent, "KILLED" if stopped else "FAILED")
-            if stopped:
-                raise RetrainStopped(f"retrain {name} {reason}: its temporary copy is removed and nothing is "
-                                     f"applied; {RESUME}") from None
-            raise
-        ref = experiment_ref(name)
-        head = json.loads(Path(paths.EVAL).read_text()) if Path(paths.EVAL).exists() else None
-        before = {**metrics_of(head), **tracking.champion_metrics(params.models)}
-        rows, regressed = compare_eval(before, metrics_of(json.loads(git("show", f"{ref}:{paths.EVAL}"))), limit)
-        table = comparison_markdown(rows, regressed, limit)
-        create_markdown_artifact(table, key="retrain-comparison", description="test metrics, champion vs challenger")
-        tracking.set_tags(parent, {DECISION: "failed" if regressed else "passed", EXPERIMENT: name,
-                                   COMPARISON: table, REGRESSED: ",".join(regressed)})
-        if regressed:
-            raise LmpipeError(f"{name} regressed beyond retrain.max_regression={limit:g}: "
-                              + "; ".join(describe(r) for r in rows if r["model"] in regressed)
-                              + f"; nothing applied (inspect it: dvc exp show, dvc exp diff HEAD {name})")
-        commit = apply(name, ref, commit_message(name, rows, limit), sets, env)
-        champions = tracking.promote_experiment(name)
-        tracking.set_tags(parent, {COMMIT: commit})
+            outcome = gated_retrain(params, parent, list(overrides or []))
+        except (KeyboardInterrupt, TimeoutError) as exc:  # Ctrl-C, or SIGTERM (flows/_stage), or the timeout
+            reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else "timed out"
+            tracking.set_tags(parent, {DECISION: "interrupted", "lmpipe.retrain.reason": reason})
+            tracking.end_run(parent, "KILLED")
+            raise RetrainStopped(f"retrain {reason}: nothing is applied and no temporary copy is left; {RESUME}") from None
+    print(outcome.pop("said"), flush=True)
+    return outcome
+
+
+def gated_retrain(params, parent: str, sets: list[str]) -> dict:
+    """The retrain's steps: refetch, `dvc exp run --temp`, the gate, then apply or refuse. Returns the outcome with
+    the closing line to say (`said`); a regression is an LmpipeError naming the models."""
+    limit, log = params.retrain.max_regression, get_run_logger()
+    env = stage_env(parent)
+    log.info("retrain: fetching the corpus source again")
+    pinned = fetched_sha256(params.corpus)
+    if pinned != corpus_sha256(paths.RAW):
+        log.info("retrain: the source has a new corpus (sha256 %s)", pinned)
+        sets.append(f"corpus.sha256={pinned}")
+    if not sets and not json.loads(dvc(["status", "--json", "dvc.yaml"], env) or "{}"):
+        tracking.set_tags(parent, {DECISION: "unchanged"})
+        create_markdown_artifact("# Retraining\n\nThe corpus and the pipeline are unchanged: nothing to retrain.\n",
+                                 key="retrain-comparison", description="nothing changed")
+        return {"decision": "unchanged", "said": "nothing to retrain: the corpus source and the pipeline are "
+                f"unchanged since {git('rev-parse', '--short', 'HEAD').strip()}"}
+    name = f"retrain-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    tracking.set_tags(parent, {EXPERIMENT: name})
+    log.info("retrain %s: dvc exp run --temp %s", name, " ".join(f"-S {s}" for s in sets))
+    run_experiment(name, sets, env)
+    ref = experiment_ref(name)
+    head = json.loads(Path(paths.EVAL).read_text()) if Path(paths.EVAL).exists() else None
+    before = {**metrics_of(head), **tracking.champion_metrics(params.models)}
+    rows, regressed = compare_eval(before, metrics_of(json.loads(git("show", f"{ref}:{paths.EVAL}"))), limit)
+    table = comparison_markdown(rows, regressed, limit)
+    create_markdown_artifact(table, key="retrain-comparison", description="test metrics, champion vs challenger")
+    tracking.set_tags(parent, {DECISION: "failed" if regressed else "passed", COMPARISON: table,
+                               REGRESSED: ",".join(regressed)})
+    if regressed:
+        raise LmpipeError(f"{name} regressed beyond retrain.max_regression={limit:g}: "
+                          + "; ".join(describe(r) for r in rows if r["model"] in regressed)
+                          + f"; nothing applied (inspect it: dvc exp show, dvc exp diff HEAD {name})")
+    commit = apply(name, ref, commit_message(name, rows, limit), sets, env)
+    champions = tracking.promote_experiment(name)
+    tracking.set_tags(parent, {COMMIT: commit})
     moved = changed(rows)
-    print(f"applied {name} as commit {commit[:12]}; champions: "
-          + (", ".join(f"{m.removeprefix('lmpipe-')} v{v}" for m, v in sorted(champions.items())) or "unchanged")
-          + ("; " + "; ".join(describe(r) for r in moved) if moved else "; no model's numbers changed"), flush=True)
-    return {"decision": "passed", "experiment": name, "commit": commit, "rows": rows, "champions": champions}
+    said = (f"applied {name} as commit {commit[:12]}; champions: "
+            + (", ".join(f"{m.removeprefix('lmpipe-')} v{v}" for m, v in sorted(champions.items())) or "unchanged")
+            + ("; " + "; ".join(describe(r) for r in moved) if moved else "; no model's numbers changed"))
+    return {"decision": "passed", "experiment": name, "commit": commit, "rows": rows, "champions": champions,
+            "said": said}
 
 
 class RetrainStopped(LmpipeError):
