@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -123,6 +124,48 @@ def main(flow: Callable, **flow_kwargs) -> None:
         if line := full_disk(exc):
             fail(f"error: {line}")
         fail(f"error: stage failed: {type(exc).__name__}: {first_line(str(exc))}")
+
+
+def drop_removed(models: list[str], lock_file: str | Path = "dvc.lock") -> list[Path]:
+    """What a model no longer in params.yaml left behind, gone as `dvc remove` would take it: its train stage's
+    outputs (the model folder, its metrics and curve), that stage's entry in dvc.lock and the model folder's line in
+    models/.gitignore. DVC keeps the outputs of a stage it no longer has, and a stale curve, metrics file or model
+    would otherwise stay in `dvc plots show`, the report, git and `dvc status`. The model stays in DVC's cache.
+    Every stage that covers all models (evaluate, audit, report) calls it first: the first of them to run removes
+    them, before DVC records the `models/` folder as a dependency of any of them."""
+    from dvc.utils.serialize import modify_yaml
+
+    from flows.paths import CURVES, TRAIN_METRICS
+
+    beside = {TRAIN_METRICS: ".json", CURVES: ".csv"}  # what each train@<model> writes beside its model
+    gone = [path for folder, suffix in beside.items() for path in sorted(Path(folder).glob(f"*{suffix}"))
+            if path.stem not in models]
+    for path in gone:
+        path.unlink()
+    if not Path(lock_file).exists():
+        return gone
+    with modify_yaml(lock_file) as lock:  # DVC's own reader and writer: the file keeps its form
+        stale = [name for name in lock.get("stages", {}) if name.startswith("train@") and name[6:] not in models]
+        for name in stale:
+            for out in lock["stages"][name].get("outs", []):
+                path = Path(out["path"])
+                if path.is_dir():
+                    shutil.rmtree(path)
+                    gone.append(path)
+                    forget_ignored(path)
+                elif path.exists():
+                    path.unlink()
+                    gone.append(path)
+            del lock["stages"][name]
+    return gone
+
+
+def forget_ignored(path: Path) -> None:
+    """Drop `path`'s line from the .gitignore beside it, which DVC wrote when the path became a cached output."""
+    ignore = path.parent / ".gitignore"
+    if ignore.exists():
+        lines = ignore.read_text().splitlines(keepends=True)
+        ignore.write_text("".join(line for line in lines if line.strip() != f"/{path.name}"))
 
 
 def full_disk(exc: BaseException) -> str | None:

@@ -12,7 +12,7 @@ from prefect import flow, get_run_logger, task
 from tokenizers import Tokenizer
 
 from flows import paths
-from flows._stage import PARAMS_FILE, main, stage_run
+from flows._stage import PARAMS_FILE, drop_removed, main, stage_run
 from lmpipe import tracking
 from lmpipe.audit import audit, bpe_vector, load_tests, weat_heatmap, word_counts, write_word2vec_text
 from lmpipe.config import load_params
@@ -60,6 +60,7 @@ def run_audit(params) -> dict:
 @flow(name="audit")
 def audit_flow() -> dict:
     params = load_params(PARAMS_FILE)
+    drop_removed(list(params.models))  # a removed model's outputs, before DVC hashes models/
     with stage_run("audit", params, ["audit"]):
         results = run_audit(params)
         form = "leading-space BPE form (' word'), mean of piece embeddings; word2vec: whole words"

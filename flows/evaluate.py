@@ -15,7 +15,7 @@ from prefect.artifacts import create_table_artifact
 from tokenizers import Tokenizer
 
 from flows import paths
-from flows._stage import PARAMS_FILE, main, stage_run
+from flows._stage import PARAMS_FILE, drop_removed, main, stage_run
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.evaluate import evaluate_lm, load_lm
@@ -69,6 +69,7 @@ def perplexity_csv(results: dict) -> str:
 def evaluate() -> dict:
     params = load_params(PARAMS_FILE)
     names = model_names(params)
+    drop_removed(list(params.models))  # a removed model's outputs, before DVC hashes models/
     with stage_run("evaluate", params, ["evaluate"]):
         results, samples, logprobs = score_and_sample(names, params.evaluate)
         write_logprobs(logprobs)

@@ -2,13 +2,12 @@
 metrics/models/<model>.json (what `dvc metrics show` lists) and the offline page of `dvc plots show`."""
 
 import json
-import shutil
 from pathlib import Path
 
 from prefect import flow, task
 
 from flows import paths
-from flows._stage import PARAMS_FILE, main, stage_run
+from flows._stage import PARAMS_FILE, drop_removed, main, stage_run
 from lmpipe import tracking
 from lmpipe.compare import BASELINE, baseline_label, best_model, vs_baseline
 from lmpipe.config import load_params
@@ -18,7 +17,6 @@ from lmpipe.report import build_report, dvc_plots_template
 
 OUT_DIR = paths.REPORTS  # study.md, study.html, figures/ (beside validation/ and samples.md of earlier stages)
 EVAL, PLOTS_TEMPLATE = paths.EVAL, paths.PLOTS_TEMPLATE
-PER_MODEL = {paths.TRAIN_METRICS: ".json", paths.CURVES: ".csv"}  # what each train@<model> writes beside its model
 
 
 def headline(models: dict) -> dict:
@@ -69,43 +67,6 @@ def label_each_model_run(params, models: dict) -> None:
             trained = json.loads(Path(paths.train_metrics(name)).read_text()) if name in params.models else {}
             tracking.log_metrics({f"test_{k}": v for k, v in result["test"].items()}, run_id=run_id)
             tracking.set_tags(run_id, {tracking.NOTE: describe(name, result, trained)})
-
-
-def drop_removed(models: list[str], lock_file: str | Path = "dvc.lock") -> list[Path]:
-    """What a model no longer in params.yaml left behind, gone as `dvc remove` would take it: its train stage's
-    outputs (the model folder, its metrics and curve), that stage's entry in dvc.lock and the model folder's line in
-    models/.gitignore. DVC keeps the outputs of a stage it no longer has, and a stale curve, metrics file or model
-    would otherwise stay in `dvc plots show`, the report, git and `dvc status`. The model stays in DVC's cache."""
-    from dvc.utils.serialize import modify_yaml
-
-    gone = [path for folder, suffix in PER_MODEL.items() for path in sorted(Path(folder).glob(f"*{suffix}"))
-            if path.stem not in models]
-    for path in gone:
-        path.unlink()
-    if not Path(lock_file).exists():
-        return gone
-    with modify_yaml(lock_file) as lock:  # DVC's own reader and writer: the file keeps its form
-        stale = [name for name in lock.get("stages", {}) if name.startswith("train@") and name[6:] not in models]
-        for name in stale:
-            for out in lock["stages"][name].get("outs", []):
-                path = Path(out["path"])
-                if path.is_dir():
-                    shutil.rmtree(path)
-                    gone.append(path)
-                    forget_ignored(path)
-                elif path.exists():
-                    path.unlink()
-                    gone.append(path)
-            del lock["stages"][name]
-    return gone
-
-
-def forget_ignored(path: Path) -> None:
-    """Drop `path`'s line from the .gitignore beside it, which DVC wrote when the path became a cached output."""
-    ignore = path.parent / ".gitignore"
-    if ignore.exists():
-        lines = ignore.read_text().splitlines(keepends=True)
-        ignore.write_text("".join(line for line in lines if line.strip() != f"/{path.name}"))
 
 
 def check_covers(models: list[str]) -> None:

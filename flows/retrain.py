@@ -130,7 +130,8 @@ def run_experiment(name: str, sets: list[str], env: dict) -> None:
     scratch = experiment_scratch()
     command = ["dvc", "exp", "run", "--temp", "--name", name, *[a for s in sets for a in ("-S", s)]]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               errors="replace", start_new_session=True)  # its own group: stopped as one, below
+                               errors="replace", start_new_session=True,  # its own group: stopped as one, below
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # even where ignored
     tail: deque[str] = deque(maxlen=20)
     try:
         for chunk in process.stdout:

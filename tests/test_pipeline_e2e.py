@@ -1093,8 +1093,13 @@ def test_ctrl_c_stops_a_retrain_removes_its_copy_and_says_how_to_resume(committe
 
     copy, env = committed
     before = workspace(copy)
-    retrain = subprocess.Popen(["lmpipe", "retrain", "models.gru.epochs=100000"], cwd=copy, env=env, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    def as_in_a_terminal():  # its own process group, and SIGINT not ignored (a background shell ignores it)
+        os.setsid()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    retrain = subprocess.Popen(["lmpipe", "retrain", "models.gru.epochs=100000", "models.gru.patience=100000"],
+                               cwd=copy, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               preexec_fn=as_in_a_terminal)
     lines, deadline = [], time.monotonic() + 300
     for line in retrain.stdout:  # until the model trains: progress is said as it runs
         lines.append(line)
