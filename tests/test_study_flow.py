@@ -75,3 +75,15 @@ with one_study(Path({str(lock)!r})):
     assert dvc_lock_holder(tmp_path) == f"pid {os.getpid()} (dvc repro)"
     (tmp_path / ".dvc/tmp/rwlock").write_text(json.dumps({"write": {"data/x": {"pid": 2**22 + 7, "cmd": "dvc"}}}))
     assert dvc_lock_holder(tmp_path) is None
+
+
+def test_a_typo_in_an_override_stops_before_dvc_runs_anything(tmp_path, monkeypatch):
+    import shutil
+
+    from tests.conftest import ROOT
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    with pytest.raises(ConfigError, match=r"params.yaml with models.lstm.optim.lr=fast: models.lstm.optim"):
+        study.fn(overrides=["models.lstm.optim.lr=fast"])
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / ".cache").exists()  # no run, no lock taken
