@@ -124,6 +124,12 @@ def _expected(kwargs: dict) -> str:
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 STAMP = re.compile(r"\d{8}T\d{6}\.\d{6}Z")
 REMOTE_LOGO = re.compile(r"https://great-expectations-web-assets\.[^\"]*logo-long\.png[^\"]*")
+# Bootstrap, jQuery, Vega and Font Awesome from CDNs: a page opened online would call those hosts. Offline they never
+# loaded; the inline styles and static tables below stand in, so the tags go.
+REMOTE_ASSET = re.compile(r"<script[^>]*\ssrc=\"https?://[^\"]*\"[^>]*>\s*</script>\s*|"
+                          r"<link[^>]*\shref=\"https?://[^\"]*\"[^>]*>\s*")
+# The run's constant date (RUN_ID), as the pages show it: not a true time, so it is not shown (paths keep it).
+SHOWN_RUN_TIME = re.compile(r"2000-01-01T00:00:00Z|2000-01-01 00:00:00 UTC|(?<=>)20000101T000000\.000000Z(?=<)")
 
 
 # Bootstrap's styles come from a CDN: offline, these few rules keep the pages' tables and cards legible
@@ -165,7 +171,8 @@ def steady_docs(docs_dir: str | Path, run_time: str) -> None:
     """Make GX's data docs a function of the corpus alone: its random element ids numbered in order, the times it
     stamps (render time, validation time) set to the run's constant time, and the logo it loads from the web taken
     from its own static/ folder instead. The index page's tables are written out as HTML (`static_tables`) and a
-    few inline styles stand in for Bootstrap's, so the docs read offline."""
+    few inline styles stand in for Bootstrap's, so the docs read offline; the tags that would load assets from the
+    web are removed, and the constant run time is not shown."""
     root = Path(docs_dir)
     for page in sorted(root.rglob("*.html")):
         text, ids = page.read_text(encoding="utf-8"), {}
@@ -173,7 +180,9 @@ def steady_docs(docs_dir: str | Path, run_time: str) -> None:
         text = STAMP.sub(run_time, text)
         logo = Path(*[".."] * (len(page.relative_to(root).parts) - 1), "static/images/logo-long-vector.svg")
         text = REMOTE_LOGO.sub(logo.as_posix(), text).replace("</head>", OFFLINE_STYLE + "</head>", 1)
-        page.write_text(static_tables(text) if page == root / "index.html" else text, encoding="utf-8")
+        text = static_tables(text) if page == root / "index.html" else text
+        text = SHOWN_RUN_TIME.sub("not recorded", REMOTE_ASSET.sub("", text))
+        page.write_text(text, encoding="utf-8")
 
 
 def validate_corpus(clean_dir: str | Path, params: ValidateParams, docs_dir: str | Path) -> dict:

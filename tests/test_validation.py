@@ -37,6 +37,12 @@ def test_clean_corpus_passes_and_builds_data_docs(clean_dir, tmp_path):
         assert f'<td><a href="{link}">Success</a></td>' in index
     assert index.count("<tr>") == 3 + 3 + 2  # 3 validations, 3 suites, 2 header rows
     assert all(OFFLINE_STYLE in page.read_text() for page in [tmp_path / "docs" / "index.html", *pages])
+    for page in (tmp_path / "docs").rglob("*.html"):  # nothing leaves the machine, and no made-up time is shown
+        text = page.read_text()
+        remote = re.findall(r"<(?:script|link|img)[^>]*\s(?:src|href)=\"https?://[^\"]*\"", text)
+        assert not remote, (page, remote[:3])
+        shown = re.sub(r"<script.*?</script>", "", text, flags=re.S)
+        assert "2000-01-01" not in shown and ">20000101T000000.000000Z<" not in shown, page
 
 
 def test_markup_residue_fails_naming_split_and_count(clean_dir, tmp_path):
