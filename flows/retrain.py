@@ -33,7 +33,7 @@ from flows._stage import CACHE_DIR, PARAMS_FILE, main
 from flows.study import stage_env, dvc, one_study
 from lmpipe import tracking
 from lmpipe.compare import changed, compare_eval, comparison_markdown, describe, metrics_of
-from lmpipe.config import load_params, load_with_overrides
+from lmpipe.config import check_overrides, load_params
 from lmpipe.corpus.sources import corpus_sha256, fetch_corpus
 from lmpipe.errors import ConfigError, LmpipeError
 from lmpipe.params_file import edit_params
@@ -179,8 +179,8 @@ def retrain(overrides: list[str] | None = None) -> dict:
     apply and commit it, and promote its models, only when no model regressed beyond retrain.max_regression.
     Every outcome ends in one line: nothing to retrain, applied (the commit and the champions), or regressed.
     Stopped (Ctrl-C, SIGTERM, the deployment's timeout), its MLflow run ends KILLED and the line says how to resume."""
-    load_with_overrides(PARAMS_FILE, overrides)  # a typo in an override stops here, before DVC deletes anything
     params = load_params(PARAMS_FILE)
+    check_overrides(PARAMS_FILE, overrides)  # a typo in an override stops here, before DVC deletes anything
     with one_study():
         dirty = uncommitted()
         if dirty:

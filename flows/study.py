@@ -23,7 +23,7 @@ from prefect import flow, task
 from flows._stage import PARAMS_FILE, main
 from flows.runners import task_runner
 from lmpipe import tracking
-from lmpipe.config import OrchestrationParams, load_params, load_with_overrides
+from lmpipe.config import OrchestrationParams, check_overrides, load_params
 from lmpipe.errors import ConfigError, LmpipeError
 
 def stage_env(parent_run_id: str) -> dict:
@@ -147,7 +147,7 @@ def study(overrides: list[str] | None = None) -> str:
     if overrides and settings.task_runner != "sequential":
         raise ConfigError(f"{PARAMS_FILE}: orchestration.task_runner {settings.task_runner!r} runs the study in the "
                           "workspace; set the values in params.yaml instead of passing overrides")
-    load_with_overrides(PARAMS_FILE, overrides)  # a typo in an override stops here, before DVC runs any stage
+    check_overrides(PARAMS_FILE, overrides)  # a typo in an override stops here, before DVC runs any stage
     with one_study():
         if not overrides and not json.loads(dvc(["status", "--json", "dvc.yaml"], dict(os.environ)) or "{}"):
             print("Data and pipelines are up to date: no stage to run, no new study run")  # no empty parent in MLflow

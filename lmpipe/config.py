@@ -434,14 +434,12 @@ def yaml_error_place(exc: yaml.YAMLError) -> str:
     return f" at line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else f": {problem}"
 
 
-def load_with_overrides(path: str | Path, overrides: list[str] | None) -> Params:
+def check_overrides(path: str | Path, overrides: list[str] | None) -> None:
     """params.yaml with `-S` overrides applied, checked as DVC would run them: a typo fails here, before DVC runs
     (and deletes the outputs of) any stage."""
-    params = load_params(path)
-    if not overrides:
-        return params
-    merged = apply_overrides(yaml.safe_load(Path(path).read_text(encoding="utf-8")), overrides)
-    return parse_params(merged, f"{path} with {' '.join(overrides)}")
+    if overrides:
+        merged = apply_overrides(yaml.safe_load(Path(path).read_text(encoding="utf-8")), overrides)
+        parse_params(merged, f"{path} with {' '.join(overrides)}")
 
 
 def parse_params(raw, source: str | Path = "params") -> Params:

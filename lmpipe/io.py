@@ -21,8 +21,7 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     `dest` is replaced whole (a stage's output, which DVC owns), so the working directory and the folders above it
     are refused: replacing one would delete the project."""
     dest = Path(dest)
-    here = Path.cwd().resolve()
-    if dest.resolve() == here or dest.resolve() in here.parents:
+    if holds_working_directory(dest):
         from lmpipe.errors import LmpipeError
 
         raise LmpipeError(f"{dest}: is the working directory or a folder above it, which lmpipe never replaces; "
@@ -74,9 +73,14 @@ def check_out_dir(dest: str | os.PathLike, command: str) -> None:
     if dest.is_dir() and any(dest.iterdir()) and not (dest / OUT_MARK).is_file():
         raise LmpipeError(f"{command} --out {dest}: the folder holds files that lmpipe did not write, and --out "
                           "replaces the whole folder; name a new or empty folder")
-    here = Path.cwd().resolve()
-    if dest.resolve() == here or dest.resolve() in here.parents:
+    if holds_working_directory(dest):
         raise LmpipeError(f"{command} --out {dest}: is the working directory or a folder above it; name a new folder")
+
+
+def holds_working_directory(path: Path) -> bool:
+    """Whether `path` is the working directory or a folder above it: replacing it would delete the project."""
+    here = Path.cwd().resolve()
+    return path.resolve() == here or path.resolve() in here.parents
 
 
 def write_text(dest: str | os.PathLike, text: str) -> None:

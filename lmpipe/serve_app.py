@@ -25,7 +25,7 @@ import time
 from http import HTTPStatus
 from typing import Callable
 
-from lmpipe.errors import LmpipeError
+from lmpipe.errors import LmpipeError, first_line
 from lmpipe.serving import MAX_BODY_BYTES, BadRequest, check_request
 
 HOST = "127.0.0.1"
@@ -156,9 +156,6 @@ def build_app(pyfunc, about: dict, say: Callable[[str], None] = lambda line: Non
 
     generator, worker = pyfunc.unwrap_python_model(), Worker()
 
-    def count_tokens(prompt: str) -> int:
-        return len(generator.tokenizer.encode(prompt, add_special_tokens=False).ids)
-
     def predict(prompts: list[str], params: dict) -> list[str]:
         return pyfunc.predict(pd.DataFrame({"prompt": prompts}), params=params)["continuation"].tolist()
 
@@ -175,7 +172,7 @@ def build_app(pyfunc, about: dict, say: Callable[[str], None] = lambda line: Non
                 raise BadRequest(f"the body is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
             except (ValueError, RecursionError) as exc:  # not UTF-8, a number of over 4300 digits, nested too deep
                 raise BadRequest(f"the body is not JSON that can be read ({type(exc).__name__})") from None
-            prompts, params = check_request(body, count_tokens, generator.defaults)
+            prompts, params = check_request(body, generator.count_tokens, generator.defaults)
         except BadRequest as exc:
             say(f"POST /invocations {exc.status} in {time.monotonic() - start:.2f} s: {exc}")
             return refusal(exc.status, str(exc))
@@ -184,8 +181,8 @@ def build_app(pyfunc, about: dict, say: Callable[[str], None] = lambda line: Non
         except asyncio.CancelledError:  # the server stops: the generation is dropped
             return refusal(503, "the server is stopping")
         except Exception as exc:
-            first = (str(exc).strip().splitlines() or [""])[0][:200]
-            say(f"POST /invocations 500 in {time.monotonic() - start:.2f} s: {type(exc).__name__}: {first}")
+            say(f"POST /invocations 500 in {time.monotonic() - start:.2f} s: {type(exc).__name__}: "
+                f"{first_line(str(exc), 200)}")
             return refusal(500, f"the model failed ({type(exc).__name__}); see the server's output")
         say(f"POST /invocations 200 in {time.monotonic() - start:.2f} s: {len(prompts)} prompt(s)")
         return JSONResponse({"predictions": [{"continuation": c} for c in continuations]})
