@@ -192,7 +192,7 @@ def retrain(overrides: list[str] | None = None) -> dict:
         except (KeyboardInterrupt, TimeoutError) as exc:  # Ctrl-C, or SIGTERM (flows/_stage), or the timeout
             reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else "timed out"
             tracking.set_tags(parent, {DECISION: "interrupted", "lmpipe.retrain.reason": reason})
-            tracking.end_run(parent, "KILLED")
+            tracking.end_study_run(parent, "KILLED")
             raise RetrainStopped(f"retrain {reason}: nothing is applied and no temporary copy is left; {RESUME}") from None
     print(outcome.pop("said"), flush=True)
     return outcome

@@ -200,12 +200,13 @@ def study_run_id(experiment: str, key: StudyKey) -> str:
     return found[0].info.run_id if found else _new_study_run(experiment, key)
 
 
-def end_study_run(run_id: str) -> None:
-    """Mark a study's parent run ended now (it is created ended, at its first stage): its duration is the study's."""
+def end_study_run(run_id: str, status: str | None = None) -> None:
+    """Mark a study's parent run ended now (it is created ended, at its first stage): its duration is the study's.
+    `status` (FAILED, KILLED) replaces its FINISHED where the study did not finish."""
     import time
 
     client = MlflowClient()
-    client.set_terminated(run_id, client.get_run(run_id).info.status, end_time=int(time.time() * 1000))
+    client.set_terminated(run_id, status or client.get_run(run_id).info.status, end_time=int(time.time() * 1000))
 
 
 def start_study_run(experiment: str, params_file: str | Path = "params.yaml", name: str = "study") -> str:
@@ -548,13 +549,6 @@ def promote_experiment(name: str) -> dict[str, str]:
         client.set_registered_model_alias(version.name, CHAMPION, str(version.version))
         moved[version.name] = str(version.version)
     return moved
-
-
-def end_run(run_id: str, status: str) -> None:
-    """End a run as FINISHED, FAILED or KILLED now (a retrain's parent run is created finished, at its start)."""
-    import time
-
-    MlflowClient().set_terminated(run_id, status, end_time=int(time.time() * 1000))
 
 
 def set_tags(run_id: str, tags: Mapping[str, str]) -> None:
