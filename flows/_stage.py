@@ -127,35 +127,38 @@ def main(flow: Callable, **flow_kwargs) -> None:
 
 
 def drop_removed(models: list[str], lock_file: str | Path = "dvc.lock") -> list[Path]:
-    """What a model no longer in params.yaml left behind, gone as `dvc remove` would take it: its train stage's
-    outputs (the model folder, its metrics and curve), that stage's entry in dvc.lock and the model folder's line in
-    models/.gitignore. DVC keeps the outputs of a stage it no longer has, and a stale curve, metrics file or model
+    """What a model no longer in params.yaml left behind, gone as `dvc remove` would take it: the outputs of its
+    train@ and score@ stages (the model folder, its metrics, curve, scores and log-probabilities), their entries in
+    dvc.lock and the cached outputs' lines in .gitignore. DVC keeps the outputs of a stage it no longer has, and a stale curve, metrics file or model
     would otherwise stay in `dvc plots show`, the report, git and `dvc status`. The model stays in DVC's cache.
     Every stage that covers all models (evaluate, audit, report) calls it first: the first of them to run removes
-    them, before DVC records the `models/` folder as a dependency of any of them."""
+    them, before DVC records the `models/` and `metrics/eval/` folders as dependencies of any of them."""
     from dvc.utils.serialize import modify_yaml
 
-    from flows.paths import CURVES, TRAIN_METRICS
+    from flows.paths import CURVES, EVAL_MODELS, LOGPROBS, TRAIN_METRICS
 
-    beside = {TRAIN_METRICS: ".json", CURVES: ".csv"}  # what each train@<model> writes beside its model
+    kept = {*models, "ngram"}  # score_ngram writes beside the models' scores
+    beside = {TRAIN_METRICS: ".json", CURVES: ".csv", EVAL_MODELS: ".json", LOGPROBS: ".npz"}  # one file per model
     gone = [path for folder, suffix in beside.items() for path in sorted(Path(folder).glob(f"*{suffix}"))
-            if path.stem not in models]
+            if path.stem not in kept]
     for path in gone:
         path.unlink()
+        forget_ignored(path)
     if not Path(lock_file).exists():
         return gone
     with modify_yaml(lock_file) as lock:  # DVC's own reader and writer: the file keeps its form
-        stale = [name for name in lock.get("stages", {}) if name.startswith("train@") and name[6:] not in models]
-        for name in stale:
+        stale = [name for name in lock.get("stages", {}) if "@" in name and name.split("@", 1)[1] not in models]
+        for name in stale:  # train@<model>, score@<model>: the foreach stages over `models`
             for out in lock["stages"][name].get("outs", []):
                 path = Path(out["path"])
                 if path.is_dir():
                     shutil.rmtree(path)
-                    gone.append(path)
-                    forget_ignored(path)
                 elif path.exists():
                     path.unlink()
-                    gone.append(path)
+                else:
+                    continue
+                gone.append(path)
+                forget_ignored(path)
             del lock["stages"][name]
     return gone
 

@@ -1,27 +1,25 @@
-"""evaluate stage: one perplexity table for every model (n-gram included) and decoding samples.
+"""evaluate stage: the per-model scores joined into one perplexity table (n-gram included) and the samples page.
 
-Outputs metrics/eval.json, reports/samples.md, plots/eval/perplexity.csv, and each model's per-token
-log-probabilities on valid and test (data/logprobs/<model>.npz, float32), which `combine` mixes; each model's MLflow run
-(found by the content hash of models/<model>, tracking.run_of_output) gets its test_* metrics, so the MLflow UI compares all.
+Reads metrics/eval/<model>.json of the n-gram and of every entry of `models` (score_ngram, score@<model>) and writes
+metrics/eval.json, reports/samples.md and plots/eval/perplexity.csv; its MLflow run holds every model's numbers, so
+the UI compares them in one run. No model runs here: adding a model costs its own scoring and this join.
 """
 
 import csv
 import io
-import time
+import json
+from pathlib import Path
 
-import numpy as np
-from prefect import flow, get_run_logger, task
+from prefect import flow
 from prefect.artifacts import create_table_artifact
-from tokenizers import Tokenizer
 
 from flows import paths
 from flows._stage import PARAMS_FILE, drop_removed, main, stage_run
 from lmpipe import tracking
 from lmpipe.config import load_params
-from lmpipe.evaluate import evaluate_lm, load_lm
-from lmpipe.io import atomic_path, write_json, write_text
-from lmpipe.samples import sample_all, samples_markdown, strategy_table
-from lmpipe.splits import load_tokens
+from lmpipe.errors import LmpipeError
+from lmpipe.io import write_json, write_text
+from lmpipe.samples import samples_markdown, strategy_table
 
 METRICS, SAMPLES, PLOT = paths.EVAL, paths.SAMPLES, paths.PERPLEXITY_PLOT
 
@@ -30,30 +28,21 @@ def model_names(params) -> list[str]:
     return ["ngram", *params.models]
 
 
-@task
-def score_and_sample(names: list[str], params) -> tuple[dict, dict]:
-    """Perplexities and decoding samples, loading the token streams and every model once."""
-    logger, data = get_run_logger(), load_tokens()
-    models = {name: load_lm(paths.model_dir(name)) for name in names}
-    results, logprobs = {}, {}
-    for name, model in models.items():  # a line per model: scoring every split takes a while
-        started = time.perf_counter()
-        logprobs[name] = {}
-        results[name] = evaluate_lm(model, data, params.chunk, token_logprobs=logprobs[name])
-        test = results[name]["test"]
-        logger.info(f"{name}: test bpb {test['bpb']:.4f}, word ppl {test['word_ppl']:,.0f} "
-                    f"({time.perf_counter() - started:.0f} s)")
-    logger.info(f"decoding: {len(params.strategies)} strategies x {len(params.prompts)} prompts x {len(models)} models")
-    samples = sample_all(models, Tokenizer.from_file(paths.TOKENIZER), data.boundary, params)
-    return results, samples, logprobs
-
-
-def write_logprobs(logprobs: dict) -> None:
-    """One .npz per model, the folder replaced as a whole (a removed model's file goes with it)."""
-    with atomic_path(paths.LOGPROBS) as tmp:
-        tmp.mkdir()
-        for name, splits in logprobs.items():
-            np.savez(tmp / f"{name}.npz", **splits)
+def read_scores(names: list[str], strategies: list[str]) -> tuple[dict, dict]:
+    """({model: valid, test, n_params}, {model: decoding samples, in params.yaml's order of strategies}) from each
+    model's score file."""
+    results, samples = {}, {}
+    for name in names:
+        try:
+            scored = json.loads(Path(paths.eval_metrics(name)).read_text())
+            decoding = scored.pop("decoding")
+            samples[name] = {strategy: decoding[strategy] for strategy in strategies}
+        except (OSError, ValueError, KeyError):
+            stage = "score_ngram" if name == "ngram" else f"score@{name}"
+            raise LmpipeError(f"{paths.eval_metrics(name)}: no scores of {name} under params.yaml's `evaluate` "
+                              f"(run: dvc repro {stage})") from None
+        results[name] = scored
+    return results, samples
 
 
 def perplexity_csv(results: dict) -> str:
@@ -68,11 +57,9 @@ def perplexity_csv(results: dict) -> str:
 @flow(name="evaluate")
 def evaluate() -> dict:
     params = load_params(PARAMS_FILE)
-    names = model_names(params)
-    drop_removed(list(params.models))  # a removed model's outputs, before DVC hashes models/
+    drop_removed(list(params.models))  # a removed model's outputs, before DVC hashes models/ and metrics/eval/
     with stage_run("evaluate", params, ["evaluate"]):
-        results, samples, logprobs = score_and_sample(names, params.evaluate)
-        write_logprobs(logprobs)
+        results, samples = read_scores(model_names(params), params.evaluate.strategies)
         write_json(METRICS, {"models": results, "decoding": strategy_table(samples)})
         write_text(SAMPLES, samples_markdown(samples, params.evaluate))
         write_text(PLOT, perplexity_csv(results))
@@ -81,10 +68,6 @@ def evaluate() -> dict:
                               key="test-perplexity", description="every model on the test split, best first")
         for name, r in results.items():
             tracking.log_metrics({f"{name}.{split}_{key}": r[split][key] for split in ("valid", "test") for key in r[split]})
-            run_id = tracking.run_of_output(params.tracking.experiment, paths.model_dir(name))
-            if run_id:  # the model's own run carries its test numbers too
-                tracking.log_metrics({f"test_{k}": v for k, v in r["test"].items()} | {"n_params": r["n_params"]},
-                                     run_id=run_id)
         tracking.log_artifacts(METRICS)
         tracking.log_artifacts(SAMPLES)
     return results

@@ -22,7 +22,8 @@ TOKENIZE_METRICS = "metrics/tokenize.json"
 NGRAM_METRICS = "metrics/ngram.json"
 TRAIN_METRICS = "metrics/train"  # <model>.json, one per train@<model>
 CURVES = "plots/train"  # <model>.csv, one per train@<model>
-EVAL = "metrics/eval.json"
+EVAL_MODELS = "metrics/eval"  # <model>.json: one model's scores and samples, one per score@<model> (and score_ngram)
+EVAL = "metrics/eval.json"  # every model's scores, joined by `evaluate`
 COMBINE = "metrics/combine.json"  # the models interpolated with each other, shaped like eval.json's `models`
 SAMPLES = "reports/samples.md"
 PERPLEXITY_PLOT = "plots/eval/perplexity.csv"
@@ -53,6 +54,10 @@ def train_metrics(name: str) -> str:
 
 def curve(name: str) -> str:
     return f"{CURVES}/{name}.csv"
+
+
+def eval_metrics(name: str) -> str:
+    return f"{EVAL_MODELS}/{name}.json"
 
 
 def logprobs(name: str) -> str:

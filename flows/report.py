@@ -9,7 +9,7 @@ from prefect import flow, task
 from flows import paths
 from flows._stage import PARAMS_FILE, drop_removed, main, stage_run
 from lmpipe import tracking
-from lmpipe.compare import BASELINE, baseline_label, best_model, vs_baseline
+from lmpipe.compare import BASELINE, baseline_label, best_model, not_compute_matched, vs_baseline
 from lmpipe.config import load_params
 from lmpipe.errors import LmpipeError
 from lmpipe.io import write_text
@@ -19,10 +19,11 @@ OUT_DIR = paths.REPORTS  # study.md, study.html, figures/ (beside validation/ an
 EVAL, PLOTS_TEMPLATE = paths.EVAL, paths.PLOTS_TEMPLATE
 
 
-def headline(models: dict) -> dict:
-    """Each model's test bpb and word perplexity, and the best neural model's margin over the n-gram baseline."""
+def headline(models: dict, unmatched: list[str] = ()) -> dict:
+    """Each model's test bpb and word perplexity, and the best compute-matched neural model's margin over the n-gram
+    baseline."""
     out = {f"{name}.test_{key}": r["test"][key] for name, r in models.items() for key in ("bpb", "word_ppl")}
-    best = best_model(models)
+    best = best_model({n: r for n, r in models.items() if n not in unmatched})
     if BASELINE in models and best:
         out["best_test_bpb"] = models[best]["test"]["bpb"]
         out["best_vs_baseline"] = vs_baseline(models[best], models[BASELINE])
@@ -77,21 +78,26 @@ def check_covers(models: list[str]) -> None:
                           "(run the whole pipeline: dvc repro)")
 
 
+def trained_metrics(models: list[str]) -> dict:
+    return {name: json.loads(Path(paths.train_metrics(name)).read_text()) for name in models}
+
+
 @task
-def write_report(models: list[str], seed: int, label: str) -> str:
+def write_report(models: list[str], seed: int, label: str, budget_flops: float) -> str:
     check_covers(models)
     for path in drop_removed(models):
         print(f"removed {path}: its model is no longer in params.yaml", flush=True)
     write_text(PLOTS_TEMPLATE, dvc_plots_template())
     return str(build_report(".", OUT_DIR, models, tracking.experiment_tags().get(tracking.EXPERIMENT),
-                            study_seed=seed, label=label, made_from=made_from()))
+                            study_seed=seed, label=label, made_from=made_from(), budget_flops=budget_flops))
 
 
 @flow(name="report")
 def report() -> str:
     params = load_params(PARAMS_FILE)
     with stage_run("report", params, []) as run:
-        path = write_report(list(params.models), params.train.seed, baseline_label(params.ngram))
+        budget = params.study.budget.flops if params.study.budget else None
+        path = write_report(list(params.models), params.train.seed, baseline_label(params.ngram), budget)
         study = tracking.parent_run_id(run)
         for run_id in [None] + ([study] if study else []):  # the report stage's run, and the study run where a study is compared
             for name, where in (("study.md", "report"), ("study.html", "report"), ("figures", "report/figures")):
@@ -99,7 +105,8 @@ def report() -> str:
         evaluated = json.loads(Path(EVAL).read_text())["models"]
         label_each_model_run(params, evaluated)
         if study:  # the study's headline numbers on its parent run, where the MLflow UI opens
-            tracking.log_metrics(headline(evaluated), run_id=study)
+            unmatched = not_compute_matched(trained_metrics(list(params.models)), budget)
+            tracking.log_metrics(headline(evaluated, unmatched), run_id=study)
             tracking.end_study_run(study)  # the last stage: the parent's duration is the study's
     return path
 

@@ -22,6 +22,18 @@ def best_of(bpb: Mapping[str, float], baseline: str = BASELINE) -> str | None:
     return min(neural, key=lambda name: bpb[name], default=None)
 
 
+MATCHED = 0.01  # a model is compute-matched when its training FLOPs are within 1% of the study's budget
+
+
+def not_compute_matched(trained: Mapping[str, Mapping], budget_flops: float | None) -> list[str]:
+    """The neural models (metrics/train/<model>.json) whose training FLOPs are not the study's budget within 1%: an
+    entry with a budget of its own, or a run stopped early. Their rows are marked and left out of every verdict."""
+    if not budget_flops:  # no study budget: nothing claims equal compute
+        return []
+    return sorted(name for name, t in trained.items()
+                  if abs(t.get("train_flops", 0.0) - budget_flops) > MATCHED * budget_flops)
+
+
 def best_model(models: Mapping[str, Mapping], baseline: str = BASELINE) -> str | None:
     """The best model of metrics/eval.json-shaped results (`{name: {"test": {"bpb": ...}}}`)."""
     return best_of({name: result["test"]["bpb"] for name, result in models.items()}, baseline)

@@ -156,7 +156,8 @@ class ModelParams(_Section):
     variable_bptt: bool = Field(False, description="recurrent only: AWD-LSTM's random BPTT lengths, lr rescaled")
     epochs: int = Field(4, ge=1)
     budget: Optional[Budget] = Field(None, description="train for this many tokens or FLOPs instead of `epochs`")
-    patience: int = Field(3, ge=1, description="early stopping: evaluations without a better valid loss")
+    patience: int = Field(3, ge=1, description="early stopping, for runs without a budget (a budget trains to its "
+                          "end): evaluations without a better valid loss")
     max_steps_per_epoch: Optional[int] = Field(None, ge=1, description="cap for quick runs")
 
     @model_validator(mode="after")
@@ -251,6 +252,20 @@ class ScalingParams(_Section):
         return self
 
 
+class StudyParams(_Section):
+    """What the families are compared at: one training compute budget for every neural model."""
+
+    budget: Optional[Budget] = Field(None, description="every model's training FLOPs; an entry of "
+                                     "`models` with a budget of its own is an exception, marked 'not compute-matched' "
+                                     "in the report; null: each model by its own epochs or budget, no equal compute")
+
+    @model_validator(mode="after")
+    def _compute(self):
+        if self.budget is not None and self.budget.flops is None:
+            raise ValueError("budget must be {flops: F}: the study compares the families at equal training compute")
+        return self
+
+
 class SeedsParams(_Section):
     """The seed spread (seeds/dvc.yaml, `lmpipe seeds`): every model retrained with these seeds beside `train.seed`."""
 
@@ -271,6 +286,7 @@ class Params(_Section):
     tokenizer: TokenizerParams = TokenizerParams()
     ngram: NgramParams = NgramParams()
     train: TrainParams = TrainParams()
+    study: StudyParams = StudyParams()
     models: dict[str, ModelParams] = Field(default_factory=dict)
     evaluate: EvaluateParams = EvaluateParams()
     audit: AuditParams = AuditParams()
@@ -306,6 +322,13 @@ class Params(_Section):
             raise ValueError(f"seeds.extra holds train.seed {self.train.seed}: the study's own run is already one "
                              "of the seeds (choose other values)")
         return self
+
+    def model_settings(self, name: str) -> ModelParams:
+        """models.<name> as it trains: at the study's budget unless the entry states one of its own."""
+        entry = self.models[name]
+        if entry.budget is not None or self.study.budget is None:
+            return entry
+        return entry.model_copy(update={"budget": self.study.budget})
 
     def section(self, name: str) -> dict:
         """One params section as plain data, as DVC sees it (for logging and hashing)."""

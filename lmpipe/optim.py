@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lmpipe.muon import BatchedMuon
+
 
 def muon_split(model: nn.Module, vocab_size: int) -> tuple[list, list]:
     """(the hidden matrices Muon takes, the parameters AdamW takes); a tied parameter once."""
@@ -28,7 +30,7 @@ class MuonAdamW:
 
     def __init__(self, model: nn.Module, vocab_size: int, lr: float, weight_decay: float):
         matrices, rest = muon_split(model, vocab_size)
-        self.muon = torch.optim.Muon(matrices, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
+        self.muon = BatchedMuon(matrices, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
         self.adamw = torch.optim.AdamW(rest, lr=lr, weight_decay=weight_decay)
 
     @property

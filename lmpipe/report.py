@@ -16,7 +16,7 @@ import matplotlib.ticker  # noqa: E402
 import markdown  # noqa: E402
 
 from lmpipe import seeds as seed_spread  # noqa: E402
-from lmpipe.compare import BASELINE, best_model, vs_baseline  # noqa: E402
+from lmpipe.compare import BASELINE, MATCHED, best_model, not_compute_matched, vs_baseline  # noqa: E402
 from lmpipe.io import atomic_path  # noqa: E402
 
 SUMMARIES = "metrics/models"  # one small file per model: what `dvc metrics show` lists
@@ -108,7 +108,27 @@ def _precision_note(trained: dict) -> str:
     return "; training " + " or ".join(how[k] for k in kinds) + ", evaluation in fp32"
 
 
-def _perplexity_section(evaluation, trained: dict, label: str) -> list[str]:
+def compute_line(trained: dict, budget_flops: float | None, unmatched: list[str]) -> str:
+    """The study's headline on compute: the one budget every neural model trained, and any exception."""
+    if budget_flops is None or not trained:
+        return ""
+    matched = [n for n in trained if n not in unmatched]
+    line = (f"**Equal compute**: {'every neural model' if not unmatched else ', '.join(matched) or 'no model'} trained "
+            f"{_si(budget_flops)} FLOPs (`study.budget`, within {100 * MATCHED:g}%), so the verdicts below compare the "
+            "families, not how much compute each got.")
+    if unmatched:
+        line += (" Not compute-matched, shown but left out of every verdict: " + ", ".join(
+            f"{n} ({_si(trained[n].get('train_flops', 0.0))} FLOPs)" for n in unmatched) + ".")
+    return line
+
+
+def _label(name: str, unmatched: list[str]) -> str:
+    if name == BASELINE:
+        return f"{name} (baseline)"
+    return f"{name} (not compute-matched)" if name in unmatched else name
+
+
+def _perplexity_section(evaluation, trained: dict, label: str, unmatched: list[str] = ()) -> list[str]:
     """The results table, each model with the compute it had, and what the numbers support: the winner and its
     margin over the baseline, and which models the baseline beats."""
     models = evaluation["models"]
@@ -123,16 +143,16 @@ def _perplexity_section(evaluation, trained: dict, label: str) -> list[str]:
              f"| vs {label} (word ppl) |", "|---|---|---|---|---|---|---|---|"]
     for n in names:
         r, t = models[n], trained.get(n, {})
-        row_name = f"{n} (baseline)" if n == BASELINE else n
+        row_name = _label(n, unmatched)
         versus = f"{100 * vs_baseline(r, kn):+.1f}%" if kn and n != BASELINE else "-"
         compute = (f"{r['n_params']:,} ({t['n_params_non_embedding']:,}) | {t['tokens_seen']:,} "
                    f"({t['epochs']:.1f} ep.) | {_si(t['train_flops'])}"
                    if "train_flops" in t else f"{r['n_params']:,} | - | -")
         lines.append(f"| {row_name} | {compute} | {r['valid']['bpb']:.3f} | {r['test']['bpb']:.3f} | "
                      f"{r['test']['word_ppl']:.0f} | {versus} |")
-    neural = [n for n in names if n != BASELINE]
+    neural = [n for n in names if n != BASELINE and n not in unmatched]
     if kn and neural:
-        best = best_model(models)
+        best = best_model({n: models[n] for n in [BASELINE, *neural]})
         margin = -vs_baseline(models[best], kn)
         behind = [n for n in neural if models[n]["test"]["bpb"] >= kn["test"]["bpb"]]
         lines += ["", f"Best model: **{best}**, test {models[best]['test']['bpb']:.3f} bpb against the {label} "
@@ -150,10 +170,10 @@ def _perplexity_section(evaluation, trained: dict, label: str) -> list[str]:
     return lines
 
 
-def _combine_section(combined: dict, evaluation: dict, label: str) -> list[str]:
+def _combine_section(combined: dict, evaluation: dict, label: str, unmatched: list[str] = ()) -> list[str]:
     """The interpolated models against the single ones: what mixing adds, with weights fitted on valid only."""
     models, rows = evaluation["models"], combined["models"]
-    single = best_model(models)
+    single = best_model({n: r for n, r in models.items() if n not in unmatched})
     kn = models.get(BASELINE)
     lines = ["## Combined models", "", "Per-token linear interpolation of the models' probabilities (the same BPE "
              "stream), weights fitted by EM on the valid split only and scored once on test (`lmpipe/combine.py`).", "",
@@ -172,7 +192,8 @@ def _combine_section(combined: dict, evaluation: dict, label: str) -> list[str]:
     return lines
 
 
-def _seeds_section(spreads: dict, stale: list[str], label: str) -> list[str]:
+def _seeds_section(spreads: dict, stale: list[str], label: str, unmatched: list[str] = (),
+                   families: dict[str, str] | None = None) -> list[str]:
     """Mean ± sd over seeds per model and one verdict per model: which of its gaps exceed the noise."""
     lines = ["## Seeds and verdicts", "", "Each neural model trained with `train.seed` and the seeds of `seeds.extra` "
              "(`lmpipe seeds`, seeds/seeds.csv), everything else equal. Two results differ only where their gap "
@@ -181,11 +202,14 @@ def _seeds_section(spreads: dict, stale: list[str], label: str) -> list[str]:
              "| model | seeds | test bpb (mean ± sd) | test word ppl (mean ± sd) |", "|---|---|---|---|"]
     for name, s in sorted(spreads.items(), key=lambda kv: kv[1].bpb):
         sd = (lambda v, d: "" if v is None or name == BASELINE else f" ± {v:.{d}f}")
-        row_name = f"{name} (baseline)" if name == BASELINE else name
+        row_name = _label(name, unmatched)
         lines.append(f"| {row_name} | {'-' if name == BASELINE else s.n} | {s.bpb:.3f}{sd(s.bpb_sd, 3)} | "
                      f"{s.word_ppl:.1f}{sd(s.word_ppl_sd, 1)} |")
     single = sorted(n for n, s in spreads.items() if n != BASELINE and s.bpb_sd is None)
-    lines += [""] + [f"- {v}" for v in seed_spread.verdicts(spreads, BASELINE, label)]
+    judged = {n: s for n, s in spreads.items() if n not in unmatched}
+    lines += [""] + [f"- {v}" for v in seed_spread.verdicts(judged, BASELINE, label)]
+    if families and (verdict := seed_spread.family_verdict(judged, families)):
+        lines += ["", verdict]
     if single:
         lines += ["", f"One seed so far for {', '.join(single)}: no spread to judge their gaps by, so none of them is "
                       "called real or noise (`lmpipe seeds` measures it)."]
@@ -304,12 +328,13 @@ def dvc_plots_template(vega_lite: str = "5.21") -> str:
 
 def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None = None,
                  experiment: str | None = None, study_seed: int | None = None, *, label: str,
-                 made_from: str | None = None) -> Path:
+                 made_from: str | None = None, budget_flops: float | None = None) -> Path:
     """Write study.md, study.html and figures/ under `out_dir`, and metrics/models/, from the metrics under `root`;
     `models` (params.yaml's) limits the per-model files read, so a removed model's leftovers never show;
     `experiment` names the `dvc exp run` that made them, so its report never passes for the study's; `study_seed`
     (train.seed) picks the study's own run out of seeds/seeds.csv; `label` names the n-gram baseline; `made_from`
-    names the code (commit and date) at the top."""
+    names the code (commit and date) at the top; `budget_flops` (study.budget) is the compute every neural model
+    should have had: a model that had other compute is marked and left out of the verdicts."""
     root, out_dir = Path(root), Path(out_dir)
     figures = out_dir / "figures"
     figures.mkdir(parents=True, exist_ok=True)
@@ -329,16 +354,20 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     if experiment:
         lines += [f"**Experiment `{experiment}`** (`dvc exp run`): these are its results, not the study's committed "
                   "ones (`dvc exp show` compares them).", ""]
+    unmatched = not_compute_matched(trained, budget_flops)
+    if headline := compute_line(trained, budget_flops, unmatched):
+        lines += [headline, ""]
     lines += _corpus_section(corpus, validation, tokenize) + [""]
     if evaluation:
-        lines += _perplexity_section(evaluation, trained, label) + [""]
+        lines += _perplexity_section(evaluation, trained, label, unmatched) + [""]
         bpb_figure(evaluation["models"], figures / "bpb.png")
         lines += ["![Test bits per byte](figures/bpb.png)", ""]
         if combined:
-            lines += _combine_section(combined, evaluation, label) + [""]
+            lines += _combine_section(combined, evaluation, label, unmatched) + [""]
         precisions = {name: t.get("precision", "") for name, t in trained.items()}
         spreads, stale = seed_spread.study_spreads(root / SEEDS, evaluation, precisions, study_seed, BASELINE, models)
-        lines += _seeds_section(spreads, stale, label) + [""]
+        families = {name: t.get("family", "") for name, t in trained.items()}
+        lines += _seeds_section(spreads, stale, label, unmatched, families) + [""]
     if curves:
         baseline = evaluation["models"].get(BASELINE, {}).get("valid", {}).get("bpb") if evaluation else None
         learning_curves_figure(curves, baseline, figures / "learning_curves.png", label)

@@ -150,3 +150,17 @@ def verdicts(spreads_: dict[str, Spread], baseline: str, baseline_label: str) ->
             parts.append(_gap(name, s, f"the best model, {best}", spreads_[best]))
         lines.append(", ".join(parts[:2]) + "; " + "; ".join(parts[2:]) + ".")
     return lines
+
+
+def family_verdict(spreads_: dict[str, Spread], families: dict[str, str]) -> str | None:
+    """The transformer against the best recurrent model (family `rnn`: Elman, LSTM, GRU), with the seed sd: the
+    study's one sentence on the question its families raise. None without both."""
+    recurrent = {n: s for n, s in spreads_.items() if families.get(n) == "rnn"}
+    transformers = {n: s for n, s in spreads_.items() if families.get(n) == "transformer"}
+    if not recurrent or not transformers:
+        return None
+    best_rnn = min(recurrent, key=lambda n: recurrent[n].bpb)
+    best_t = min(transformers, key=lambda n: transformers[n].bpb)
+    t, r = transformers[best_t], recurrent[best_rnn]
+    return (f"Transformer against the recurrent family: {best_t} {t.text()} against the best recurrent model, "
+            f"{best_rnn}, {r.text()}: {_gap(best_t, t, best_rnn, r)}.")

@@ -201,3 +201,16 @@ def test_the_family_registry_is_one_table(tmp_path):
     with pytest.raises(ConfigError, match=r"family 'mylm' is not registered \(have: nplm, rnn, transformer; "
                                           r"register yours in lmpipe/config.py MODEL_CLASSES\)"):
         load_params(write(tmp_path, "models:\n  mine: {family: mylm}\n"))
+
+
+def test_the_study_budget_is_every_models_length_unless_an_entry_states_its_own():
+    from lmpipe.config import parse_params
+
+    gru = {"family": "rnn", "arch": {"cell": "gru"}}
+    params = parse_params({"study": {"budget": {"flops": 3e13}},
+                           "models": {"gru": gru, "own": {**gru, "budget": {"tokens": 1000}}}})
+    assert params.model_settings("gru").budget.flops == 3e13 and params.models["gru"].budget is None
+    assert params.model_settings("own").budget.tokens == 1000  # the stated exception (the report marks it)
+    assert parse_params({"models": {"gru": gru}}).model_settings("gru").budget is None  # no study budget: epochs
+    with pytest.raises(ConfigError, match=r"study: budget must be \{flops: F\}: the study compares the families"):
+        parse_params({"study": {"budget": {"tokens": 1000}}})

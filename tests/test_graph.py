@@ -174,7 +174,8 @@ def test_every_data_path_in_dvc_yaml_is_one_of_flows_paths():
     import flows.paths as paths
 
     known = {v for k, v in vars(paths).items() if isinstance(v, str) and not k.startswith("_")}
-    known |= {f(KEY) for f in (paths.model_dir, paths.train_metrics, paths.curve)}
+    known |= {f(name) for f in (paths.model_dir, paths.train_metrics, paths.curve, paths.eval_metrics, paths.logprobs)
+              for name in (KEY, "ngram")}
     for pipeline, name, stage in stages():
         base = os.path.normpath(Path(pipeline).parent / stage.get("wdir", "."))
         listed = [item if isinstance(item, str) else next(iter(item))

@@ -27,7 +27,7 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.e2e
 MODELS = ("nplm", "rnn", "lstm", "gru", "transformer")
 STAGES = ("download", "prepare", "validate", "tokenize", "ngram") + tuple(f"train@{m}" for m in MODELS) + (
-    "evaluate", "combine", "word2vec", "audit", "report")
+    "score_ngram",) + tuple(f"score@{m}" for m in MODELS) + ("evaluate", "combine", "word2vec", "audit", "report")
 QUICK = {"epochs": 1, "max_steps_per_epoch": 3, "batch_size": 4, "seq_len": 16}
 
 
@@ -43,6 +43,7 @@ TINY = {
     "validate": {"min_words": 200, "max_oov_rate": 0.6},
     "tokenizer": {"vocab_size": 600},
     "evaluate": {"prompts": ["The history of"], "max_new_tokens": 8, "beam_size": 2},
+    "study": {"budget": None},  # each tiny model by its own few steps
     "models": stated({
         "nplm": {"family": "nplm", "arch": {"context": 3, "emb": 16, "hidden": 32}, **QUICK},
         "rnn": {"family": "rnn", "arch": {"cell": "rnn_tanh", "emb": 16, "layers": 1}, **QUICK},
@@ -319,7 +320,7 @@ def test_changed_params_rerun_only_what_depends_on_them(scratch):  # its own cop
         changed["models"]["gru"]["arch"]["emb"] = 24
         params.write_text(yaml.safe_dump(changed, sort_keys=False))
         status = run(["dvc", "status", "--json", "dvc.yaml"], copy, env)
-        assert set(json.loads(status.stdout)) == {"train@gru", "evaluate", "combine", "audit", "report"}  # read `models`
+        assert set(json.loads(status.stdout)) == {"train@gru", "score@gru", "evaluate", "combine", "audit", "report"}
     finally:
         params.write_text(saved)
 
@@ -868,22 +869,38 @@ def ran_stages(output: str) -> set[str]:
     return set(re.findall(r"Running stage '([^']+)'", output))
 
 
+def all_status(copy, env) -> dict:
+    """`dvc status` of the study, the scaling grid and the seed spread."""
+    return {pipeline: json.loads(run(["dvc", "status", "--json", pipeline], copy, env).stdout)
+            for pipeline in ("dvc.yaml", "scaling/dvc.yaml", "seeds/dvc.yaml")}
+
+
 def test_an_added_model_is_evaluated_audited_and_reported_and_removing_it_leaves_no_trace(scratch):
-    """The core promise: the results always cover exactly params.yaml's models."""
+    """The core promise: the results always cover exactly params.yaml's models. Adding one trains and scores only
+    it (the joins follow); removing it leaves the workspace as it was, as `dvc remove` would."""
     copy, env = scratch
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    run(git + ["add", "-A"], copy, env)
+    run(git + ["commit", "-qm", "studied"], copy, env)
     params = copy / "params.yaml"
-    original, before = params.read_text(), json.loads((copy / "metrics/eval.json").read_text())
+    original, before, status_before = params.read_text(), json.loads((copy / "metrics/eval.json").read_text()), \
+        all_status(copy, env)
+    assert status_before["dvc.yaml"] == {} and status_before["seeds/dvc.yaml"] == {}
     tree = yaml.safe_load(original)
     tree["models"]["grusmall"] = {**tree["models"]["gru"], "arch": {**tree["models"]["gru"]["arch"], "emb": 8}}
     params.write_text(yaml.safe_dump(tree, sort_keys=False))
     added = run(["dvc", "repro"], copy, env)
-    assert ran_stages(added.stdout) == {"train@grusmall", "evaluate", "combine", "audit", "report"}
+    assert ran_stages(added.stdout) == {"train@grusmall", "score@grusmall", "evaluate", "combine", "audit", "report"}
     assert "grusmall" in json.loads((copy / "metrics/eval.json").read_text())["models"]
     assert "grusmall" in json.loads((copy / "metrics/weat.json").read_text())["models"]
     assert "| grusmall |" in (copy / "reports/study.md").read_text()
     assert "grusmall+ngram" in json.loads((copy / "metrics/combine.json").read_text())["models"]
     assert "metrics/models/grusmall.json" in run(["dvc", "metrics", "show", "--json"], copy, env).stdout
-    assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}
+    assert all_status(copy, env) == status_before  # the scaling grid does not read the study's other models
+    untracked = run(["git", "status", "--porcelain", "--untracked-files=all"], copy, env).stdout.splitlines()
+    assert sorted(line[3:] for line in untracked if line.startswith("??")) == [
+        "metrics/eval/grusmall.json", "metrics/models/grusmall.json", "metrics/train/grusmall.json",
+        "plots/train/grusmall.csv"]  # the model and its log-probabilities are DVC's, ignored by git
 
     params.write_text(original)
     removed = run(["dvc", "repro"], copy, env)
@@ -892,13 +909,12 @@ def test_an_added_model_is_evaluated_audited_and_reported_and_removing_it_leaves
     assert "grusmall" not in json.loads((copy / "metrics/weat.json").read_text())["models"]
     assert "grusmall" not in (copy / "reports/study.md").read_text()
     assert "grusmall" not in (copy / "metrics/combine.json").read_text()
-    for leftover in ("metrics/models/grusmall.json", "metrics/train/grusmall.json", "plots/train/grusmall.csv"):
-        assert not (copy / leftover).exists(), leftover
     assert "grusmall" not in run(["dvc", "metrics", "show", "--json"], copy, env).stdout
-    assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}
-    assert not (copy / "models/grusmall").exists()  # as `dvc remove` leaves it: no folder, no line, no lock entry
-    assert "/grusmall" not in (copy / "models/.gitignore").read_text().split()
-    assert "train@grusmall" not in (copy / "dvc.lock").read_text()
+    assert all_status(copy, env) == status_before
+    for leftover in ("models/grusmall", "data/logprobs/grusmall.npz"):  # as `dvc remove` leaves it
+        assert not (copy / leftover).exists(), leftover
+    changed = run(["git", "status", "--porcelain", "--untracked-files=all"], copy, env).stdout.splitlines()
+    assert [line for line in changed if not line[3:].startswith(("reports/", "mlruns/"))] == []  # no trace left
     assert (copy / "dvc.lock").read_text().startswith("schema: '2.0'")
 
 
@@ -915,7 +931,7 @@ def test_a_changed_code_default_makes_dvc_status_name_the_stages_it_affects(scra
     rnn = copy / "lmpipe/models/rnn.py"
     rnn.write_text(rnn.read_text().replace("dropout_hidden: float = 0.0", "dropout_hidden: float = 0.3"))
     changed = set(json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout))
-    assert {"train@rnn", "train@lstm", "train@gru", "evaluate", "audit"} <= changed
+    assert {"train@rnn", "train@lstm", "train@gru", "score@gru", "audit"} <= changed
     assert not changed & {"download", "prepare", "validate", "tokenize", "ngram", "word2vec"}
 
 

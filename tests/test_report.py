@@ -105,9 +105,16 @@ def test_a_removed_models_leftovers_never_reach_the_report(tmp_path, monkeypatch
     write(tmp_path / "plots/train/nplm.csv", "epoch,flops,valid_bpb\n1,1e13,9.9\n")
     md = build_report(tmp_path, tmp_path / "reports", ["lstm", "transformer"], label="KN-5").read_text()
     assert "nplm" not in md
+    for name in ("nplm", "ngram", "lstm"):  # what score@<model> and score_ngram write
+        write(tmp_path / f"metrics/eval/{name}.json", {})
+        write(tmp_path / f"data/logprobs/{name}.npz", "")
+    write(tmp_path / "data/logprobs/.gitignore", "/ngram.npz\n/lstm.npz\n/nplm.npz\n")
     monkeypatch.chdir(tmp_path)
     gone = drop_removed(["lstm", "transformer"])
-    assert sorted(p.as_posix() for p in gone) == ["metrics/train/nplm.json", "plots/train/nplm.csv"]
+    assert sorted(p.as_posix() for p in gone) == ["data/logprobs/nplm.npz", "metrics/eval/nplm.json",
+                                                  "metrics/train/nplm.json", "plots/train/nplm.csv"]
+    assert (tmp_path / "data/logprobs/.gitignore").read_text() == "/ngram.npz\n/lstm.npz\n"
+    assert sorted(p.name for p in (tmp_path / "metrics/eval").iterdir()) == ["lstm.json", "ngram.json"]
     assert sorted(p.name for p in (tmp_path / "plots/train").iterdir()) == ["lstm.csv", "transformer.csv"]
 
 
@@ -156,3 +163,25 @@ def test_the_readmes_results_block_is_the_committed_metrics(tmp_path):
     assert not all(stale.values()), \
         "README.md's results differ from the committed metrics: run python -m lmpipe.readme README.md"
     assert "| gru |" in readme.read_text()
+
+
+def test_a_model_off_the_study_budget_is_marked_and_left_out_of_the_verdicts(tmp_path):
+    """Families compare at equal compute: the headline names the one budget, and a model that had other compute
+    (a budget of its own, a run stopped early) is shown as not compute-matched, never named the best."""
+    fixture_study(tmp_path)
+    md = build_report(tmp_path, tmp_path / "reports", label="KN-5", budget_flops=3.4e13).read_text()
+    assert "**Equal compute**: every neural model trained 3.40e13 FLOPs (`study.budget`, within 1%)" in md
+    assert "not compute-matched" not in md
+    write(tmp_path / "metrics/train/transformer.json", {"n_params_non_embedding": 1_000_000, "tokens_seen": 2_400_000,
+                                                        "epochs": 4.0, "train_flops": 6.8e13})
+    md = build_report(tmp_path, tmp_path / "reports", label="KN-5", budget_flops=3.4e13).read_text()
+    assert "**Equal compute**: lstm trained 3.40e13 FLOPs" in md
+    assert "Not compute-matched, shown but left out of every verdict: transformer (6.80e13 FLOPs)." in md
+    assert "| transformer (not compute-matched) | 5,000,000 (1,000,000) | 2,400,000 (4.0 ep.) | 6.80e13 |" in md
+    assert "Best model: **lstm**, test 2.100 bpb" in md  # the transformer's 1.800 had twice the compute
+    assert "**transformer**" not in md
+    # within 1% is the same budget: a run's FLOPs land on whole steps
+    write(tmp_path / "metrics/train/transformer.json", {"n_params_non_embedding": 1_000_000, "tokens_seen": 1_200_000,
+                                                        "epochs": 2.0, "train_flops": 3.4e13 * 1.009})
+    md = build_report(tmp_path, tmp_path / "reports", label="KN-5", budget_flops=3.4e13).read_text()
+    assert "not compute-matched" not in md and "Best model: **transformer**" in md

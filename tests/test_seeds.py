@@ -72,6 +72,21 @@ def test_verdicts_state_margins_with_the_sd_and_say_within_noise():
     assert lines[2] == "**nplm**: test 2.250 (1 seed) bpb, 0.200 bpb above KN-5; 0.280 bpb above the best model, gru."
 
 
+def test_the_family_verdict_sets_the_transformer_against_the_best_recurrent_model():
+    rows = rows_for("gru", [(1, 1.975), (2, 1.965)]) + rows_for("lstm", [(1, 1.99), (2, 1.97)])
+    evaluation = {"models": {**EVALUATION["models"], "transformer": {"valid": {"bpb": 2.0}, "test": {
+        "bpb": 1.93, "word_ppl": 700.0}}}}
+    own = seeds.study_row("transformer", 1234, evaluation["models"]["transformer"], "bf16")
+    rows += [own] + [{**own, "seed": seed, "test_bpb": bpb} for seed, bpb in ((1, 1.92), (2, 1.94))]
+    by_model, _ = seeds.current(rows, evaluation, 1234, {})
+    spreads = seeds.spreads(evaluation, by_model, "ngram")
+    families = {"gru": "rnn", "lstm": "rnn", "nplm": "nplm", "transformer": "transformer"}
+    assert seeds.family_verdict(spreads, families) == (
+        "Transformer against the recurrent family: transformer 1.930 ± 0.010 (3 seeds) against the best recurrent "
+        "model, gru, 1.970 ± 0.005 (3 seeds): 0.040 bpb below gru (real: more than 2 x sd 0.010).")
+    assert seeds.family_verdict(spreads, {"gru": "rnn"}) is None  # no transformer: no sentence
+
+
 def test_the_report_gives_mean_and_sd_and_dvc_metrics_carry_them(tmp_path):
     fixture_study(tmp_path)
     evaluation = json.loads((tmp_path / "metrics/eval.json").read_text())

@@ -243,6 +243,21 @@ def test_budget_in_tokens_sets_the_run_length_and_the_schedule_anneals_to_it(tmp
     assert steps == sorted(steps) and len(steps) >= 3 and steps[-1] == 30
 
 
+def test_a_budget_trains_to_its_end_where_epochs_would_stop_early(tmp_path):
+    """Early stopping cut budgeted runs before their schedule annealed (the study's transformer stopped at 71% of
+    its FLOPs): under a budget the run spends all of it and keeps its best weights; without one, patience holds."""
+    diverging = {"optim": {"name": "adamw", "lr": 0.5, "clip": 100.0, "schedule": "constant"}, "patience": 1}
+    common = COMMON.model_copy(update={"evals_per_epoch": 4})
+    stopped = train(tmp_path / "epochs", "nplm", settings=revised(SETTINGS["nplm"], epochs=3, **diverging),
+                    common=common)
+    budget = stopped.metrics["tokens_seen"] * 3
+    assert len(stopped.history) < 12  # a rate this high stops improving: early stopping ends the run
+    spent = train(tmp_path / "budget", "nplm", common=common,
+                  settings=revised(SETTINGS["nplm"], budget={"tokens": budget}, **diverging))
+    assert spent.metrics["tokens_seen"] >= budget
+    assert spent.metrics["valid_bpb"] == min(h["valid_bpb"] for h in spent.history)  # the best weights, kept
+
+
 def test_budget_under_variable_bptt_ends_at_the_budget_not_short_of_it(tmp_path):
     """Steps of random length: the run ends at the first step that reaches the budget (it ended ~3% short when the
     step count assumed seq_len tokens per step), and the schedule anneals to exactly that step."""

@@ -60,7 +60,7 @@ class Block(nn.Module):
     def __init__(self, dim: int, heads: int, dropout: float, norm: str = "layernorm", qk_norm: bool = False,
                  mlp: str = "gelu"):
         super().__init__()
-        self.heads, self.dropout, self.qk_norm = heads, dropout, qk_norm
+        self.heads, self.qk_norm = heads, qk_norm
         self.ln1, self.ln2 = _norm(norm, dim), _norm(norm, dim)
         self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
         self.mlp = mlp_block(dim, mlp, dropout)
@@ -73,8 +73,10 @@ class Block(nn.Module):
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         if rope is not None:
             q, k = rotary(q, *rope), rotary(k, *rope)
-        # flash / memory-efficient kernels on CUDA, a fused kernel on CPU; causal mask built in
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        # flash / memory-efficient kernels on CUDA, a fused kernel on CPU; causal mask built in. No dropout on the
+        # attention weights (as in modded-nanogpt and nanochat): its mask forced SDPA's slow math path on the CPU and
+        # cost more than the attention itself (docs/benchmarks.md); `dropout` acts on the residual stream
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, t, d)))
         return x + self.mlp(self.ln2(x))
 

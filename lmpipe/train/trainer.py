@@ -110,6 +110,15 @@ def window_context(model: StreamLM) -> int:
     return getattr(model, "context", 1) - 1
 
 
+def _one_ahead(batches):
+    """Yield each item once the next one is made: the next batch's copy to the GPU runs while this step computes."""
+    batches = iter(batches)
+    upcoming = next(batches, None)
+    while upcoming is not None:
+        current, upcoming = upcoming, next(batches, None)
+        yield current
+
+
 @dataclass
 class TrainResult:
     model: StreamLM
@@ -369,17 +378,26 @@ class Trainer:
 
     def _batches(self, plan, start: int):
         """The epoch's batches from `start` on, on the device, this process's rows only:
-        (inputs, targets, what precedes the inputs: a window's context, or None)."""
+        (inputs, targets, what precedes the inputs: a window's context, or None). On a GPU each batch is copied
+        from pinned memory without blocking, one batch ahead of the step that uses it (nanoGPT's get_batch)."""
+        return _one_ahead(self._host_batches(plan, start))
+
+    def _to_device(self, batch: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cuda":
+            return batch.pin_memory().to(self.device, non_blocking=True)
+        return batch.to(self.device)
+
+    def _host_batches(self, plan, start: int):
         if self.model.recurrent:
             data = self.streams[self.rows]
             for begin, length in plan[start:]:
-                yield (data[:, begin:begin + length].to(self.device),
-                       data[:, begin + 1:begin + 1 + length].to(self.device), None)
+                chunk = self._to_device(data[:, begin:begin + 1 + length])  # inputs and targets in one copy
+                yield chunk[:, :-1], chunk[:, 1:], None
             return
         context = window_context(self.model)
         span = torch.arange(-context, self.settings.seq_len + 1)[None, :]
         for offsets in plan[start:]:
-            windows = self.train_tokens[torch.from_numpy(offsets[self.rows])[:, None] + span].to(self.device)
+            windows = self._to_device(self.train_tokens[torch.from_numpy(offsets[self.rows])[:, None] + span])
             yield windows[:, context:-1], windows[:, context + 1:], (windows[:, :context] if context > 0 else None)
 
     # ---------- the loop ----------
@@ -452,14 +470,17 @@ class Trainer:
                 or self.settings.budget is not None and p.step >= self.total_steps)
 
     def _done(self) -> bool:
-        """The budget is spent (or all epochs are done), or validation stopped improving (early stopping)."""
+        """The budget is spent; or, without a budget, all epochs are done or validation stopped improving (early
+        stopping). A budget is trained to its end: its schedule anneals there, and the study compares models at
+        equal compute; the best weights are kept either way."""
         p = self.progress
-        spent = p.epoch >= self.settings.epochs if self.settings.budget is None else p.step >= self.total_steps
-        return spent or p.bad_evals >= self.settings.patience
+        if self.settings.budget is not None:
+            return p.step >= self.total_steps
+        return p.epoch >= self.settings.epochs or p.bad_evals >= self.settings.patience
 
     def _show(self, bar) -> None:
         bar.update(1)
-        if self.progress.step % self.common.log_every == 0:  # the only host sync in the loop
+        if self.progress_bar and self.progress.step % self.common.log_every == 0:  # the loop's only host sync
             bar.set_postfix(loss=f"{float(self.progress.loss_sum) / self.progress.steps_summed:.3f}")
 
     # ---------- evaluation ----------
@@ -565,7 +586,7 @@ def configure_run(params: Params, model: str, overrides: dict | None = None, bud
     the scaling grid, benchmarks) is set up here."""
     if model not in params.models:
         raise ConfigError(f"{params_file}: models has no entry {model!r} (have: {', '.join(params.models) or 'none'})")
-    settings = with_overrides(params.models[model], overrides or {}, budget)
+    settings = with_overrides(params.model_settings(model), overrides or {}, budget)
     try:
         common = TrainParams.model_validate({**params.train.model_dump(), **(train or {})})
     except ValidationError as exc:
