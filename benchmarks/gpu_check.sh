@@ -6,7 +6,9 @@
 #   2. model FLOPs utilisation of the transformer at three sizes, eager and compiled (benchmarks/mfu.py);
 #   3. the GPU profile (profiles/wikitext2-gpu.yaml): each of its five models, compiled as the profile says, for a
 #      short token budget, scored as the evaluate stage scores;
-#   4. Muon's optimiser step, batched (lmpipe.muon) against torch.optim.Muon, on the profile's models.
+#   4. Muon's optimiser step, batched (lmpipe.muon) against torch.optim.Muon, on the profile's models;
+#   5. the Trainer beside nanoGPT's model.py at 12 x 768, T 1024 (benchmarks/vs_nanogpt.py), from $NANOGPT: a folder
+#      holding karpathy/nanoGPT's model.py, fetched beforehand (default .gpu/nanoGPT; never committed).
 # It needs torch with CUDA, pydantic, PyYAML, numpy, tqdm and pytest, the default corpus's tokens (data/tokens: dvc
 # repro tokenize) and the profile applied to params.yaml as one file, made where lmpipe is installed:
 #   lmpipe profile profiles/wikitext2-gpu.yaml --write .gpu/wikitext2-gpu-params.yaml
@@ -15,7 +17,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}; PARAMS=${PARAMS:-.gpu/wikitext2-gpu-params.yaml}; TOKENS=${PROFILE_TOKENS:-2000000}
-MFU_STEPS=${MFU_STEPS:-100}
+MFU_STEPS=${MFU_STEPS:-100}; NANOGPT=${NANOGPT:-.gpu/nanoGPT}
 mkdir -p "$OUT"; export OUT PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'device',
 torch.cuda.get_device_name() if torch.cuda.is_available() else 'none')"
@@ -58,3 +60,13 @@ done
 
 echo "== 4. Muon's step: lmpipe.muon.BatchedMuon against torch.optim.Muon, the profile's models"
 timeout "${MUON_TIMEOUT:-60}" python3 benchmarks/muon.py --params "$PARAMS" --steps 50 --rounds 3
+
+echo "== 5. the Trainer beside nanoGPT's model.py ($NANOGPT), 12 x 768, T 1024: B 16 and B 64, compiled"
+if [ -f "$NANOGPT/model.py" ]; then
+  for batch in 16 64; do
+    timeout "${NANOGPT_TIMEOUT:-120}" python3 benchmarks/vs_nanogpt.py --nanogpt "$NANOGPT" --layers 12 --dim 768 \
+      --heads 12 --seq-len 1024 --batch "$batch" --steps 20 --warmup 10 --rounds 2 --compile 2>&1 | grep -v Warning
+  done
+else
+  echo "skipped: no $NANOGPT/model.py (the GPU machine has no network: put karpathy/nanoGPT's model.py there first)"
+fi

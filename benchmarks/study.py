@@ -58,6 +58,7 @@ def speed_targets(names: list[str], experiment: str) -> list[tuple[str, str, boo
     from lmpipe import tracking
 
     rows = []
+    tracking.experiment_id(experiment)  # points MLflow at the project's store before run_of_output searches it
     for name in names:
         run_id = tracking.run_of_output(experiment, ROOT / "models" / name)
         rate = MlflowClient(tracking.tracking_uri()).get_run(run_id).data.metrics.get("flops_per_sec") if run_id else None
@@ -119,6 +120,26 @@ def combination_targets(models: dict, combined: dict) -> list[tuple[str, str, bo
     return out
 
 
+def scaling_agreement(spreads: dict, families: dict[str, str]) -> list[tuple[str, str, bool]]:
+    """The study's family ranking at C against the scaling grid's (metrics/scaling.json: the best run at each of its
+    budgets): do both name the same family best?"""
+    path = ROOT / "metrics/scaling.json"
+    if not path.exists():
+        return [("scaling grid's ranking (lmpipe scaling)", "not run yet", False)]
+    grid = json.loads(path.read_text())["best_per_budget"]
+    grid_best = {families.get(row["model"], row["model"]) for row in grid}
+    study_best = families.get(best_of({n: s.bpb for n, s in spreads.items()}, BASELINE), "")
+    budgets = ", ".join(f"{row['budget']:.1e} {families.get(row['model'], row['model'])}" for row in grid)
+    return [(f"the family best at C ({study_best}) is the scaling grid's best at its budgets",
+             budgets, grid_best == {study_best})]
+
+
+def combined_models() -> dict:
+    """metrics/combine.json's combinations ({} before the combine stage ran)."""
+    combine = ROOT / "metrics/combine.json"
+    return json.loads(combine.read_text())["models"] if combine.exists() else {}
+
+
 def measured_wall_seconds() -> float:
     """The default study's forced `dvc repro`, timed by benchmarks/overhead.py in a temporary copy."""
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/overhead.py")], capture_output=True, text=True,
@@ -135,17 +156,20 @@ def main() -> int:
     args = parser.parse_args()
     params, evaluation = load_params(ROOT / "params.yaml"), json.loads((ROOT / "metrics/eval.json").read_text())
     trained = {name: json.loads((ROOT / f"metrics/train/{name}.json").read_text()) for name in params.models}
-    budget = params.study.budget.flops if params.study.budget else 0.0
+    budget = params.study.flops or 0.0
     rows = compute_targets(trained, budget) + speed_targets(list(params.models), params.tracking.experiment)
-    unmatched = not_compute_matched(trained, budget)  # shown above, left out of every verdict below
+    unmatched = not_compute_matched(trained, budget, params.budget_exceptions())  # shown above, left out of every verdict below
     models = {name: r for name, r in evaluation["models"].items() if name not in unmatched}
     evaluation = {**evaluation, "models": models}
+    combined = {name: r for name, r in combined_models().items() if not set(r["weights"]) & set(unmatched)}
     rows += quality_targets(models)
     precisions = {name: t.get("precision", "") for name, t in trained.items()}
     rows += seed_targets(evaluation, ROOT / "seeds/seeds.csv", params.train.seed, precisions)
-    combine = ROOT / "metrics/combine.json"
-    if combine.exists():
-        rows += combination_targets(models, json.loads(combine.read_text())["models"])
+    spreads, _ = seeds.study_spreads(ROOT / "seeds/seeds.csv", evaluation, precisions, params.train.seed, BASELINE)
+    families = {name: t.get("family", "") for name, t in trained.items()}
+    rows += scaling_agreement(spreads, families)
+    if combined:
+        rows += combination_targets(models, combined)
     else:
         rows.append(("combined models (the combine stage)", "not run yet", False))
     wall = measured_wall_seconds() if args.run else args.wall_seconds

@@ -21,6 +21,7 @@ from lmpipe.errors import Interrupted, LmpipeError, first_line
 from lmpipe.process import keep_freed_memory
 
 PARAMS_FILE = "params.yaml"
+MODEL_STAGES = ("train", "score")  # the foreach stages over `models` in dvc.yaml: <stage>@<model>
 CACHE_DIR = ".cache/lmpipe"
 
 
@@ -131,7 +132,7 @@ def drop_removed(models: list[str], lock_file: str | Path = "dvc.lock") -> list[
     train@ and score@ stages (the model folder, its metrics, curve, scores and log-probabilities), their entries in
     dvc.lock and the cached outputs' lines in .gitignore. DVC keeps the outputs of a stage it no longer has, and a stale curve, metrics file or model
     would otherwise stay in `dvc plots show`, the report, git and `dvc status`. The model stays in DVC's cache.
-    Every stage that covers all models (evaluate, audit, report) calls it first: the first of them to run removes
+    Every stage that covers all models (evaluate, combine, audit, report) calls it first: the first of them to run removes
     them, before DVC records the `models/` and `metrics/eval/` folders as dependencies of any of them."""
     from dvc.utils.serialize import modify_yaml
 
@@ -147,8 +148,9 @@ def drop_removed(models: list[str], lock_file: str | Path = "dvc.lock") -> list[
     if not Path(lock_file).exists():
         return gone
     with modify_yaml(lock_file) as lock:  # DVC's own reader and writer: the file keeps its form
-        stale = [name for name in lock.get("stages", {}) if "@" in name and name.split("@", 1)[1] not in models]
-        for name in stale:  # train@<model>, score@<model>: the foreach stages over `models`
+        stale = [name for name in lock.get("stages", {})
+                 if name.partition("@")[0] in MODEL_STAGES and name.partition("@")[2] not in models]
+        for name in stale:
             for out in lock["stages"][name].get("outs", []):
                 path = Path(out["path"])
                 if path.is_dir():

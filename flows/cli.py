@@ -246,15 +246,15 @@ def _generate(args) -> int:
     from tokenizers import Tokenizer
 
     from lmpipe.config import load_params
-    from lmpipe.decode import DecodeSettings
+    from lmpipe.decode import DecodeSettings, continuation
     from lmpipe.evaluate import load_lm
-    from lmpipe.serving import continuation, load_bundle
     from lmpipe.tokenize import boundary_id
 
     params = load_params()
     flags = {name: getattr(args, name) for name in DECODE_FLAGS if getattr(args, name) is not None}
     settings = DecodeSettings.from_params(checked_flags(params.evaluate, flags), strategy=args.strategy)
     if args.model.startswith("models:/"):  # a registered model, e.g. models:/lmpipe-gru@champion: its own tokenizer
+        from lmpipe.serving import load_bundle  # MLflow's pyfunc: imported only for a registered model
         from lmpipe.tracking import registered_artifacts
 
         print(f"loading {args.model} from the MLflow registry ...", file=sys.stderr, flush=True)
@@ -268,6 +268,7 @@ def _generate(args) -> int:
         if not directory.exists():
             raise LmpipeError(f"{directory}: no trained model '{args.model}' (run: dvc repro, or give "
                               "models:/lmpipe-<name>@champion)")
+        print(f"loading {directory} ...", file=sys.stderr, flush=True)
         model = load_lm(directory)
     print(args.prompt + continuation(model, tokenizer, boundary, args.prompt, settings))
     return 0

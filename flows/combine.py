@@ -1,7 +1,8 @@
 """combine stage: the study's models linearly interpolated per token (lmpipe/combine.py), weights fitted on valid.
 
-Reads the per-token log-probabilities `evaluate` saved (data/logprobs/<model>.npz), so no model runs again, and
-writes metrics/combine.json: {"models": {"gru+ngram": {"weights": {...}, "valid": {...}, "test": {...}}, ...}}.
+Reads the per-token log-probabilities each `score@<model>` and `score_ngram` saved (data/logprobs/<model>.npz), so
+no model runs again, and writes metrics/combine.json:
+{"models": {"gru+ngram": {"weights": {...}, "valid": {...}, "test": {...}}, ...}}.
 """
 
 import numpy as np
@@ -9,7 +10,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
 from flows import paths
-from flows._stage import PARAMS_FILE, main, stage_run
+from flows._stage import PARAMS_FILE, drop_removed, main, stage_run
 from lmpipe import tracking
 from lmpipe.combine import combinations
 from lmpipe.config import load_params
@@ -26,7 +27,7 @@ def read_logprobs(names: list[str]) -> dict:
                 found[name] = {split: saved[split] for split in ("valid", "test")}
         except (OSError, KeyError):
             raise LmpipeError(f"{paths.logprobs(name)}: no per-token log-probabilities of {name} (run: dvc repro "
-                              "evaluate)") from None
+                              f"{'score_ngram' if name == 'ngram' else 'score@' + name})") from None
     return found
 
 
@@ -48,6 +49,7 @@ def fit_combinations(names: list[str]) -> dict:
 @flow(name="combine")
 def combine() -> dict:
     params = load_params(PARAMS_FILE)
+    drop_removed(list(params.models))  # a removed model's log-probabilities, before DVC hashes data/logprobs/
     with stage_run("combine", params, []):
         rows = fit_combinations(["ngram", *params.models])
         write_json(paths.COMBINE, {"models": rows})

@@ -61,7 +61,7 @@ def describe(name: str, result: dict, trained: dict) -> str:
 
 def label_each_model_run(params, models: dict) -> None:
     """Every model's own MLflow run (found by the content hash of models/<model>) carries its test numbers and a
-    description, whichever stages re-ran: DVC skips `evaluate` when retrained models hash the same."""
+    description, whichever stages re-ran: DVC skips `score@<model>` when a retrained model hashes the same."""
     for name, result in models.items():
         run_id = tracking.run_of_output(params.tracking.experiment, paths.model_dir(name))
         if run_id:
@@ -83,21 +83,22 @@ def trained_metrics(models: list[str]) -> dict:
 
 
 @task
-def write_report(models: list[str], seed: int, label: str, budget_flops: float) -> str:
+def write_report(params) -> str:
+    models = list(params.models)
     check_covers(models)
     for path in drop_removed(models):
         print(f"removed {path}: its model is no longer in params.yaml", flush=True)
     write_text(PLOTS_TEMPLATE, dvc_plots_template())
     return str(build_report(".", OUT_DIR, models, tracking.experiment_tags().get(tracking.EXPERIMENT),
-                            study_seed=seed, label=label, made_from=made_from(), budget_flops=budget_flops))
+                            study_seed=params.train.seed, label=baseline_label(params.ngram), made_from=made_from(),
+                            budget_flops=params.study.flops, budget_exceptions=params.budget_exceptions()))
 
 
 @flow(name="report")
 def report() -> str:
     params = load_params(PARAMS_FILE)
     with stage_run("report", params, []) as run:
-        budget = params.study.budget.flops if params.study.budget else None
-        path = write_report(list(params.models), params.train.seed, baseline_label(params.ngram), budget)
+        path = write_report(params)
         study = tracking.parent_run_id(run)
         for run_id in [None] + ([study] if study else []):  # the report stage's run, and the study run where a study is compared
             for name, where in (("study.md", "report"), ("study.html", "report"), ("figures", "report/figures")):
@@ -105,7 +106,8 @@ def report() -> str:
         evaluated = json.loads(Path(EVAL).read_text())["models"]
         label_each_model_run(params, evaluated)
         if study:  # the study's headline numbers on its parent run, where the MLflow UI opens
-            unmatched = not_compute_matched(trained_metrics(list(params.models)), budget)
+            unmatched = not_compute_matched(trained_metrics(list(params.models)), params.study.flops,
+                                            params.budget_exceptions())
             tracking.log_metrics(headline(evaluated, unmatched), run_id=study)
             tracking.end_study_run(study)  # the last stage: the parent's duration is the study's
     return path

@@ -59,4 +59,5 @@ def score(model: str) -> dict:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="score one model: perplexities, samples, per-token log-probs")
     parser.add_argument("--model", required=True, help="an entry of params.yaml's models, or ngram")
-    main(score, model=parser.parse_args().model)
+    model = parser.parse_args().model
+    main(score.with_options(flow_run_name="score_ngram") if model == "ngram" else score, model=model)

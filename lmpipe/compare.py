@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 def baseline_label(ngram) -> str:
     """The n-gram baseline's name from its settings (params.yaml `ngram`): 'KN-5', 'add-k 3-gram', ..."""
@@ -25,13 +25,15 @@ def best_of(bpb: Mapping[str, float], baseline: str = BASELINE) -> str | None:
 MATCHED = 0.01  # a model is compute-matched when its training FLOPs are within 1% of the study's budget
 
 
-def not_compute_matched(trained: Mapping[str, Mapping], budget_flops: float | None) -> list[str]:
-    """The neural models (metrics/train/<model>.json) whose training FLOPs are not the study's budget within 1%: an
-    entry with a budget of its own, or a run stopped early. Their rows are marked and left out of every verdict."""
+def not_compute_matched(trained: Mapping[str, Mapping], budget_flops: float | None,
+                        exceptions: Sequence[str] = ()) -> list[str]:
+    """The neural models (metrics/train/<model>.json) that did not train the study's budget: the `exceptions`
+    (entries with a budget of their own, `Params.budget_exceptions`) and any run whose training FLOPs end more than
+    1% off it. Their rows are marked and left out of every verdict."""
     if not budget_flops:  # no study budget: nothing claims equal compute
         return []
-    return sorted(name for name, t in trained.items()
-                  if abs(t.get("train_flops", 0.0) - budget_flops) > MATCHED * budget_flops)
+    return sorted({*exceptions} & set(trained) | {name for name, t in trained.items()
+                                                 if abs(t.get("train_flops", 0.0) - budget_flops) > MATCHED * budget_flops})
 
 
 def best_model(models: Mapping[str, Mapping], baseline: str = BASELINE) -> str | None:

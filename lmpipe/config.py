@@ -265,6 +265,11 @@ class StudyParams(_Section):
             raise ValueError("budget must be {flops: F}: the study compares the families at equal training compute")
         return self
 
+    @property
+    def flops(self) -> float | None:
+        """C, the training FLOPs every model gets (None: no study budget)."""
+        return self.budget.flops if self.budget is not None else None
+
 
 class SeedsParams(_Section):
     """The seed spread (seeds/dvc.yaml, `lmpipe seeds`): every model retrained with these seeds beside `train.seed`."""
@@ -329,6 +334,10 @@ class Params(_Section):
         if entry.budget is not None or self.study.budget is None:
             return entry
         return entry.model_copy(update={"budget": self.study.budget})
+
+    def budget_exceptions(self) -> list[str]:
+        """The entries of `models` with a budget of their own: not compute-matched, whatever FLOPs they reach."""
+        return [name for name, entry in self.models.items() if entry.budget is not None]
 
     def section(self, name: str) -> dict:
         """One params section as plain data, as DVC sees it (for logging and hashing)."""

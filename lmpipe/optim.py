@@ -1,6 +1,7 @@
 """Muon on the hidden matrices and AdamW on everything else, as one optimiser (nanochat's split).
 
-Muon (Jordan et al. 2024, `torch.optim.Muon`) orthogonalises each 2-D update by Newton-Schulz iterations; it is
+Muon (Jordan et al. 2024; `lmpipe.muon.BatchedMuon`, `torch.optim.Muon` with the matrices of one shape
+orthogonalised together) orthogonalises each 2-D update by Newton-Schulz iterations; it is
 made for the weights between hidden layers only. Embeddings, the output head (a matrix with a vocabulary-sized
 side), norms and biases stay with AdamW. Muon scales its update to AdamW's RMS (`match_rms_adamw`, Liu et al. 2025),
 so one learning rate and one schedule serve both parts.

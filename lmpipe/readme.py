@@ -10,13 +10,14 @@ from pathlib import Path
 from lmpipe import seeds as seed_spread
 from lmpipe.compare import BASELINE, baseline_label, best_model, not_compute_matched, vs_baseline
 from lmpipe.config import load_params
-from lmpipe.report import SEEDS, _label, _read_json, _si
+from lmpipe.report import SEEDS, _read_json, _si, row_label
 
 RESULTS_BEGIN = "<!-- results: generated from metrics/ and seeds/seeds.csv by `python -m lmpipe.readme README.md` -->"
 RESULTS_END = "<!-- end of results -->"
 
 
-def results_markdown(root: str | Path, study_seed: int, label: str, budget_flops: float | None = None) -> str:
+def results_markdown(root: str | Path, study_seed: int, label: str, budget_flops: float | None = None,
+                     budget_exceptions: list[str] = ()) -> str:
     """The README's results table, from the committed metrics: each model's test bpb (mean ± sd where seeds
     hold), word perplexity against the baseline, and its compute (a model off the study's budget marked); then the
     best combination."""
@@ -25,16 +26,18 @@ def results_markdown(root: str | Path, study_seed: int, label: str, budget_flops
     trained = {p.stem: _read_json(p) for p in sorted((root / "metrics/train").glob("*.json"))}
     precisions = {name: t.get("precision", "") for name, t in trained.items()}
     spreads, _ = seed_spread.study_spreads(root / SEEDS, evaluation, precisions, study_seed, BASELINE)
-    models, unmatched = evaluation["models"], not_compute_matched(trained, budget_flops)
-    lines = ["| model | test bpb | test word ppl | vs " + label + " (word ppl) | tokens seen | train FLOPs |",
-             "|---|---|---|---|---|---|"]
+    models, unmatched = evaluation["models"], not_compute_matched(trained, budget_flops, budget_exceptions)
+    lines = [f"Every neural model trained {_si(budget_flops)} FLOPs (`study.budget`): the families compare at equal "
+             "compute" + (f"; not compute-matched: {', '.join(unmatched)}." if unmatched else "."), ""] if budget_flops else []
+    lines += ["| model | test bpb | test word ppl | vs " + label + " (word ppl) | tokens seen | train FLOPs |",
+              "|---|---|---|---|---|---|"]
     for name in sorted(models, key=lambda n: spreads[n].bpb):
         r, t, s = models[name], trained.get(name, {}), spreads[name]
         bpb = f"{s.bpb:.3f}" + (f" ± {s.bpb_sd:.3f} ({s.n} seeds)" if s.n > 1 else "")
         versus = "-" if name == BASELINE else f"{100 * vs_baseline(r, models[BASELINE]):+.1f}%"
         compute = (f"{t['tokens_seen']:,} ({t['epochs']:.1f} ep.) | {_si(t['train_flops'])}" if "train_flops" in t
                    else "- | -")
-        lines.append(f"| {_label(name, unmatched)} | {bpb} | {r['test']['word_ppl']:,.0f} "
+        lines.append(f"| {row_label(name, unmatched)} | {bpb} | {r['test']['word_ppl']:,.0f} "
                      f"| {versus} | {compute} |")
     if combined and combined["models"]:
         best = best_model(combined["models"])
@@ -51,7 +54,8 @@ def sync_results(readme: str | Path, root: str | Path = ".", params_file: str | 
     text = path.read_text(encoding="utf-8")
     head, rest = text.split(RESULTS_BEGIN, 1)
     _, tail = rest.split(RESULTS_END, 1)
-    block = results_markdown(root, params.train.seed, baseline_label(params.ngram), params.study.budget and params.study.budget.flops)
+    block = results_markdown(root, params.train.seed, baseline_label(params.ngram), params.study.flops,
+                             params.budget_exceptions())
     new = f"{head}{RESULTS_BEGIN}\n{block}{RESULTS_END}{tail}"
     path.write_text(new, encoding="utf-8")
     return new != text

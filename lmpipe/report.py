@@ -7,6 +7,7 @@ import csv
 import json
 import re
 from pathlib import Path
+from typing import Sequence
 
 import matplotlib
 
@@ -122,7 +123,8 @@ def compute_line(trained: dict, budget_flops: float | None, unmatched: list[str]
     return line
 
 
-def _label(name: str, unmatched: list[str]) -> str:
+def row_label(name: str, unmatched: Sequence[str] = ()) -> str:
+    """A model's name in a results table: the baseline and any model off the study's budget say so."""
     if name == BASELINE:
         return f"{name} (baseline)"
     return f"{name} (not compute-matched)" if name in unmatched else name
@@ -143,7 +145,7 @@ def _perplexity_section(evaluation, trained: dict, label: str, unmatched: list[s
              f"| vs {label} (word ppl) |", "|---|---|---|---|---|---|---|---|"]
     for n in names:
         r, t = models[n], trained.get(n, {})
-        row_name = _label(n, unmatched)
+        row_name = row_label(n, unmatched)
         versus = f"{100 * vs_baseline(r, kn):+.1f}%" if kn and n != BASELINE else "-"
         compute = (f"{r['n_params']:,} ({t['n_params_non_embedding']:,}) | {t['tokens_seen']:,} "
                    f"({t['epochs']:.1f} ep.) | {_si(t['train_flops'])}"
@@ -185,8 +187,9 @@ def _combine_section(combined: dict, evaluation: dict, label: str, unmatched: li
         versus = f"{100 * vs_baseline(r, kn):+.1f}%" if kn else "-"
         lines.append(f"| {name} | {weights} | {r['valid']['bpb']:.3f} | {r['test']['bpb']:.3f} | "
                      f"{r['test']['word_ppl']:.0f} | {gain} | {versus} |")
-    if rows and single:
-        best = best_model(rows)
+    matched = {name: r for name, r in rows.items() if not set(r["weights"]) & set(unmatched)}
+    if matched and single:
+        best = best_model(matched)
         lines += ["", f"Best combination: **{best}**, test {rows[best]['test']['bpb']:.3f} bpb against the best single "
                       f"model's ({single}) {models[single]['test']['bpb']:.3f}."]
     return lines
@@ -202,7 +205,7 @@ def _seeds_section(spreads: dict, stale: list[str], label: str, unmatched: list[
              "| model | seeds | test bpb (mean ± sd) | test word ppl (mean ± sd) |", "|---|---|---|---|"]
     for name, s in sorted(spreads.items(), key=lambda kv: kv[1].bpb):
         sd = (lambda v, d: "" if v is None or name == BASELINE else f" ± {v:.{d}f}")
-        row_name = _label(name, unmatched)
+        row_name = row_label(name, unmatched)
         lines.append(f"| {row_name} | {'-' if name == BASELINE else s.n} | {s.bpb:.3f}{sd(s.bpb_sd, 3)} | "
                      f"{s.word_ppl:.1f}{sd(s.word_ppl_sd, 1)} |")
     single = sorted(n for n, s in spreads.items() if n != BASELINE and s.bpb_sd is None)
@@ -328,13 +331,15 @@ def dvc_plots_template(vega_lite: str = "5.21") -> str:
 
 def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None = None,
                  experiment: str | None = None, study_seed: int | None = None, *, label: str,
-                 made_from: str | None = None, budget_flops: float | None = None) -> Path:
+                 made_from: str | None = None, budget_flops: float | None = None,
+                 budget_exceptions: Sequence[str] = ()) -> Path:
     """Write study.md, study.html and figures/ under `out_dir`, and metrics/models/, from the metrics under `root`;
     `models` (params.yaml's) limits the per-model files read, so a removed model's leftovers never show;
     `experiment` names the `dvc exp run` that made them, so its report never passes for the study's; `study_seed`
     (train.seed) picks the study's own run out of seeds/seeds.csv; `label` names the n-gram baseline; `made_from`
     names the code (commit and date) at the top; `budget_flops` (study.budget) is the compute every neural model
-    should have had: a model that had other compute is marked and left out of the verdicts."""
+    should have had, `budget_exceptions` the models with a budget of their own: a model that had other compute is
+    marked and left out of the verdicts."""
     root, out_dir = Path(root), Path(out_dir)
     figures = out_dir / "figures"
     figures.mkdir(parents=True, exist_ok=True)
@@ -354,7 +359,7 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     if experiment:
         lines += [f"**Experiment `{experiment}`** (`dvc exp run`): these are its results, not the study's committed "
                   "ones (`dvc exp show` compares them).", ""]
-    unmatched = not_compute_matched(trained, budget_flops)
+    unmatched = not_compute_matched(trained, budget_flops, budget_exceptions)
     if headline := compute_line(trained, budget_flops, unmatched):
         lines += [headline, ""]
     lines += _corpus_section(corpus, validation, tokenize) + [""]

@@ -9,11 +9,12 @@ from tokenizers import Tokenizer
 
 from lmpipe.decode import DecodeSettings, diversity, generate, surprisals
 from lmpipe.tokenize import decode_stream
+from lmpipe.utf8 import Utf8Guard
 
 
 def sample_all(models: dict, tokenizer: Tokenizer, boundary: int, params) -> dict:
     """{model: {strategy: {"samples": [{prompt, text, tokens}], "distinct_1", ..., "mean_surprisal"}}}."""
-    base = DecodeSettings.from_params(params)
+    base, guard = DecodeSettings.from_params(params), Utf8Guard.for_tokenizer(tokenizer)
     out = {}
     for name, model in models.items():
         out[name] = {}
@@ -23,7 +24,7 @@ def sample_all(models: dict, tokenizer: Tokenizer, boundary: int, params) -> dic
             for position, prompt in enumerate(params.prompts):
                 ids = tokenizer.encode(prompt, add_special_tokens=False).ids
                 # each prompt its own random stream, reproducible from evaluate.seed and its place in the list
-                new = generate(model, ids, replace(settings, seed=(params.seed, position)), boundary=-1)
+                new = generate(model, ids, replace(settings, seed=(params.seed, position)), -1, guard)
                 bits += surprisals(model, ids, new)
                 text = decode_stream(tokenizer, np.array(new + [boundary]), boundary)[:-1]  # boundaries as newlines
                 samples.append({"prompt": prompt, "text": text, "tokens": new})

@@ -20,8 +20,7 @@ import pandas as pd
 from mlflow.pyfunc import PythonModel
 
 from lmpipe.config import STRATEGIES
-from lmpipe.decode import DecodeSettings, generate
-from lmpipe.tokenize import decode_stream
+from lmpipe.decode import DecodeSettings, continuation
 
 # A request's limits, checked before any model work (`check_request`; README, "Operate it"). Generation reads the
 # prompt again for every new token, and a recurrent model's logits over a prompt of n tokens take n x vocab floats:
@@ -35,13 +34,6 @@ MAX_BODY_BYTES = 1024 * 1024  # bytes of a request's body: 16 such prompts with 
 REQUEST_PARAMS = ("strategy", "max_new_tokens", "seed")
 INPUT_FORMATS = ("inputs", "dataframe_records", "dataframe_split")  # MLflow's scoring protocol, one column: prompt
 MAX_SEED = 2**63 - 1  # the signature's `long`
-
-
-def continuation(lm, tokenizer, boundary: int, prompt: str, settings: DecodeSettings) -> str:
-    """The text `lm` adds to `prompt` (line breaks where it emits the boundary token)."""
-    ids = tokenizer.encode(prompt, add_special_tokens=False).ids
-    new = generate(lm, ids, settings, boundary)
-    return decode_stream(tokenizer, np.array(new + [boundary]), boundary)[:-1]
 
 
 class BadRequest(ValueError):

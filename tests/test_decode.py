@@ -122,3 +122,53 @@ def test_surprisals_in_one_pass_equal_token_by_token(family, arch):
         context.append(token)
     np.testing.assert_allclose(surprisals(model, prompt, tokens), expected, rtol=1e-5)
     assert model.training  # mode restored
+
+
+def byte_level_tokenizer():
+    """A small byte-level BPE (the study's kind) trained on text with 2-, 3- and 4-byte characters."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(["Ŭσμϯ naïve café 東京 𝄞 music " * 50, "the history of"], trainer)
+    return tokenizer
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "top-k", "top-p", "typical"])
+def test_no_strategy_emits_bytes_that_are_not_utf8(strategy):
+    """A model that prefers the tokens which break UTF-8 (lone continuation bytes, characters started and never
+    finished): with the tokenizer's guard every strategy's text decodes without U+FFFD, and stays readable."""
+    from lmpipe.utf8 import Utf8Guard
+
+    tokenizer = byte_level_tokenizer()
+    guard = Utf8Guard.for_tokenizer(tokenizer)
+    breaking = ~guard.allowed[0]  # the tokens that cannot start a character
+    starting = np.array([guard.successor[0, t] > 0 for t in range(tokenizer.get_vocab_size())])  # a lead byte ends it
+    weights = np.where(breaking | starting, 50.0, 1.0)
+    weights[0] = 0.0  # no boundary
+
+    class Breaker:
+        def next_token_distribution(self, context):
+            return np.random.default_rng(len(context)).dirichlet(weights)
+
+    prompt = tokenizer.encode("the history of", add_special_tokens=False).ids
+    settings = DecodeSettings(strategy=strategy, max_new_tokens=30, beam_size=3, seed=1)
+    unguarded = tokenizer.decode(generate(Breaker(), prompt, settings, boundary=0))
+    assert "\ufffd" in unguarded  # the model does break UTF-8 when nothing stops it
+    new = generate(Breaker(), prompt, settings, 0, guard)
+    assert len(new) >= 10 and "\ufffd" not in tokenizer.decode(new)  # whole characters only
+
+
+def test_a_text_cut_inside_a_character_is_held_back_to_the_one_before():
+    from lmpipe.utf8 import Utf8Guard
+
+    tokenizer = byte_level_tokenizer()
+    guard = Utf8Guard.for_tokenizer(tokenizer)
+    ids = tokenizer.encode("café 東京", add_special_tokens=False).ids
+    whole = guard.whole(ids)
+    assert whole == ids and tokenizer.decode(whole) == " café 東京"
+    cut = [t for t in range(tokenizer.get_vocab_size()) if tokenizer.id_to_token(t) == "æ"]  # 東's first byte, alone
+    assert cut and guard.whole(ids + cut) == ids

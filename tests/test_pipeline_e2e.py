@@ -320,7 +320,7 @@ def test_changed_params_rerun_only_what_depends_on_them(scratch):  # its own cop
         changed["models"]["gru"]["arch"]["emb"] = 24
         params.write_text(yaml.safe_dump(changed, sort_keys=False))
         status = run(["dvc", "status", "--json", "dvc.yaml"], copy, env)
-        assert set(json.loads(status.stdout)) == {"train@gru", "score@gru", "evaluate", "combine", "audit", "report"}
+        assert set(json.loads(status.stdout)) == {"train@gru", "evaluate", "combine", "audit", "report"}  # read `models`
     finally:
         params.write_text(saved)
 
@@ -359,7 +359,7 @@ def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_ap
         versions = client.search_model_versions(f"name = 'lmpipe-{model}'")
         assert [v.run_id for v in versions] == [trained.info.run_id]
         assert {"test_ppl", "test_word_ppl", "test_bpb", "test_loss", "valid_ppl", "tokens_per_sec",
-                "n_params"} <= set(trained.data.metrics)  # evaluate logged into the model's own run
+                "n_params"} <= set(trained.data.metrics)  # score@ logged into the model's own run
     study_artifacts = {a.path for a in client.list_artifacts(studies[0].info.run_id, "report")}
     assert {"report/study.md", "report/study.html"} <= study_artifacts
     for stage, mlflow_run in stages.items():

@@ -185,3 +185,7 @@ def test_a_model_off_the_study_budget_is_marked_and_left_out_of_the_verdicts(tmp
                                                         "epochs": 2.0, "train_flops": 3.4e13 * 1.009})
     md = build_report(tmp_path, tmp_path / "reports", label="KN-5", budget_flops=3.4e13).read_text()
     assert "not compute-matched" not in md and "Best model: **transformer**" in md
+    # a budget of its own is the stated exception, even where it lands on the study's
+    md = build_report(tmp_path, tmp_path / "reports", label="KN-5", budget_flops=3.4e13,
+                      budget_exceptions=["transformer"]).read_text()
+    assert "| transformer (not compute-matched) |" in md and "Best model: **lstm**" in md

@@ -111,7 +111,8 @@ def window_context(model: StreamLM) -> int:
 
 
 def _one_ahead(batches):
-    """Yield each item once the next one is made: the next batch's copy to the GPU runs while this step computes."""
+    """Yield each item once the next one is made: the next batch is gathered, pinned and its copy queued before this
+    step's work is queued, so on a GPU the host prepares it while the device still runs the steps queued before."""
     batches = iter(batches)
     upcoming = next(batches, None)
     while upcoming is not None:
@@ -416,22 +417,7 @@ class Trainer:
                 with tqdm(total=len(plan), initial=p.index, desc=f"{self.name} epoch {p.epoch + 1}",
                           disable=not self.progress_bar, leave=False) as bar:
                     for x, y, context in self._batches(plan, p.index):
-                        lr = self.schedule.lr(p, x.size(1))
-                        # forward and backward; a recurrent model reads on from the state the last chunk left
-                        before = self.model.detach_state(self.hidden) if self.model.recurrent else context
-                        with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16,
-                                            enabled=self.autocast is not None):
-                            logits, hidden = self.step_module(x, before)
-                            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-                            objective = loss + self.model.extra_loss()
-                        if self.model.recurrent:
-                            self.hidden = hidden
-                        self.optimizer.zero_grad(set_to_none=True)
-                        objective.backward()
-                        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.optim.clip)
-                        for group in self.optimizer.param_groups:
-                            group["lr"] = lr
-                        self.optimizer.step()
+                        loss, grad_norm = self._train_step(x, y, context)
                         self._count(loss, grad_norm, x.numel())
                         self._show(bar)
                         due = self._eval_due(len(plan))
@@ -452,6 +438,25 @@ class Trainer:
                                 self._save()
                             raise Interrupted(f"{self.name} interrupted at step {p.step}; checkpoint saved")
         return self._finish()
+
+    def _train_step(self, x: torch.Tensor, y: torch.Tensor, context: torch.Tensor | None):
+        """One optimiser step: forward (a recurrent model reads on from the state the last chunk left), the loss
+        and the model's own regularisers, backward, clipping, the scheduled rate. (loss, gradient norm), on the
+        device: reading them would wait for the step."""
+        before = self.model.detach_state(self.hidden) if self.model.recurrent else context
+        with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
+            logits, hidden = self.step_module(x, before)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+            objective = loss + self.model.extra_loss()
+        if self.model.recurrent:
+            self.hidden = hidden
+        self.optimizer.zero_grad(set_to_none=True)
+        objective.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.settings.optim.clip)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.schedule.lr(self.progress, x.size(1))
+        self.optimizer.step()
+        return loss, grad_norm
 
     def _count(self, loss: torch.Tensor, grad_norm: torch.Tensor, tokens: int) -> None:
         """One optimiser step done: the sums the next evaluation reports (on the device: no host sync)."""
