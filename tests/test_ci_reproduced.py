@@ -43,6 +43,13 @@ def test_bit_for_bit_and_seed_sized_differences_pass_the_rest_fails(tmp_path, ca
         assert said in capsys.readouterr().err, name
 
 
+def test_models_committed_within_a_tie_may_change_places(tmp_path, capsys):
+    """lstm 1.99 and gru 1.985 are a tie (closer than 0.01 bpb): another CPU may order them otherwise."""
+    committed = metrics(tmp_path, "committed", {"gru": 1.985})
+    assert reproduced.main(committed, metrics(tmp_path, "flipped", {"gru": 1.992})) == 0
+    assert "only models within 0.01 bpb of each other changed places" in capsys.readouterr().out
+
+
 def test_only_the_named_models_are_compared(tmp_path, capsys):
     """CI on a CPU without native bf16 re-runs the n-gram stages only: the neural models are not judged there."""
     committed = metrics(tmp_path, "committed")
