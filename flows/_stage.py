@@ -22,6 +22,11 @@ from lmpipe.process import keep_freed_memory
 
 PARAMS_FILE = "params.yaml"
 MODEL_STAGES = ("train", "score")  # the foreach stages over `models` in dvc.yaml: <stage>@<model>
+
+
+def score_stage(model: str) -> str:
+    """The DVC stage that scores `model`: score@<model>, or score_ngram for the baseline (dvc.yaml)."""
+    return "score_ngram" if model == "ngram" else f"score@{model}"
 CACHE_DIR = ".cache/lmpipe"
 
 

@@ -10,7 +10,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
 from flows import paths
-from flows._stage import PARAMS_FILE, drop_removed, main, stage_run
+from flows._stage import PARAMS_FILE, drop_removed, main, score_stage, stage_run
 from lmpipe import tracking
 from lmpipe.combine import combinations
 from lmpipe.config import load_params
@@ -27,7 +27,7 @@ def read_logprobs(names: list[str]) -> dict:
                 found[name] = {split: saved[split] for split in ("valid", "test")}
         except (OSError, KeyError):
             raise LmpipeError(f"{paths.logprobs(name)}: no per-token log-probabilities of {name} (run: dvc repro "
-                              f"{'score_ngram' if name == 'ngram' else 'score@' + name})") from None
+                              f"{score_stage(name)})") from None
     return found
 
 

@@ -14,7 +14,7 @@ from prefect import flow
 from prefect.artifacts import create_table_artifact
 
 from flows import paths
-from flows._stage import PARAMS_FILE, drop_removed, main, stage_run
+from flows._stage import PARAMS_FILE, drop_removed, main, score_stage, stage_run
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.errors import LmpipeError
@@ -38,9 +38,8 @@ def read_scores(names: list[str], strategies: list[str]) -> tuple[dict, dict]:
             decoding = scored.pop("decoding")
             samples[name] = {strategy: decoding[strategy] for strategy in strategies}
         except (OSError, ValueError, KeyError):
-            stage = "score_ngram" if name == "ngram" else f"score@{name}"
             raise LmpipeError(f"{paths.eval_metrics(name)}: no scores of {name} under params.yaml's `evaluate` "
-                              f"(run: dvc repro {stage})") from None
+                              f"(run: dvc repro {score_stage(name)})") from None
         results[name] = scored
     return results, samples
 

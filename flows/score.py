@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from tokenizers import Tokenizer
 
 from flows import paths
-from flows._stage import PARAMS_FILE, main, stage_run
+from flows._stage import PARAMS_FILE, main, score_stage, stage_run
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.evaluate import evaluate_lm, load_lm
@@ -37,11 +37,10 @@ def score_and_sample(name: str, params) -> tuple[dict, dict, dict]:
     return scores, samples, logprobs
 
 
-@flow(name="score", flow_run_name="score@{model}")
+@flow(name="score")
 def score(model: str) -> dict:
     params = load_params(PARAMS_FILE)
-    stage = "score_ngram" if model == "ngram" else f"score@{model}"
-    with stage_run(stage, params, ["evaluate"], model=model):
+    with stage_run(score_stage(model), params, ["evaluate"], model=model):
         scores, samples, logprobs = score_and_sample(model, params.evaluate)
         with atomic_path(paths.logprobs(model)) as tmp:
             with tmp.open("wb") as out:  # np.savez would add .npz to a name without it
@@ -60,4 +59,4 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="score one model: perplexities, samples, per-token log-probs")
     parser.add_argument("--model", required=True, help="an entry of params.yaml's models, or ngram")
     model = parser.parse_args().model
-    main(score.with_options(flow_run_name="score_ngram") if model == "ngram" else score, model=model)
+    main(score.with_options(flow_run_name=score_stage(model)), model=model)
