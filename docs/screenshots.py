@@ -6,8 +6,9 @@ docs/screenshots/report.png         reports/study.html, the study report
 docs/screenshots/scaling-report.png reports/scaling.html, the scaling study (when `lmpipe scaling` has run)
 docs/screenshots/dvc-plots.png      `dvc plots show`'s page (drawn offline from reports/plots_template.html)
 docs/screenshots/validation.png     reports/validation/index.html, the corpus gate's data docs (offline: no CDN)
+docs/screenshots/mlflow-models.png  the link `lmpipe ui` prints for the current models, best test bpb first
+docs/screenshots/mlflow-runs.png    the MLflow runs view `lmpipe ui` links first, the headline metrics as columns
 docs/screenshots/mlflow-compare.png the MLflow compare view of the runs that trained the current models
-docs/screenshots/mlflow-runs.png    the MLflow runs view `lmpipe ui` opens (the ML workflow)
 docs/screenshots/prefect-run.png    the Prefect flow run page of the newest evaluate run (its log lines and artifact)
 """
 
@@ -22,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -79,41 +79,31 @@ def close_assistant(port: int, profile: Path) -> None:
         page.shutdown()
 
 
-def wait_for(url: str, seconds: int = 120) -> None:
-    for _ in range(seconds):
-        try:
-            urllib.request.urlopen(url, timeout=1)
-            return
-        except OSError:
-            time.sleep(1)
-    sys.exit(f"{url} did not answer within {seconds} s")
+def ui_links(port: int) -> tuple[subprocess.Popen, dict]:
+    """`lmpipe ui` on `port` and the links it prints, by what each shows: {"runs", "models", "compare"}."""
+    ui = subprocess.Popen(["lmpipe", "ui", "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True, start_new_session=True)
+    links = {}
+    for line in ui.stdout:
+        for name, marker in (("runs", "so far, best test bpb first: "), ("models", "holds, best test bpb first: "),
+                             ("compare", "side by side: ")):
+            if marker in line:
+                links[name] = line.split(marker, 1)[1].strip()
+        if line.startswith("champions"):
+            break
+    if "models" not in links:
+        os.killpg(ui.pid, signal.SIGTERM)
+        sys.exit("lmpipe ui found no run of the models here: run the study first")
+    return ui, links
 
 
-def model_runs() -> tuple[str, list[str]]:
-    """(experiment id, run ids) of the runs that trained the current models, found by their outputs' content hash."""
-    from lmpipe import tracking
-    from lmpipe.config import load_params
-
-    evaluated = json.loads((ROOT / "metrics/eval.json").read_text())["models"]  # the LMs, not word2vec
-    experiment = load_params(ROOT / "params.yaml").tracking.experiment
-    found = [tracking.run_of_output(experiment, ROOT / f"models/{name}") for name in evaluated]
-    if not all(found):
-        sys.exit("no MLflow run for some of the models here: run dvc repro first")
-    return tracking.experiment_id(experiment), found
-
-
-def mlflow_compare(port: int, profile: Path) -> None:
-    experiment_id, runs = model_runs()
+def mlflow_views(port: int, profile: Path) -> None:
     close_assistant(port, profile)  # its closed connections linger in TIME_WAIT, which lmpipe ui's port check ignores
-    ui = subprocess.Popen(["lmpipe", "ui", "--port", str(port)], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    ui, links = ui_links(port)
     try:
-        wait_for(f"{base}/health")
-        query = urllib.parse.urlencode({"runs": json.dumps(runs), "experiments": json.dumps([experiment_id])})
-        shoot(f"{base}/#/compare-runs?{query}", OUT / "mlflow-compare.png", 2000, 2200, profile=profile)
-        shoot(f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning", OUT / "mlflow-runs.png",
-              1600, 1000, profile=profile)  # where `lmpipe ui` lands: the runs of the ML workflow
+        shoot(links["models"], OUT / "mlflow-models.png", 1400, 700, profile=profile)
+        shoot(links["runs"], OUT / "mlflow-runs.png", 1600, 1000, profile=profile)
+        shoot(links["compare"], OUT / "mlflow-compare.png", 2000, 2200, profile=profile)
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
 
@@ -143,7 +133,7 @@ def main() -> None:
         subprocess.run(["dvc", "plots", "show", "--out", plots], check=True, capture_output=True)
         shoot((Path(plots) / "index.html").as_uri(), OUT / "dvc-plots.png", 1400, 1900)
     with tempfile.TemporaryDirectory() as profile:
-        mlflow_compare(args.mlflow_port, Path(profile))
+        mlflow_views(args.mlflow_port, Path(profile))
     prefect_run(args.prefect_api)
 
 

@@ -43,30 +43,15 @@ def _server(args) -> int:
     return 0
 
 
-def compare_url(base: str, models: list[str], experiment: str = "lmpipe") -> str | None:
-    """The MLflow compare view of the runs that made the models the workspace holds now (`models` and the n-gram,
-    found by their files' content hash): never an experiment's or a replaced run (None when none is trained)."""
-    import json
-    from urllib.parse import quote
-
-    from lmpipe.tracking import experiment_id, run_of_output
-
-    folders = [Path(paths.model_dir(m)) for m in models] + [Path(paths.NGRAM)]
-    runs = sorted(filter(None, (run_of_output(experiment, f) for f in folders if f.is_dir())))
-    if not runs:
-        return None
-    ids = json.dumps(runs, separators=(",", ":"))
-    return f"{base}/#/compare-runs?runs={quote(ids)}&experiments={quote(json.dumps([experiment_id(experiment)]))}"
-
-
 def _ui(args) -> int:
     """`mlflow ui` on this study's store, one worker and no job runner (a viewer needs neither), on 127.0.0.1; the
     links are printed once it answers."""
     import time
 
     from flows import server
+    from lmpipe import mlflow_views as views
     from lmpipe.config import load_params
-    from lmpipe.tracking import champion_versions, experiment_id, relocate_store, tracking_uri
+    from lmpipe.tracking import champion_versions, relocate_store, tracking_uri
 
     if not server.port_free(args.port):
         raise LmpipeError(f"127.0.0.1:{args.port} is taken by another program (choose another: lmpipe ui --port N)")
@@ -83,11 +68,14 @@ def _ui(args) -> int:
         while not server.healthy(base) and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         if process.poll() is None:
-            runs = f"{base}/#/experiments/{experiment_id(params.tracking.experiment)}/runs?workflowType=machine_learning"
-            print(f"MLflow UI, the study's runs: {runs}", flush=True)
-            compare = compare_url(base, list(params.models), params.tracking.experiment)
-            if compare:
-                print(f"the models this workspace holds, side by side: {compare}")
+            experiment = params.tracking.experiment
+            every_run = views.view_url(base, experiment, views.share(experiment, views.runs_state()))
+            print(f"MLflow UI, every tested run so far, best test bpb first: {every_run}", flush=True)
+            runs = views.current_runs(experiment, [paths.model_dir(m) for m in params.models] + [paths.NGRAM])
+            if runs:
+                best_first = views.view_url(base, experiment, views.share(experiment, views.leaderboard_state(runs)))
+                print(f"the models this workspace holds, best test bpb first: {best_first}")
+                print(f"every setting and metric of them side by side: {views.compare_url(base, experiment, runs)}")
             crowned = champion_versions(params.models)
             print("champions (models:/lmpipe-<model>@champion): "
                   + (", ".join(f"{m} v{v.version}" for m, v in crowned.items()) or "none yet (run the study)"),

@@ -2,9 +2,12 @@
 
     lmpipe sweep --model gru --trials 40          (= python -m flows.sweep --model gru --trials 40)
 
+    lmpipe sweep --model gru --space sweeps/equal_compute.yaml --seeds 0   (the study's equal tuning at its budget)
+
 Reads params.yaml (the model's settings are the starting point), data/tokens and the search space in
-sweeps/space.yaml. Writes, to commit: sweeps/<model>/trials.csv, best.yaml (a profile for `lmpipe profile`),
-seeds.csv (the winner retrained with 3 other seeds), trials.png, and docs/tuning.md over every sweep so far.
+sweeps/space.yaml (or --space). Writes, to commit: sweeps/<model>/ (sweeps/<space>/<model>/ for another space
+file) trials.csv, best.yaml (a profile for `lmpipe profile`), seeds.csv (the winner retrained with other seeds),
+trials.png, and docs/tuning.md over every sweep so far.
 The Optuna study lives in .cache/lmpipe/sweeps/<model>.db: run the same command again and an interrupted
 sweep continues; a changed space, budget, corpus or model starts a new study in the same file.
 """
@@ -31,6 +34,12 @@ from lmpipe.train import Trainer, configure_run, setup_process
 
 SWEEPS_DIR, DOC = Path("sweeps"), Path("docs/tuning.md")
 WORK = Path(CACHE_DIR) / "sweeps"
+
+
+def sweep_dir(space_file: str | Path, model: str) -> Path:
+    """Where a sweep's outcome is committed: sweeps/<model>, or sweeps/<space>/<model> for another space file."""
+    space_file = Path(space_file)
+    return SWEEPS_DIR / model if space_file == Path(sw.SPACE_FILE) else SWEEPS_DIR / space_file.stem / model
 
 
 def trial_run(params: Params, space: sw.Space, overrides: dict, **train) -> tuple[ModelParams, TrainParams]:
@@ -95,23 +104,25 @@ def sweep(model: str, trials: int = 20, seeds: int = 3, space_file: str = sw.SPA
     base, space = params.models[model], sw.load_space(space_file, model)
     name = sw.study_name(space, base, data.fingerprint, params.train.seed)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(study_name=name, storage=sw.storage(WORK / f"{model}.db"), direction="minimize",
-                                pruner=optuna.pruners.HyperbandPruner(min_resource=1, reduction_factor=3),
-                                load_if_exists=True)
+    out = sweep_dir(space_file, model)
+    pruner = (optuna.pruners.HyperbandPruner(min_resource=1, reduction_factor=3) if space.prune
+              else optuna.pruners.NopPruner())
+    study = optuna.create_study(study_name=name, storage=sw.storage(WORK / f"{out.relative_to(SWEEPS_DIR)}.db"),
+                                direction="minimize", pruner=pruner, load_if_exists=True)
+    trials = min(trials, space.size) if space.grid else trials
     experiment = params.tracking.experiment
     with tracking.run(experiment, f"sweep {model}", {"trials": trials, "budget": space.budget, "space_file": space_file},
                       tags={"lmpipe.role": "sweep", "lmpipe.model": model, "lmpipe.sweep": name}) as parent:
         objective = objective_for(model, space, params, data, experiment, parent.info.run_id, name)
-        out = SWEEPS_DIR / model
         out.mkdir(parents=True, exist_ok=True)
 
         def on_trial(t):  # the table so far, so an interrupted sweep's progress can be read (and committed)
             print(f"{model} trial {t.number}: {t.state.name.lower()}, valid bpb {t.value}", flush=True)
             write_text(out / "trials.csv", csv_text(sw.trials_table(study)))
 
-        sw.run_sweep(study, trials, params.train.seed, objective, on_trial)
+        sw.run_sweep(study, trials, params.train.seed, objective, on_trial, grid=space.grid)
         best, rows = study.best_trial, sw.trials_table(study)
-        write_text(out / "best.yaml", sw.profile_yaml(model, best, space, name))
+        write_text(out / "best.yaml", sw.profile_yaml(model, best, space, name, out))
         seed_rows = seed_runs(model, params, space, best.params, data, seeds, experiment,
                               parent.info.run_id, name) if seeds else []
         write_text(out / "seeds.csv", csv_text(seed_rows))
@@ -120,14 +131,14 @@ def sweep(model: str, trials: int = 20, seeds: int = 3, space_file: str = sw.SPA
         spread = sw.seed_spread([best.value] + [r["valid_bpb"] for r in seed_rows])
         tracking.log_metrics({"best_valid_bpb": best.value, "best_trial": best.number,
                               **{f"seed_{k}": v for k, v in spread.items()}})
-        tracking.log_artifacts(out, f"sweeps/{model}")
+        tracking.log_artifacts(out, out.as_posix())
     return {"study": name, "best": best.params, "valid_bpb": best.value, "seeds": spread}
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="tune one model of params.yaml with Optuna")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--trials", type=int, default=20, help="trials to finish (a grid space: at most its points)")
     parser.add_argument("--seeds", type=int, default=3, help="retrain the winner with this many other seeds")
     parser.add_argument("--space", default=sw.SPACE_FILE, help="the search space file")
     args = parser.parse_args()

@@ -9,7 +9,10 @@ A search space is a YAML file (`sweeps/space.yaml`), one entry per model of para
         arch.dropout: {low: 0.0, high: 0.4}                   # float
         arch.layers: {low: 1, high: 3}                        # int (both bounds whole numbers)
         batch_size: {choices: [16, 32, 64]}                   # categorical
+      prune: true                        # Hyperband stops trailing trials (false: every trial runs its budget)
 
+A space whose every setting is a list of choices is searched as a grid (every point once, in a seeded order):
+that is how every family gets the same learning-rate sweep at the study's budget (sweeps/equal_compute.yaml).
 Keys are dotted paths into `models.<model>`; everything not searched keeps its params.yaml value.
 Trials are bounded by tokens or FLOPs, never by seconds, so a sweep is reproducible: each trial's
 sampler is seeded from (seed, trial number) and training is deterministic on CPU, so the same space,
@@ -19,6 +22,7 @@ study. Each trial reports its validation bpb at every evaluation; Hyperband stop
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 import warnings
@@ -42,6 +46,19 @@ class Space:
     budget: dict  # {"tokens": N} or {"flops": F}
     params: dict  # dotted key -> {low, high[, log]} | {choices}
     evals_per_epoch: int = 4  # validation points per epoch: what the pruner compares trials at
+    prune: bool = True  # Hyperband; off where a trial's early points mislead (a learning rate before its decay)
+
+    @property
+    def grid(self) -> dict | None:
+        """{setting: choices} when every setting is a list of choices (searched exhaustively), else None."""
+        if all("choices" in spec for spec in self.params.values()):
+            return {key: list(spec["choices"]) for key, spec in self.params.items()}
+        return None
+
+    @property
+    def size(self) -> int | None:
+        """The number of grid points, or None for a space that is not a grid."""
+        return None if self.grid is None else math.prod(len(c) for c in self.grid.values())
 
 
 def load_space(path: str | Path, model: str) -> Space:
@@ -64,8 +81,10 @@ def load_space(path: str | Path, model: str) -> Space:
     for key, spec in params.items():
         if not isinstance(spec, dict) or not ({"low", "high"} <= set(spec) or "choices" in spec):
             raise ConfigError(f"{path}: {model}.space.{key} needs low and high, or choices")
+    if not isinstance(entry.get("prune", True), bool):
+        raise ConfigError(f"{path}: {model}.prune must be true or false")
     return Space(model, {k: float(v) if k == "flops" else int(v) for k, v in budget.items()}, params,
-                 int(entry.get("evals_per_epoch", 4)))
+                 int(entry.get("evals_per_epoch", 4)), entry.get("prune", True))
 
 
 def suggest(trial, space: Space) -> dict:
@@ -98,11 +117,13 @@ def storage(path: str | Path):
         return optuna.storages.RDBStorage(f"sqlite:///{Path(path).resolve()}", heartbeat_interval=15, grace_period=45)
 
 
-def run_sweep(study, trials: int, seed: int, objective: Callable, on_trial: Callable | None = None) -> None:
+def run_sweep(study, trials: int, seed: int, objective: Callable, on_trial: Callable | None = None,
+              grid: dict | None = None) -> None:
     """Run trials until the study holds `trials` finished ones (complete or pruned); resumable.
 
     A trial that failed (Ctrl-C, or a process that died) is tried again once with the same settings. The sampler
-    is re-seeded from (seed, trial number) before every trial, so a resumed sweep draws from the same streams.
+    is re-seeded from (seed, trial number) before every trial, so a resumed sweep draws from the same streams;
+    with a `grid` it is Optuna's GridSampler, which takes the points no finished trial has taken yet.
     """
     import optuna
 
@@ -115,7 +136,8 @@ def run_sweep(study, trials: int, seed: int, objective: Callable, on_trial: Call
         if failed.number not in retried:
             study.enqueue_trial(failed.params, user_attrs={"retry_of": failed.number})
     while len(study.get_trials(deepcopy=False, states=(states.COMPLETE, states.PRUNED))) < trials:
-        study.sampler = optuna.samplers.TPESampler(seed=seed + len(study.trials), n_startup_trials=RANDOM_TRIALS)
+        study.sampler = (optuna.samplers.GridSampler(grid, seed=seed) if grid else
+                         optuna.samplers.TPESampler(seed=seed + len(study.trials), n_startup_trials=RANDOM_TRIALS))
         study.optimize(objective, n_trials=1, catch=())
         if on_trial:
             on_trial(study.trials[-1])
@@ -142,9 +164,9 @@ def seed_spread(values: list[float]) -> dict:
     return {"mean": statistics.fmean(values), "std": std, "min": min(values), "max": max(values), "n": len(values)}
 
 
-def profile_yaml(model: str, best, space: Space, name: str) -> str:
+def profile_yaml(model: str, best, space: Space, name: str, folder: str | Path) -> str:
     header = (f"# Best of sweep {name}: trial {best.number}, valid bpb {best.value:.4f} at a budget of {space.budget}.\n"
-              f"# Use it with:  eval \"dvc exp run $(lmpipe profile sweeps/{model}/best.yaml)\"\n")
+              f"# Use it with:  eval \"dvc exp run $(lmpipe profile {Path(folder).as_posix()}/best.yaml)\"\n")
     return header + yaml.safe_dump(best_profile(model, best.params), sort_keys=True)
 
 
@@ -218,47 +240,89 @@ def ablation_markdown(tables: list[Path]) -> list[str]:
     return lines
 
 
+def sweep_outcomes(sweeps_dir: str | Path) -> list[tuple[Path, Path]]:
+    """(outcome folder, its space file) of every committed sweep: sweeps/<model> of sweeps/space.yaml, and
+    sweeps/<space>/<model> of sweeps/<space>.yaml."""
+    sweeps_dir = Path(sweeps_dir)
+    found = []
+    for trials in sorted(sweeps_dir.glob("*/trials.csv")) + sorted(sweeps_dir.glob("*/*/trials.csv")):
+        folder = trials.parent
+        space_file = (Path(SPACE_FILE) if folder.parent == sweeps_dir
+                      else sweeps_dir / f"{folder.parent.name}.yaml")
+        found.append((folder, space_file))
+    return found
+
+
+def grid_summary(outcomes: list[tuple[Path, Path]], space_file: Path) -> list[str]:
+    """One row per model of a one-setting grid sweep: every value tried with its valid bpb, the best in bold."""
+    rows = []
+    for folder, file in outcomes:
+        trials = [r for r in _read_csv(folder / "trials.csv") if file == space_file and r["state"] == "COMPLETE"]
+        keys = [k for k in trials[0] if k not in ("number", "state", "valid_bpb", "evaluations", "tokens_seen",
+                                                   "train_flops", "seconds")] if trials else []
+        if len(keys) != 1:
+            continue
+        key, best = keys[0], min(trials, key=lambda r: float(r["valid_bpb"]))
+        tried = sorted(trials, key=lambda r: float(r[key]))
+        cells = [f"{'**' if r is best else ''}{float(r[key]):g}: {float(r['valid_bpb']):.4f}{'**' if r is best else ''}"
+                 for r in tried]
+        flops = {f"{float(r['train_flops']):.3g}" for r in tried}
+        rows.append(f"| {folder.name} | `{key}` | {' · '.join(cells)} | {', '.join(sorted(flops))} |")
+    if not rows:
+        return []
+    return [f"### The same sweep for every model ({space_file.name})", "",
+            "| model | setting | value tried: valid bpb (best in bold) | training FLOPs per trial |",
+            "|---|---|---|---|", *rows, ""]
+
+
 def tuning_markdown(sweeps_dir: str | Path) -> str:
     """docs/tuning.md: per swept model its space, trials, the best settings and the seed spread of the winner."""
     sweeps_dir = Path(sweeps_dir)
     lines = ["# Tuning", "",
-             "Written by `lmpipe sweep` (flows/sweep.py) from the committed outcome of each sweep in `sweeps/<model>/`.",
-             "Each trial trains one model of `params.yaml` with some settings drawn from `sweeps/space.yaml` by Optuna's",
-             "TPE sampler (seeded from the trial number), for a fixed budget of tokens or training FLOPs - never seconds -",
-             "so a sweep re-runs to the same trials. Hyperband stops trials whose validation bits per byte (bpb) trail",
-             "at an evaluation. The winner is retrained with other seeds at the same budget: its spread says how much",
-             "of a margin between settings is noise.", ""]
-    for model_dir in sorted(p for p in sweeps_dir.iterdir() if (p / "trials.csv").exists()):
-        model = model_dir.name
-        rows = _read_csv(model_dir / "trials.csv")
-        seeds = _read_csv(model_dir / "seeds.csv")
-        best_yaml = (model_dir / "best.yaml").read_text() if (model_dir / "best.yaml").exists() else ""
-        space = yaml.safe_load(Path(SPACE_FILE).read_text()).get(model, {}) if Path(SPACE_FILE).exists() else {}
-        states = [r["state"] for r in rows]
-        complete = [r for r in rows if r["state"] == "COMPLETE"]
-        best = min(complete, key=lambda r: float(r["valid_bpb"])) if complete else None
-        lines += [f"## {model}", "",
-                  f"{len(rows)} trials ({states.count('COMPLETE')} complete, {states.count('PRUNED')} pruned); "
-                  f"budget per trial: {_describe_budget(space.get('budget') or {})}.", "",
-                  "| setting | searched |", "|---|---|"]
-        lines += [f"| `{k}` | {_describe_range(v)} |" for k, v in (space.get("space") or {}).items()]
-        if best:
-            lines += ["", f"Best: trial {best['number']}, valid bpb **{float(best['valid_bpb']):.4f}**.", "",
-                      "```yaml", best_yaml.strip(), "```"]
-        if seeds:
-            values = [float(best["valid_bpb"])] + [float(r["valid_bpb"]) for r in seeds]
-            spread = seed_spread(values)
-            lines += ["", f"Seed spread of the winner ({spread['n']} seeds: {', '.join(f'{v:.4f}' for v in values)}): "
-                          f"mean {spread['mean']:.4f}, standard deviation {spread['std']:.4f}, "
-                          f"range {spread['max'] - spread['min']:.4f} bpb."]
-        if (model_dir / "trials.png").exists():
-            lines += ["", f"![valid bpb per trial of {model}](../sweeps/{model}/trials.png)"]
-        lines.append("")
+             "Written by `lmpipe sweep` (flows/sweep.py) from the committed outcome of each sweep in `sweeps/`.",
+             "Each trial trains one model of `params.yaml` with some settings drawn from a space file by Optuna",
+             "(TPE seeded from the trial number; a space of choices only is a grid, every point once), for a fixed",
+             "budget of tokens or training FLOPs - never seconds - so a sweep re-runs to the same trials. Hyperband",
+             "stops trials whose validation bits per byte (bpb) trail at an evaluation, where the space allows it.",
+             "A winner retrained with other seeds at the same budget says how much of a margin is noise.", ""]
+    outcomes = sweep_outcomes(sweeps_dir)
+    for space_file in dict.fromkeys(file for _, file in outcomes):
+        spaces = yaml.safe_load(space_file.read_text()) or {} if space_file.exists() else {}
+        lines += [f"## Sweeps of [{space_file.as_posix()}](../{space_file.as_posix()})", ""]
+        lines += grid_summary(outcomes, space_file)
+        for folder, _ in (o for o in outcomes if o[1] == space_file):
+            lines += _sweep_section(folder, spaces.get(folder.name, {}))
     lines += ablation_markdown(sorted(Path(ABLATIONS).parent.glob(Path(ABLATIONS).name)))
     if (sweeps_dir / "notes.md").exists():  # hand-kept, dated: linked, never copied (a copy goes stale)
         lines += ["## Probes outside the sweeps", "", "Single runs outside the sweeps, ablations, and why each default "
                   f"is what it is: the dated log [{sweeps_dir.name}/notes.md](../{sweeps_dir.name}/notes.md).", ""]
     return "\n".join(lines) + "\n"
+
+
+def _sweep_section(folder: Path, space: dict) -> list[str]:
+    model, rel = folder.name, folder.as_posix()
+    rows, seeds = _read_csv(folder / "trials.csv"), _read_csv(folder / "seeds.csv")
+    best_yaml = (folder / "best.yaml").read_text() if (folder / "best.yaml").exists() else ""
+    states = [r["state"] for r in rows]
+    complete = [r for r in rows if r["state"] == "COMPLETE"]
+    best = min(complete, key=lambda r: float(r["valid_bpb"])) if complete else None
+    lines = [f"### {model} ({rel})", "",
+             f"{len(rows)} trials ({states.count('COMPLETE')} complete, {states.count('PRUNED')} pruned); "
+             f"budget per trial: {_describe_budget(space.get('budget') or {})}.", "",
+             "| setting | searched |", "|---|---|"]
+    lines += [f"| `{k}` | {_describe_range(v)} |" for k, v in (space.get("space") or {}).items()]
+    if best:
+        lines += ["", f"Best: trial {best['number']}, valid bpb **{float(best['valid_bpb']):.4f}**.", "",
+                  "```yaml", best_yaml.strip(), "```"]
+    if seeds:
+        values = [float(best["valid_bpb"])] + [float(r["valid_bpb"]) for r in seeds]
+        spread = seed_spread(values)
+        lines += ["", f"Seed spread of the winner ({spread['n']} seeds: {', '.join(f'{v:.4f}' for v in values)}): "
+                      f"mean {spread['mean']:.4f}, standard deviation {spread['std']:.4f}, "
+                      f"range {spread['max'] - spread['min']:.4f} bpb."]
+    if (folder / "trials.png").exists():
+        lines += ["", f"![valid bpb per trial of {model}](../{rel}/trials.png)"]
+    return lines + [""]
 
 
 def _describe_budget(budget: dict) -> str:

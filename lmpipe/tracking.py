@@ -495,7 +495,8 @@ def mark_output(path: str | Path, run_id: str | None = None) -> None:
 
 def run_of_output(experiment: str, path: str | Path) -> str | None:
     """The newest run that produced exactly the files now at `path` (None when no run did: a hand-made model)."""
-    found = MlflowClient().search_runs([experiment_id(experiment)], f"tags.`{OUTPUT}` = '{sha256_tree(path)}'",
+    exp_id = experiment_id(experiment)  # first: it points the client at this project's store
+    found = MlflowClient().search_runs([exp_id], f"tags.`{OUTPUT}` = '{sha256_tree(path)}'",
                                        order_by=["attributes.start_time DESC"], max_results=1)
     return found[0].info.run_id if found else None
 
@@ -503,9 +504,9 @@ def run_of_output(experiment: str, path: str | Path) -> str | None:
 def carry_results(experiment: str, path: str | Path, run_id: str) -> None:
     """Give `run_id` the test metrics and description of the newest evaluated run that made the same files at `path`.
     A retrain that reproduces a model bit for bit leaves DVC nothing to re-evaluate; its run still shows the results."""
+    exp_id = experiment_id(experiment)  # first: it points the client at this project's store
     client = MlflowClient()
-    found = client.search_runs([experiment_id(experiment)],
-                               f"tags.`{OUTPUT}` = '{sha256_tree(path)}' and metrics.test_bpb > 0",
+    found = client.search_runs([exp_id], f"tags.`{OUTPUT}` = '{sha256_tree(path)}' and metrics.test_bpb > 0",
                                order_by=["attributes.start_time DESC"], max_results=2)
     earlier = next((r for r in found if r.info.run_id != run_id), None)
     if earlier is None:

@@ -118,9 +118,9 @@ def test_the_mlflow_ui_is_quiet_while_a_browser_loads_it(tmp_path):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         lines, deadline = [], time.monotonic() + 180
-        while not any("the study's runs" in line for line in lines) and time.monotonic() < deadline:
+        while not any("every tested run so far" in line for line in lines) and time.monotonic() < deadline:
             lines.append(ui.stdout.readline())
-        assert any("the study's runs" in line for line in lines), "".join(lines)
+        assert any("every tested run so far" in line for line in lines), "".join(lines)
         for path in ("/", "/health", "/static-files/favicon.ico", "/ajax-api/2.0/mlflow/experiments/search") * 5:
             requests.get(f"http://127.0.0.1:{port}{path}", timeout=30)
     finally:

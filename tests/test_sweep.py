@@ -103,6 +103,39 @@ def test_a_trial_that_died_is_run_again(tmp_path):
     assert trials[1].params == trials[0].params and trials[1].user_attrs["retry_of"] == 0
 
 
+def test_a_space_of_choices_is_a_grid_run_once_per_point_and_resumable(tmp_path):
+    space = sw.load_space(write_space(tmp_path, {"m": {"budget": {"flops": 1e9}, "prune": False, "space": {
+        "optim.lr": {"choices": [0.1, 0.2, 0.4]}, "batch_size": {"choices": [8, 16]}}}}), "m")
+    assert space.grid == {"optim.lr": [0.1, 0.2, 0.4], "batch_size": [8, 16]} and space.size == 6
+    assert not space.prune and sw.load_space(write_space(tmp_path), "m").grid is None
+
+    def cost(trial):
+        return abs(trial.suggest_categorical("optim.lr", space.grid["optim.lr"]) - 0.2) + \
+            trial.suggest_categorical("batch_size", space.grid["batch_size"]) / 100
+
+    whole = new_study(tmp_path / "g.db")
+    sw.run_sweep(whole, 6, seed=2, objective=cost, grid=space.grid)
+    sw.run_sweep(new_study(tmp_path / "h.db"), 2, seed=2, objective=cost, grid=space.grid)  # interrupted after 2
+    resumed = new_study(tmp_path / "h.db")
+    sw.run_sweep(resumed, 6, seed=2, objective=cost, grid=space.grid)
+    points = lambda s: [tuple(t.params.values()) for t in s.trials]  # noqa: E731
+    assert sorted(points(whole)) == sorted((lr, b) for lr in (0.1, 0.2, 0.4) for b in (8, 16))
+    assert points(resumed) == points(whole) and whole.best_params == {"optim.lr": 0.2, "batch_size": 8}
+
+
+def test_every_family_gets_the_same_sweep_at_the_study_budget():
+    """sweeps/equal_compute.yaml (issue 40): each model of params.yaml, the same number of learning rates, each
+    trial at the study's budget and evaluation rate, none pruned; the rate params.yaml uses is one of those tried."""
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    path = ROOT / "sweeps/equal_compute.yaml"
+    spaces = {m: sw.load_space(path, m) for m in params["models"]}
+    assert {s.budget["flops"] for s in spaces.values()} == {float(params["study"]["budget"]["flops"])}
+    assert {(tuple(s.params), s.size, s.prune, s.evals_per_epoch) for s in spaces.values()} == {
+        (("optim.lr",), 3, False, params["train"]["evals_per_epoch"])}
+    for model, space in spaces.items():
+        assert params["models"][model]["optim"]["lr"] in space.grid["optim.lr"], model
+
+
 V = 40
 
 
@@ -131,9 +164,10 @@ def tiny_project(tmp_path):
     return tmp_path
 
 
-def sweep(project: Path, env: dict, trials: int) -> subprocess.CompletedProcess:
+def sweep(project: Path, env: dict, trials: int, *args, seeds=2) -> subprocess.CompletedProcess:
     done = subprocess.run([sys.executable, "-m", "flows.sweep", "--model", "tiny", "--trials", str(trials),
-                           "--seeds", "2"], cwd=project, env=env, capture_output=True, text=True, timeout=600)
+                           "--seeds", str(seeds), *args], cwd=project, env=env, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -157,7 +191,7 @@ def test_sweep_flow_records_trials_in_mlflow_and_writes_its_outcome(tiny_project
     with open(tiny_project / "sweeps/tiny/seeds.csv") as f:
         assert [int(r["seed"]) for r in csv.DictReader(f)] == [4, 5]
     doc = (tiny_project / "docs/tuning.md").read_text()
-    assert "## tiny" in doc and "Seed spread of the winner (3 seeds" in doc and "trials.png" in doc
+    assert "### tiny (sweeps/tiny)" in doc and "Seed spread of the winner (3 seeds" in doc and "trials.png" in doc
 
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("lmpipe")
@@ -175,6 +209,21 @@ def test_sweep_flow_records_trials_in_mlflow_and_writes_its_outcome(tiny_project
     with open(tiny_project / "sweeps/tiny/trials.csv") as f:
         more = list(csv.DictReader(f))
     assert len(more) == 6 and more[:4] == rows
+
+    write_space(tiny_project / "sweeps", {"tiny": {"budget": {"tokens": 3000}, "evals_per_epoch": 8, "prune": False,
+                                                    "space": {"optim.lr": {"choices": [0.003, 0.01, 0.03]}}}})
+    (tiny_project / "sweeps/space.yaml").rename(tiny_project / "sweeps/grid.yaml")
+    write_space(tiny_project / "sweeps", {"tiny": {"budget": {"tokens": 3000}, "space": {"optim.lr": {"low": 1e-3, "high": 3e-2}}}})
+    sweep(tiny_project, env, 10, "--space", "sweeps/grid.yaml", seeds=0)  # a grid: its 3 points, whole, once each
+    with open(tiny_project / "sweeps/grid/tiny/trials.csv") as f:
+        grid = list(csv.DictReader(f))
+    assert sorted(float(r["optim.lr"]) for r in grid) == [0.003, 0.01, 0.03]
+    assert {r["state"] for r in grid} == {"COMPLETE"} and all(int(r["tokens_seen"]) >= 3000 for r in grid)
+    best = min(grid, key=lambda r: float(r["valid_bpb"]))
+    doc = (tiny_project / "docs/tuning.md").read_text()
+    assert "## Sweeps of [sweeps/grid.yaml]" in doc and "### tiny (sweeps/tiny)" in doc  # both sweeps stay
+    assert f"**{float(best['optim.lr']):g}: {float(best['valid_bpb']):.4f}**" in doc
+    assert "sweeps/grid/tiny/best.yaml" in (tiny_project / "sweeps/grid/tiny/best.yaml").read_text()
 
 
 def test_the_ablation_tables_of_the_tuning_doc_are_written_from_their_csvs(tmp_path):

@@ -85,31 +85,6 @@ def test_a_taken_port_is_one_line_not_a_server_that_never_answers():
             server.start(port, timeout=5)
 
 
-def test_ui_compare_link_holds_the_runs_that_made_the_models_the_workspace_holds(store, monkeypatch, tmp_path):
-    import json
-    from urllib.parse import parse_qs, urlsplit
-
-    from flows.cli import compare_url
-
-    uri, params = store
-    monkeypatch.chdir(tmp_path)
-    assert compare_url("http://ui", ["gru", "lstm"], "exp") is None  # nothing trained yet
-    ids = {}
-    for stage, folder, content in (("train@gru", "models/gru", "first"), ("train@lstm", "models/lstm", "l"),
-                                   ("train@gru", "models/gru", "second"), ("ngram", "models/ngram", "n")):
-        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
-        (tmp_path / folder / "model.pt").write_text(content)
-        with tracking.open_stage_run(stage, "exp", {}, "h", params_file=params) as run:
-            tracking.mark_output(folder)
-            ids[stage] = run.info.run_id  # the second gru replaces the first
-    monkeypatch.setenv("DVC_EXP_NAME", "lanky-bass")  # an experiment's run made no file the workspace holds
-    with tracking.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as run:
-        assert run.data.tags[tracking.EXPERIMENT] == "lanky-bass"
-    query = parse_qs(urlsplit(compare_url("http://ui", ["gru", "lstm", "gone"], "exp")).fragment.split("?", 1)[1])
-    assert sorted(json.loads(query["runs"][0])) == sorted([ids["train@gru"], ids["train@lstm"], ids["ngram"]])
-    assert json.loads(query["experiments"][0]) == [tracking.experiment_id("exp")]
-
-
 def test_the_first_version_is_the_champion_and_every_new_one_the_challenger(store, monkeypatch):
     """Only a passing retrain may move the champion: a later study version, or an experiment's, is a challenger."""
     from mlflow.tracking import MlflowClient

@@ -1,0 +1,64 @@
+"""The MLflow views `lmpipe ui` links to, saved the way the UI's own "Share" button saves a view: an experiment tag
+`mlflow.sharedViewState.<key>` holding the view's state, opened by `?viewStateShareKey=<key>`. So the link answers
+"which model is best" without a click: the runs that made the models the workspace holds, the n-gram's included,
+sorted by test bits per byte, with the headline metrics as columns (token perplexity is left out: it is not
+comparable across tokenizations)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import urllib.parse
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from lmpipe.tracking import experiment_id, run_of_output
+
+HEADLINE = ("test_bpb", "test_word_ppl", "train_flops", "valid_bpb")  # the columns every view shows, in order
+SHARED_VIEW = "mlflow.sharedViewState."  # MLflow's tag prefix for a shared view (its UI reads it back)
+
+
+def column(metric: str) -> str:
+    """A metric's column key as the MLflow UI spells it (its `makeCanonicalSortKey`)."""
+    return f"metrics.`{metric}`"
+
+
+def current_runs(experiment: str, folders: list[str | Path]) -> list[str]:
+    """The runs that made the files now in `folders` (by content hash), sorted; a folder no run made is left out."""
+    return sorted(filter(None, (run_of_output(experiment, f) for f in folders if Path(f).is_dir())))
+
+
+def runs_state() -> dict:
+    """Every run that measured a test bpb (trainings, their scoring, seeds, ever), best first, the headline metrics
+    as columns. Sorted by a metric, the UI lists them flat instead of folded under the study runs that hold them
+    (those, and the other stages' runs, are one "Exit shared view" away)."""
+    return {"searchFilter": "metrics.test_bpb > 0", "selectedColumns": [column(m) for m in HEADLINE],
+            "orderByKey": column("test_bpb"), "orderByAsc": True}
+
+
+def leaderboard_state(run_ids: list[str]) -> dict:
+    """Just `run_ids`, best test bpb first, the headline metrics as columns."""
+    quoted = ", ".join(f"'{r}'" for r in run_ids)
+    return {**runs_state(), "searchFilter": f"attributes.run_id IN ({quoted})"}
+
+
+def share(experiment: str, state: dict) -> str:
+    """Save `state` as a shared view of the experiment; its key is the state's hash, so saving it again is a no-op."""
+    text = json.dumps(state, sort_keys=True)
+    key, experiment_key = hashlib.sha256(text.encode()).hexdigest()[:16], experiment_id(experiment)  # sets the URI
+    MlflowClient().set_experiment_tag(experiment_key, SHARED_VIEW + key, text)
+    return key
+
+
+def view_url(base: str, experiment: str, key: str) -> str:
+    """The runs page of the experiment's model-training workflow (not the GenAI one) opened on a shared view."""
+    query = urllib.parse.urlencode({"workflowType": "machine_learning", "viewStateShareKey": key})
+    return f"{base}/#/experiments/{experiment_id(experiment)}/runs?{query}"
+
+
+def compare_url(base: str, experiment: str, run_ids: list[str]) -> str:
+    """MLflow's compare view of `run_ids`: every param and metric side by side, the plots of their history."""
+    query = urllib.parse.urlencode({"runs": json.dumps(run_ids, separators=(",", ":")),
+                                    "experiments": json.dumps([experiment_id(experiment)])})
+    return f"{base}/#/compare-runs?{query}"
