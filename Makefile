@@ -9,7 +9,8 @@ export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 study: $(READY) server
 	lmpipe check-params --store
-	dvc repro
+	python -m flows.progress     # = dvc repro, with a line per stage: k of n, the training minutes left
+	python -m flows.record       # MLflow runs of the stages DVC skipped because git holds their outputs
 	@echo "report: reports/study.html   numbers: dvc metrics show   MLflow: lmpipe ui   (tools in $(VENV)/bin)"
 	@echo "the Prefect server (http://127.0.0.1:4200) is still up, for the next run and its UI: stop it with make stop"
 

@@ -41,14 +41,29 @@ def is_transient(task, task_run, state) -> bool:
     return False
 
 
+def git_tracked_outputs(stage: str, pipeline: str = "dvc.yaml") -> list[str]:
+    """The outputs of `stage` when git holds every one of them (`cache: false`), else []: in a fresh clone DVC skips
+    such a stage whose deps reproduce, so its MLflow run has to be made another way (flows/record.py)."""
+    import yaml
+
+    entry = (yaml.safe_load(Path(pipeline).read_text(encoding="utf-8")) or {}).get("stages", {}).get(stage) or {}
+    listed = [item for kind in ("outs", "metrics", "plots") for item in entry.get(kind) or []]
+    cached = [not isinstance(item, dict) or next(iter(item.values()), {}).get("cache", True) for item in listed]
+    return [] if not listed or any(cached) else [next(iter(item)) for item in listed]
+
+
 @contextlib.contextmanager
 def stage_run(stage: str, params: Params, sections: list[str] | dict, model: str | None = None) -> Iterator:
-    """An MLflow run for this stage with its params (section names, or the values) logged and the Prefect flow run linked."""
+    """An MLflow run for this stage with its params (section names, or the values) logged and the Prefect flow run
+    linked. A stage whose outputs git holds tags its run with their hash once they are written (`record` finds it)."""
     chosen = sections if isinstance(sections, dict) else {name: params.section(name) for name in sections}
     tags = {"prefect.flow_run_id": str(runtime.flow_run.id or ""), "prefect.flow_run_name": str(runtime.flow_run.name or "")}
     with tracking.open_stage_run(stage, params.tracking.experiment, chosen, params_hash(chosen),
                             model=model, tags=tags, params_file=PARAMS_FILE) as run:
         yield run
+        outputs = git_tracked_outputs(stage) if Path("dvc.yaml").exists() else []
+        if outputs:
+            tracking.mark_output(outputs, run.info.run_id)
 
 
 def _user_error_names() -> set[str]:

@@ -33,6 +33,7 @@ WEAT_HEATMAP = "plots/weat/heatmap.png"
 REPORTS = "reports"  # where lmpipe.report writes the study's report:
 STUDY_REPORT, STUDY_PAGE, FIGURES = f"{REPORTS}/study.md", f"{REPORTS}/study.html", f"{REPORTS}/figures"
 PLOTS_TEMPLATE = f"{REPORTS}/plots_template.html"  # .dvc/config points `dvc plots show` at it
+COMPUTE_CURVES = "plots/compute.csv"  # every model's valid bpb against training FLOPs: one DVC plot (report)
 SUMMARIES = "metrics/models"  # <model>.json: what `dvc metrics show` lists
 
 SCALING_PIPELINE = "scaling/dvc.yaml"  # the scaling-law experiment, apart from the study

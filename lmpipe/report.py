@@ -18,10 +18,11 @@ import markdown  # noqa: E402
 
 from lmpipe import seeds as seed_spread  # noqa: E402
 from lmpipe.compare import BASELINE, MATCHED, best_model, not_compute_matched, vs_baseline  # noqa: E402
-from lmpipe.io import atomic_path  # noqa: E402
+from lmpipe.io import atomic_path, csv_text, write_text  # noqa: E402
 
 SUMMARIES = "metrics/models"  # one small file per model: what `dvc metrics show` lists
 SEEDS = "seeds/seeds.csv"  # every model at every seed (lmpipe seeds)
+COMPUTE_CURVES = "plots/compute.csv"  # every model's curve in one file: `dvc plots show` draws them on one axis
 
 
 def _read_json(path: Path):
@@ -34,6 +35,12 @@ def _curves(plots_dir: Path) -> dict[str, list[dict]]:
         with open(path) as f:
             curves[path.stem] = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
     return curves
+
+
+def compute_curves_csv(curves: dict[str, list[dict]]) -> str:
+    """Every model's validation points against the training FLOPs spent, one CSV with a `model` column."""
+    return csv_text([{"model": name, "flops": r["flops"], "valid_bpb": r["valid_bpb"]}
+                     for name, rows in curves.items() for r in rows if "flops" in r])
 
 
 def _times_power_of_ten(x: float, _position=None) -> str:
@@ -352,6 +359,7 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     if models is not None:
         curves = {name: rows for name, rows in curves.items() if name in models}
         trained = {name: t for name, t in trained.items() if name in models}
+    write_text(root / COMPUTE_CURVES, compute_curves_csv(curves))
     lines = ["# lmpipe study", ""]
     if made_from:
         lines += [f"Made by the code of {made_from}, from the settings in `params.yaml` (`dvc params diff` compares).",

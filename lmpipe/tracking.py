@@ -486,17 +486,25 @@ OUTPUT = "lmpipe.output_sha256"
 NOTE = "mlflow.note.content"  # a run's description in the MLflow UI
 
 
-def mark_output(path: str | Path, run_id: str | None = None) -> None:
-    """Tag the run that produced `path` (a model folder) with the output's content hash. Later stages find the run
-    from the output itself (`run_of_output`), so no run id is stored inside a DVC output: an identical re-run writes
-    identical files and leaves the stages downstream up to date."""
-    MlflowClient().set_tag(run_id or mlflow.active_run().info.run_id, OUTPUT, sha256_tree(path))
+def output_hash(paths: str | Path | list) -> str:
+    """The content hash a run is tagged with: of one file or folder, or of several (their paths and hashes, in order)."""
+    if isinstance(paths, (str, Path)):
+        return sha256_tree(paths)
+    listed = "".join(f"{Path(p).as_posix()}\0{sha256_tree(p)}\n" for p in paths)
+    return hashlib.sha256(listed.encode()).hexdigest()
 
 
-def run_of_output(experiment: str, path: str | Path) -> str | None:
-    """The newest run that produced exactly the files now at `path` (None when no run did: a hand-made model)."""
+def mark_output(paths: str | Path | list, run_id: str | None = None) -> None:
+    """Tag the run that produced `paths` (a model folder, or a stage's outputs) with their content hash. Later stages
+    find the run from the output itself (`run_of_output`), so no run id is stored inside a DVC output: an identical
+    re-run writes identical files and leaves the stages downstream up to date."""
+    MlflowClient().set_tag(run_id or mlflow.active_run().info.run_id, OUTPUT, output_hash(paths))
+
+
+def run_of_output(experiment: str, paths: str | Path | list) -> str | None:
+    """The newest run that produced exactly the files now at `paths` (None when no run did: a hand-made model)."""
     exp_id = experiment_id(experiment)  # first: it points the client at this project's store
-    found = MlflowClient().search_runs([exp_id], f"tags.`{OUTPUT}` = '{sha256_tree(path)}'",
+    found = MlflowClient().search_runs([exp_id], f"tags.`{OUTPUT}` = '{output_hash(paths)}'",
                                        order_by=["attributes.start_time DESC"], max_results=1)
     return found[0].info.run_id if found else None
 

@@ -127,8 +127,9 @@ def test_missing_local_file(tmp_path):
 def test_wikitext_source_downloads_and_keeps_given_splits(tmp_path):
     """wikitext-2 through the real code path, served from 127.0.0.1 as the public zip is laid out."""
     import http.server
-    import threading
     import zipfile
+
+    from tests.helpers import http_server
 
     archive = tmp_path / "wikitext-2-raw-v1.zip"
     with zipfile.ZipFile(archive, "w") as z:
@@ -137,13 +138,9 @@ def test_wikitext_source_downloads_and_keeps_given_splits(tmp_path):
                        f" \n = {split.title()} one = \n \n Text of {split} . \n \n = = Part = = \n \n More . \n"
                        f" \n = {split.title()} two = \n \n Second . \n")
     handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path), **k)  # noqa: E731
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        corpus = CorpusParams(source="wikitext-2", url=f"http://127.0.0.1:{httpd.server_address[1]}/{archive.name}")
+    with http_server(handler) as base:
+        corpus = CorpusParams(source="wikitext-2", url=f"{base}/{archive.name}")
         manifest = fetch_corpus(corpus, tmp_path / "raw", tmp_path / "cache")
-    finally:
-        httpd.shutdown()
     assert manifest["files"][archive.name]["bytes"] == archive.stat().st_size
     stats = prepare_corpus(tmp_path / "raw", tmp_path / "clean", corpus, SplitParams())
     assert (tmp_path / "clean" / "valid.txt").read_text() == (

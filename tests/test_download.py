@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import http.server
-import threading
 
 import pytest
 
@@ -12,19 +10,17 @@ from lmpipe.config import CorpusParams
 from lmpipe.corpus.download import download, partial_path
 from lmpipe.corpus.sources import fetch_corpus
 from lmpipe.errors import DownloadError
+from tests.helpers import QuietHandler, http_server
 
 PAYLOAD = bytes(range(256)) * 4096  # 1 MiB
 
 
-class Handler(http.server.BaseHTTPRequestHandler):
+class Handler(QuietHandler):
     """Serves PAYLOAD at /data.bin with Range support; /flaky.bin drops the first response half-way."""
 
     ranges: list = []
     requests: list = []
     flaky_drops = 0
-
-    def log_message(self, *args):
-        pass
 
     def do_GET(self):
         Handler.requests.append(self.path)
@@ -55,11 +51,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture()
 def server():
     Handler.ranges, Handler.requests = [], []
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with http_server(Handler) as base:
+        yield base
 
 
 def test_download_verifies_and_renames(server, tmp_path):

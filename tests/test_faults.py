@@ -126,13 +126,9 @@ def test_runs_of_dead_stages_never_stay_running(tmp_path, monkeypatch):
 
 def test_a_tracking_server_that_answers_health_but_fails_its_api_fails_the_stage_in_one_line_quickly(monkeypatch):
     """Without a limit MLflow retries 7 times with backoff: 4 min 10 s, then a 107-line traceback."""
-    import http.server
-    import threading
+    from tests.helpers import QuietHandler, http_server
 
-    class HalfAlive(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
+    class HalfAlive(QuietHandler):
         def do_GET(self):
             self.send_response(200 if self.path == "/health" else 500)
             self.end_headers()
@@ -140,18 +136,14 @@ def test_a_tracking_server_that_answers_health_but_fails_its_api_fails_the_stage
 
         do_POST = do_GET
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HalfAlive)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
         monkeypatch.delenv(name, raising=False)
-    uri = f"http://127.0.0.1:{server.server_address[1]}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     started = time.monotonic()
     try:
-        with pytest.raises(TrackingError) as info:
+        with http_server(HalfAlive) as uri, pytest.raises(TrackingError) as info:
+            monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
             tracking.check_store(timeout=5)
     finally:
-        server.shutdown()
         for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
             os.environ.pop(name, None)
     assert time.monotonic() - started < 30

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
 import os
 import re
@@ -23,6 +22,7 @@ from lmpipe.io import sha256_tree
 from lmpipe.ngram import NGramLM
 
 from tests.conftest import ROOT
+from tests.helpers import QuietHandler, http_server
 
 pytestmark = pytest.mark.e2e
 MODELS = ("nplm", "rnn", "lstm", "gru", "transformer")
@@ -199,7 +199,10 @@ def test_dvc_plots_show_draws_every_plot_offline(project):
     page = (copy / "dvc_plots/index.html").read_text()
     assert "cdn.jsdelivr" not in page and not re.search(r"<script[^>]+src=", page) and "window.vegaEmbed=" in page
     specs = [json.loads(s) for s in re.findall(r"var spec = (\{.*?\});\s*vegaEmbed", page, re.S)]
-    assert len(specs) == len(MODELS) + 1  # a learning curve per model, the perplexity bars
+    assert len(specs) == len(MODELS) + 2  # a learning curve per model, all of them against FLOPs, the perplexity bars
+    together = [s for s in specs if s.get("encoding", {}).get("color", {}).get("field") == "model"]
+    assert len(together) == 1 and together[0]["encoding"]["x"]["field"] == "flops"
+    assert {row["model"] for row in together[0]["data"]["values"]} == set(MODELS)  # every model on one axis
     for spec in specs:
         assert "<svg" in vl_convert.vegalite_to_svg(spec, vl_version="5.21")
     assert "heatmap.png" in page  # the WEAT heatmap, an image DVC embeds
@@ -688,11 +691,8 @@ def test_ctrl_c_stops_a_training_stage_in_one_line_and_its_run_ends_killed(scrat
     assert newest.info.status == "KILLED"
 
 
-class NotFound(http.server.BaseHTTPRequestHandler):
+class NotFound(QuietHandler):
     hits = 0
-
-    def log_message(self, *args):
-        pass
 
     def do_GET(self):
         NotFound.hits += 1
@@ -701,21 +701,17 @@ class NotFound(http.server.BaseHTTPRequestHandler):
 
 def test_404_in_the_flow_is_one_clear_line_and_not_retried(scratch):  # its own copy: it edits params.yaml
     copy, env = scratch
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
     params = copy / "params.yaml"
     saved = params.read_text()
-    try:
-        url = f"http://127.0.0.1:{httpd.server_address[1]}/enwiki-latest.xml.bz2"
+    with http_server(NotFound) as base:
+        url = f"{base}/enwiki-latest.xml.bz2"
         override(params, {"corpus": {"source": "wikipedia-dump", "url": url}})
         done = run([sys.executable, "-m", "flows.download"], copy, env, check=False)
         assert done.returncode == 1
         assert "Traceback" not in done.stderr + done.stdout
         assert done.stderr.strip().splitlines()[-1] == f"error: {url}: HTTP 404 Not Found (check corpus.url / the source's URL)"
         assert NotFound.hits == 1
-    finally:
-        params.write_text(saved)
-        httpd.shutdown()
+    params.write_text(saved)
 
 
 def created_flow_run(url: str, patience: float = 60.0) -> str:
@@ -976,6 +972,29 @@ def test_a_model_retrained_bit_for_bit_keeps_its_test_results_in_mlflow(project,
     evaluated = json.loads((target / "metrics/eval.json").read_text())["models"]["gru"]["test"]
     assert {k: newest.data.metrics[f"test_{k}"] for k in evaluated} == evaluated
     assert "test" in newest.data.tags["mlflow.note.content"] and newest.data.metrics["train_tflops"] > 0
+
+
+def test_a_store_without_the_runs_of_skipped_stages_gets_them_and_nothing_else_changes(committed):
+    """A fresh clone: DVC skips evaluate, combine and report (git holds their outputs), so `make study`'s last step
+    (flows/record.py) runs them again for MLflow; the same bytes come out, and a second time nothing runs."""
+    copy, env = committed
+    client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("lmpipe").experiment_id
+    skipped = ("evaluate", "combine", "report")
+    for stage in skipped:  # the clone's store has the models' runs (they trained) but none of these
+        for found in client.search_runs([experiment], f"tags.`lmpipe.stage` = '{stage}'"):
+            client.delete_run(found.info.run_id)
+    gru = client.search_runs([experiment], "tags.`lmpipe.stage` = 'train@gru'",
+                             order_by=["attributes.start_time DESC"])[0]
+    client.delete_tag(gru.info.run_id, "mlflow.note.content")
+    before = workspace(copy)
+    said = run([sys.executable, "-m", "flows.record"], copy, env).stdout
+    assert [line.split(":")[0] for line in said.splitlines() if "DVC skipped it" in line] == list(skipped)
+    assert workspace(copy) == before and run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout.strip() == "{}"
+    for stage in skipped:
+        assert len(client.search_runs([experiment], f"tags.`lmpipe.stage` = '{stage}'")) == 1, stage
+    assert "test" in client.get_run(gru.info.run_id).data.tags["mlflow.note.content"]  # the report's description
+    assert "DVC skipped it" not in run([sys.executable, "-m", "flows.record"], copy, env).stdout
 
 
 def test_a_corrupt_model_file_is_one_line_naming_it_and_dvc_checkout_restores_it(scratch):

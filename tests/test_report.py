@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 from lmpipe.report import build_report
@@ -56,6 +57,14 @@ def test_report_has_every_section(tmp_path):
     html = (tmp_path / "reports/study.html").read_text()
     assert html.count("data:image/png;base64,") == 2 and "<table>" in html
     assert (tmp_path / "reports/figures/learning_curves.png").stat().st_size > 1000
+    with open(tmp_path / "plots/compute.csv") as f:  # `dvc plots show`'s one axis of FLOPs for every model
+        rows = list(csv.DictReader(f))
+    curves = {p.stem: list(csv.DictReader(open(p))) for p in (tmp_path / "plots/train").glob("*.csv")}
+    assert {r["model"] for r in rows} == {name for name, c in curves.items() if "flops" in c[0]} != set()
+    for name, curve in curves.items():
+        if "flops" in curve[0]:
+            assert [(float(r["flops"]), float(r["valid_bpb"])) for r in rows if r["model"] == name] == \
+                   [(float(r["flops"]), float(r["valid_bpb"])) for r in curve]
 
 
 def test_report_without_audit_says_so(tmp_path):

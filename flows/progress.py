@@ -1,0 +1,88 @@
+"""`dvc repro` with a progress line between its own: stage k of n, and the training minutes left.
+
+    python -m flows.progress [target ...]          (what `make study` runs; targets as for `dvc repro`)
+
+First `dvc repro --dry` names the stages that will run (n). As DVC starts each, one line says where the study is.
+Once a model has trained, the minutes left follow from the FLOPs the training stages still to run will spend
+(each model's budget, `study.budget`) at the FLOP/s the finished ones measured (their log line '..., 3.00e13 FLOPs,
+176 s'). Everything DVC and the stages print passes through unchanged; the exit status is DVC's.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from flows._stage import PARAMS_FILE
+from lmpipe.config import load_params
+
+STARTED = re.compile(r"Running stage '([^']+)'")
+TRAINED = re.compile(r"(\S+): best valid bpb .*?([\d.]+e[+-]?\d+) FLOPs, (\d+) s")
+
+
+class Progress:
+    """What DVC's output says of the study so far; `see` returns the progress line a DVC line calls for, or None."""
+
+    def __init__(self, planned: list[str], budgets: dict[str, float]):
+        self.planned, self.budgets = planned, budgets  # stages that will run; training FLOPs per model
+        self.started: list[str] = []
+        self.flops = self.seconds = 0.0  # spent by the trainings finished so far
+
+    def see(self, line: str) -> str | None:
+        if trained := TRAINED.search(line):
+            self.flops += float(trained[2])
+            self.seconds += float(trained[3])
+            return None
+        if not (started := STARTED.search(line)):
+            return None
+        stage = started[1]
+        self.started.append(stage)
+        k, n = len(self.started), max(len(self.planned), len(self.started))
+        return f"[study] stage {k} of {n}: {stage}" + self.time_left()
+
+    def time_left(self) -> str:
+        left = [s for s in self.planned if s not in self.started[:-1] and s.startswith("train@")]
+        if not left:
+            return ""
+        flops = sum(self.budgets.get(s.removeprefix("train@"), 0.0) for s in left)
+        if not self.seconds or not flops:
+            return f"; {len(left)} model(s) to train (a time estimate once the first one has)"
+        rate = self.flops / self.seconds
+        return (f"; about {flops / rate / 60:.0f} min of training left ({len(left)} model(s), {flops:.2g} FLOPs at "
+                f"the {rate / 1e9:.0f} GFLOP/s measured so far)")
+
+
+def planned_stages(targets: list[str]) -> list[str]:
+    """The stages `dvc repro` would run, in order (`dvc repro --dry` runs none)."""
+    dry = subprocess.run(["dvc", "repro", "--dry", *targets], capture_output=True, text=True)
+    return STARTED.findall(dry.stdout)
+
+
+def budgets() -> dict[str, float]:
+    """Each model's training FLOPs (its budget or the study's); a budget in tokens gives no estimate."""
+    params = load_params(PARAMS_FILE)
+    found = {}
+    for name in params.models:
+        budget = params.model_settings(name).budget
+        if budget is not None and budget.flops:
+            found[name] = float(budget.flops)
+    return found
+
+
+def main(targets: list[str]) -> int:
+    progress = Progress(planned_stages(targets), budgets())
+    process = subprocess.Popen(["dvc", "repro", *targets], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, errors="replace", bufsize=1)
+    try:
+        for line in process.stdout:
+            print(line, end="", flush=True)
+            if said := progress.see(line):
+                print(said, flush=True)
+        return process.wait()
+    except KeyboardInterrupt:  # the terminal's Ctrl-C reached DVC too: it stops its stage and says so
+        return process.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

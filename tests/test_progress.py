@@ -1,0 +1,32 @@
+"""The study's progress line (flows/progress.py): stage k of n from DVC's output, training minutes left from FLOPs."""
+
+from __future__ import annotations
+
+from flows.progress import Progress
+
+PLANNED = ["ngram", "train@nplm", "train@gru", "score@nplm", "report"]
+
+
+def test_each_stage_dvc_starts_gets_a_line_and_the_training_left_is_timed_from_measured_flop_rates():
+    progress = Progress(PLANNED, {"nplm": 3e13, "gru": 3e13})
+    said = [progress.see(line) for line in [
+        "Running stage 'ngram':",
+        "> python -m flows.ngram",
+        "Running stage 'train@nplm':",
+        "03:10:01.1 | INFO | Flow run 'train@nplm' - nplm: best valid bpb 2.4315 (ppl 310.1) at epoch 3.9; "
+        "2,049,024 tokens, 3.00e+13 FLOPs, 200 s",
+        "Running stage 'train@gru':",
+        "Running stage 'score@nplm':",
+    ]]
+    assert said[1] is said[3] is None  # a stage's own lines pass without a progress line
+    assert said[0] == "[study] stage 1 of 5: ngram; 2 model(s) to train (a time estimate once the first one has)"
+    assert said[2].startswith("[study] stage 2 of 5: train@nplm; 2 model(s) to train")
+    # nplm spent 3e13 FLOPs in 200 s (150 GFLOP/s): gru's 3e13 take 200 s more, 3 min rounded
+    assert said[4] == ("[study] stage 3 of 5: train@gru; about 3 min of training left (1 model(s), 3e+13 FLOPs at the "
+                       "150 GFLOP/s measured so far)")
+    assert said[5] == "[study] stage 4 of 5: score@nplm"  # nothing left to train: no estimate
+
+
+def test_a_stage_dvc_runs_beyond_the_dry_runs_list_still_counts():
+    progress = Progress([], {})
+    assert progress.see("Running stage 'evaluate':") == "[study] stage 1 of 1: evaluate"
