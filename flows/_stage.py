@@ -196,13 +196,7 @@ def forget_ignored(path: Path) -> None:
 def full_disk(exc: BaseException) -> str | None:
     """One line for a write that ran out of space outside lmpipe's atomic outputs (a checkpoint, a library's file):
     which path, and what to do; None for any other failure."""
-    import errno
+    from lmpipe.io import disk_full
 
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        where = exc.filename or "a file"
-    elif isinstance(exc, RuntimeError) and "file write failed" in str(exc):  # torch.save, in C++: no path
-        where = "a checkpoint or model file (torch.save)"
-    else:
-        return None
-    return (f"{where}: no space left on device; free some space and run again (a training stage resumes from "
-            "its checkpoint)")
+    full = disk_full(exc)
+    return str(full) if full else None

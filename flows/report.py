@@ -37,11 +37,7 @@ def made_from() -> str:
     """'commit 1a2b3c4 of 2026-11-26': the last commit that changed the code or settings, and what has changed in
     them since, if anything. A function of the code, not of today or of later commits (outputs, docs): a study
     reproduced from any later clone writes the same line."""
-    import subprocess
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else ""
+    from lmpipe.git import git_or_empty as git
 
     line = git("log", "-1", "--format=commit %h of %cs", "--", *CODE)
     if not line:

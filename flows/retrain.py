@@ -36,17 +36,11 @@ from lmpipe.compare import changed, compare_eval, comparison_markdown, describe,
 from lmpipe.config import check_overrides, load_params
 from lmpipe.corpus.sources import corpus_sha256, fetch_corpus
 from lmpipe.errors import ConfigError, LmpipeError
+from lmpipe.git import git
 from lmpipe.params_file import edit_params
 
 DECISION, EXPERIMENT, COMPARISON = "lmpipe.retrain.decision", "lmpipe.retrain.experiment", "lmpipe.retrain.comparison"
 REGRESSED, COMMIT = "lmpipe.retrain.regressed", "lmpipe.retrain.commit"
-
-
-def git(*args: str) -> str:
-    done = subprocess.run(["git", *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise LmpipeError(f"git {' '.join(args)} failed: " + (done.stderr.strip().splitlines() or ["no output"])[-1])
-    return done.stdout
 
 
 def uncommitted() -> list[str]:

@@ -36,13 +36,9 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
         if dest.is_dir() and not dest.is_symlink():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
-    except OSError as exc:
-        if exc.errno == errno.ENOSPC:
-            raise _disk_full(dest) from None
-        raise
-    except RuntimeError as exc:  # torch.save writes in C++: a full disk is "file write failed", no errno
-        if "write failed" in str(exc) and shutil.disk_usage(dest.parent).free < 64 * 2**20:
-            raise _disk_full(dest) from None
+    except (OSError, RuntimeError) as exc:
+        if full := disk_full(exc, dest):
+            raise full from None
         raise
     finally:
         if tmp.is_dir():
@@ -51,12 +47,26 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
             tmp.unlink()
 
 
-def _disk_full(dest: Path):
+def disk_full(exc: BaseException, dest: Path | None = None):
+    """A DiskFull of one line when `exc` is a write that ran out of space, naming `dest` (an output of lmpipe's) or
+    the file the error names, and saying what to do; None for any other failure. torch.save writes in C++: a full
+    disk reaches Python as a RuntimeError "file write failed", with no errno and no path."""
     from lmpipe.errors import DiskFull
 
-    free = shutil.disk_usage(dest.parent).free / 2**20
-    return DiskFull(f"{dest}: no space left on device ({free:.0f} MiB free there); free some space and run again "
-                    "(a training stage resumes from its checkpoint)")
+    free = ""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        where = dest or exc.filename or "a file"
+    elif isinstance(exc, RuntimeError) and "write failed" in str(exc):
+        where = dest or "a checkpoint or model file (torch.save)"
+    else:
+        return None
+    if dest is not None:
+        room = shutil.disk_usage(dest.parent).free
+        if isinstance(exc, RuntimeError) and room >= 64 * 2**20:
+            return None  # not the disk: some other write failure of torch's
+        free = f" ({room / 2**20:.0f} MiB free there)"
+    return DiskFull(f"{where}: no space left on device{free}; free some space and run again (a training stage "
+                    "resumes from its checkpoint)")
 
 
 OUT_MARK = "lmpipe-output.json"  # written into every folder a user names with --out: lmpipe may replace that folder

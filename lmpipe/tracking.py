@@ -12,7 +12,6 @@ import contextlib
 import hashlib
 import os
 import socket
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,12 +140,9 @@ def _artifact_location(uri: str) -> str | None:
 
 
 def git_commit(root: Path | None = None) -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root or project_root(),
-                             capture_output=True, text=True, check=True)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    from lmpipe.git import git_or_empty  # here: the commit only tags runs, so no stage depends on lmpipe/git.py for it
+
+    return git_or_empty("rev-parse", "HEAD", cwd=root or project_root()) or "unknown"
 
 
 @dataclass(frozen=True)
