@@ -9,6 +9,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Callable
 
 from flows import paths
 from lmpipe import __version__
@@ -19,6 +20,21 @@ DESCRIPTION = """Tools around the lmpipe language-modelling study. The study its
 these commands sample from its models, serve and retrain them, open its MLflow and Prefect views,
 and run the experiments beside it (sweeps, the scaling grid)."""
 
+RETRAIN_HELP = """Each retrain fetches the corpus source again and runs what a new corpus (or the given overrides)
+changes as a DVC experiment in a temporary copy (dvc exp run --temp), then compares each model's
+test word perplexity and bpb with its champion's in the MLflow registry.
+Pass: the experiment is applied and committed (one commit; dvc push when a remote is set) and its
+models become the champions. Fail (a model regressed beyond retrain.max_regression): HEAD, the
+workspace and the champions stay as they were, the experiment stays for `dvc exp show`, and the
+run fails naming the regressed models."""
+
+SCHEDULE_HELP = """Serve a Prefect deployment of the `retrain` flow on a cron or interval schedule, from this project
+directory.
+""" + RETRAIN_HELP + """
+Schedules need a Prefect server: set PREFECT_API_URL (e.g. http://prefect.example:4200/api for a
+shared server, or your Prefect Cloud workspace URL); without it `lmpipe server` is started on
+127.0.0.1:4200 and its UI shows the deployment and its runs. The command keeps running: it is the worker."""
+
 
 def this_environment() -> dict:
     """os.environ with this interpreter's environment first on PATH: the tools it starts (dvc, uvicorn) run in it
@@ -26,6 +42,24 @@ def this_environment() -> dict:
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
+COMMANDS: dict = {}  # "name" or "group name" -> (add_arguments, handler, parser options), in the order of this file
+GROUPS = {"ngram": "n-gram model tools"}  # commands of two words: `lmpipe ngram export-arpa`
+
+
+def command(name: str, add_arguments: Callable, **options):
+    """Make the function below `lmpipe <name>`; `add_arguments`, defined just above it, adds its flags."""
+    def register(handler: Callable) -> Callable:
+        COMMANDS[name] = (add_arguments, handler, options)
+        return handler
+    return register
+
+
+def _server_args(p):
+    p.add_argument("--port", type=int, default=4200, help="port on 127.0.0.1 (default: 4200)")
+    p.add_argument("--stop", action="store_true", help="stop the server this checkout started on that port")
+
+
+@command("server", _server_args, help="start (or --stop) the local Prefect server the stages report to")
 def _server(args) -> int:
     from flows import server
 
@@ -43,6 +77,12 @@ def _server(args) -> int:
     return 0
 
 
+def _ui_args(p):
+    p.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default: 5000)")
+    p.add_argument("--access-log", action="store_true", help="print the web server's line per request (default: off)")
+
+
+@command("ui", _ui_args, help="open the MLflow UI on this study's tracking store (127.0.0.1)")
 def _ui(args) -> int:
     """`mlflow ui` on this study's store, one worker and no job runner (a viewer needs neither), on 127.0.0.1; the
     links are printed once it answers."""
@@ -86,6 +126,14 @@ def _ui(args) -> int:
         return process.wait()
 
 
+def _sweep_args(p):
+    p.add_argument("--model", required=True, help="an entry of params.yaml's `models`")
+    p.add_argument("--trials", type=int, default=20, help="finished trials the sweep should hold (it resumes)")
+    p.add_argument("--seeds", type=int, default=3, help="retrain the winner with this many other seeds")
+    p.add_argument("--space", default="sweeps/space.yaml", help="search spaces, one per model")
+
+
+@command("sweep", _sweep_args, help="tune one model's settings with Optuna (trials in MLflow, outcome in sweeps/)")
 def _sweep(args) -> int:
     from flows._stage import main as run_flow
     from flows.sweep import sweep
@@ -94,6 +142,11 @@ def _sweep(args) -> int:
     return 0
 
 
+def _scaling_args(p):
+    p.add_argument("--force", action="store_true", help="retrain every run (dvc repro --force)")
+
+
+@command("scaling", _scaling_args, help="run the scaling-law grid and its fits (dvc repro scaling/dvc.yaml)")
 def _scaling(args) -> int:
     """The scaling pipeline through DVC, so it is versioned and re-runs only what changed."""
     code = subprocess.call(["dvc", "repro", paths.SCALING_PIPELINE, *(["--force"] if args.force else [])], env=this_environment())
@@ -102,6 +155,17 @@ def _scaling(args) -> int:
     return code
 
 
+def _seeds_args(p):
+    p.add_argument("--models", nargs="+", metavar="MODEL",
+                   help="retrain only these models' seeds; the other models keep their rows of seeds/seeds.csv")
+
+
+@command("seeds", _seeds_args,
+         help="retrain every model with the seeds of seeds.extra: mean ± sd and verdicts in the report",
+         description="Retrain every model of params.yaml with each seed of `seeds.extra` (seeds/dvc.yaml; each model "
+                     "trains once per extra seed, as long as in the study), score it like the evaluate stage, and "
+                     "write seeds/seeds.csv, whose rows the study's report turns into mean ± sd and verdicts. "
+                     "Finished runs are cached: a second call retrains only models whose settings changed.")
 def _seeds(args) -> int:
     """The seeds flow, then `dvc commit` of its frozen stage: the report's seed spread, versioned."""
     env = this_environment()
@@ -114,6 +178,14 @@ def _seeds(args) -> int:
     return code
 
 
+def _check_params_args(p):
+    p.add_argument("file", nargs="?", default="params.yaml", help="the params file (default: params.yaml)")
+    p.add_argument("--store", action="store_true", help="also reach the MLflow tracking store (make study runs this "
+                                                        "before dvc repro: a stage never fails on either after DVC "
+                                                        "removed its outputs)")
+
+
+@command("check-params", _check_params_args, help="validate params.yaml and say what is wrong in one line")
 def _check_params(args) -> int:
     import yaml
 
@@ -134,6 +206,12 @@ def _check_params(args) -> int:
     return 0
 
 
+def _restore_args(p):
+    p.add_argument("stage", help="the stage, as DVC names it: train@gru, evaluate, scaling/dvc.yaml:grid")
+
+
+@command("restore", _restore_args, help="bring back a stage's outputs that DVC removed before a run that failed "
+                                        "(from DVC's cache, and git for metrics and plots)")
 def _restore(args) -> int:
     """A stage's outputs as its last completed run left them (dvc.lock): DVC's cache holds the cached ones, git the
     ones DVC leaves to git (`cache: false`, e.g. metrics and plots). `dvc checkout` alone restores only the first."""
@@ -164,6 +242,12 @@ def _restore(args) -> int:
     return 0
 
 
+def _export_arpa_args(p):
+    p.add_argument("--model", default=paths.NGRAM, help=f"the n-gram model's folder (default: {paths.NGRAM})")
+    p.add_argument("--out", default="ngram.arpa", help="the ARPA file to write (default: ngram.arpa)")
+
+
+@command("ngram export-arpa", _export_arpa_args, help="write the n-gram model as an ARPA file (KenLM, SRILM)")
 def _export_arpa(args) -> int:
     from tqdm.auto import tqdm
 
@@ -182,26 +266,20 @@ def _export_arpa(args) -> int:
     return 0
 
 
-def profile_overrides(tree: dict, prefix: str = "") -> list[str]:
-    """A profile's leaves as `key=value` overrides for `dvc exp run -S` (inline dicts stay one value)."""
-    import yaml
-
-    out = []
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and key not in ("arch", "optim", "overrides"):  # these replace as a whole
-            out += profile_overrides(value, f"{name}.")
-        else:
-            out.append(f"{name}={yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix('...').strip()}")
-    return out
+def _profile_args(p):
+    p.add_argument("file", help="a YAML file of params to change, e.g. profiles/wikitext2-gpu.yaml or "
+                                "sweeps/transformer/best.yaml")
+    p.add_argument("--write", metavar="FILE", help="also write params.yaml with the profile applied to FILE "
+                                                   "(for python -m lmpipe.train --params FILE)")
 
 
+@command("profile", _profile_args, help="print a params profile as `-S` overrides for dvc exp run")
 def _profile(args) -> int:
     import shlex
 
     import yaml
 
-    from lmpipe.config import apply_overrides, parse_params
+    from lmpipe.config import apply_overrides, parse_params, profile_overrides
 
     overrides = profile_overrides(yaml.safe_load(Path(args.file).read_text()))
     # check the merged params before anyone spends GPU hours on a typo
@@ -230,6 +308,21 @@ def checked_flags(defaults: EvaluateParams, flags: dict) -> EvaluateParams:
                           f"{error['msg'].lower()}") from None
 
 
+def _generate_args(p):
+    p.add_argument("--model", required=True, help="ngram, a name under models/, or a registered model: "
+                                                   "models:/lmpipe-<name>@champion (or /<version>)")
+    p.add_argument("--prompt", default="The history of", help="the text to continue (default: The history of)")
+    p.add_argument("--strategy", default="top-p", choices=STRATEGIES, help="decoding strategy (default: top-p)")
+    for name in DECODE_FLAGS:  # one definition of each setting: params.yaml's `evaluate` gives the default
+        field = EvaluateParams.model_fields[name]
+        p.add_argument(f"--{name.replace('_', '-')}", type=field.annotation, default=None,
+                       help=f"default: params.yaml evaluate.{name} ({field.default})")
+    p.add_argument("--tokenizer", default=paths.TOKENIZER,
+                   help=f"the study's tokenizer, for models under models/ (default: {paths.TOKENIZER}; a registered "
+                        "model carries its own)")
+
+
+@command("generate", _generate_args, help="continue a prompt with a trained model")
 def _generate(args) -> int:
     from tokenizers import Tokenizer
 
@@ -262,6 +355,14 @@ def _generate(args) -> int:
     return 0
 
 
+def _serve_args(p):
+    p.add_argument("--model", required=True, help="an entry of params.yaml's `models`, e.g. gru")
+    p.add_argument("--alias", default="champion", help="registry alias or version number (default: champion)")
+    p.add_argument("--port", type=int, default=5001, help="port on 127.0.0.1 (default: 5001)")
+
+
+@command("serve", _serve_args, help="answer prompts over HTTP with a registered model (MLflow's scoring protocol; "
+                                    "requests checked and bounded)")
 def _serve(args) -> int:
     """A registered model over HTTP on 127.0.0.1, in this process: requests checked and bounded (lmpipe.serve_app)."""
     from lmpipe.serve_app import serve
@@ -280,6 +381,15 @@ def check_cron(cron: str) -> None:
                           'day-of-week, e.g. "0 3 * * 1" for Mondays 03:00)') from None
 
 
+def _schedule_args(p):
+    when = p.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", help='cron expression, e.g. "0 3 * * 1" (Mondays 03:00)')
+    when.add_argument("--interval", type=positive_seconds, metavar="SECONDS",
+                      help="or every SECONDS seconds from now (e.g. 86400: daily)")
+    p.add_argument("--name", default="lmpipe-retrain", help="deployment name")
+
+
+@command("schedule", _schedule_args, help="serve the retraining flow on a cron schedule", description=SCHEDULE_HELP)
 def _schedule(args) -> int:
     """Serve the retrain deployment on the project's Prefect server. Prefect reads PREFECT_API_URL once, when it is
     first imported, so the server is settled before anything imports Prefect: a temporary server cannot schedule."""
@@ -329,15 +439,12 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-RETRAIN_HELP = """Each retrain fetches the corpus source again and runs what a new corpus (or the given overrides)
-changes as a DVC experiment in a temporary copy (dvc exp run --temp), then compares each model's
-test word perplexity and bpb with its champion's in the MLflow registry.
-Pass: the experiment is applied and committed (one commit; dvc push when a remote is set) and its
-models become the champions. Fail (a model regressed beyond retrain.max_regression): HEAD, the
-workspace and the champions stay as they were, the experiment stays for `dvc exp show`, and the
-run fails naming the regressed models."""
+def _retrain_args(p):
+    p.add_argument("overrides", nargs="*", help="params overrides for the experiment, e.g. models.gru.epochs=4")
 
 
+@command("retrain", _retrain_args, help="retrain now: a DVC experiment, applied only when no model regressed",
+         description=RETRAIN_HELP)
 def _retrain(args) -> int:
     from flows._stage import main as run_flow
     from flows.retrain import retrain
@@ -346,97 +453,20 @@ def _retrain(args) -> int:
     return 0
 
 
-SCHEDULE_HELP = """Serve a Prefect deployment of the `retrain` flow on a cron or interval schedule, from this project
-directory.
-""" + RETRAIN_HELP + """
-Schedules need a Prefect server: set PREFECT_API_URL (e.g. http://prefect.example:4200/api for a
-shared server, or your Prefect Cloud workspace URL); without it `lmpipe server` is started on
-127.0.0.1:4200 and its UI shows the deployment and its runs. The command keeps running: it is the worker."""
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmpipe", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"lmpipe {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
-    server = commands.add_parser("server", help="start (or --stop) the local Prefect server the stages report to")
-    server.add_argument("--port", type=int, default=4200, help="port on 127.0.0.1 (default: 4200)")
-    server.add_argument("--stop", action="store_true", help="stop the server this checkout started on that port")
-    server.set_defaults(run=_server)
-    ui = commands.add_parser("ui", help="open the MLflow UI on this study's tracking store (127.0.0.1)")
-    ui.add_argument("--port", type=int, default=5000, help="port on 127.0.0.1 (default: 5000)")
-    ui.add_argument("--access-log", action="store_true", help="print the web server's line per request (default: off)")
-    ui.set_defaults(run=_ui)
-    ngram = commands.add_parser("ngram", help="n-gram model tools").add_subparsers(dest="ngram_command", required=True)
-    export = ngram.add_parser("export-arpa", help="write the n-gram model as an ARPA file (KenLM, SRILM)")
-    export.add_argument("--model", default=paths.NGRAM, help=f"the n-gram model's folder (default: {paths.NGRAM})")
-    export.add_argument("--out", default="ngram.arpa", help="the ARPA file to write (default: ngram.arpa)")
-    export.set_defaults(run=_export_arpa)
-    profile = commands.add_parser("profile", help="print a params profile as `-S` overrides for dvc exp run")
-    profile.add_argument("file", help="a YAML file of params to change, e.g. profiles/wikitext2-gpu.yaml or "
-                                      "sweeps/transformer/best.yaml")
-    profile.add_argument("--write", metavar="FILE", help="also write params.yaml with the profile applied to FILE "
-                                                         "(for python -m lmpipe.train --params FILE)")
-    profile.set_defaults(run=_profile)
-    gen = commands.add_parser("generate", help="continue a prompt with a trained model")
-    gen.add_argument("--model", required=True, help="ngram, a name under models/, or a registered model: models:/lmpipe-<name>@champion "
-                     "(or /<version>)")
-    gen.add_argument("--prompt", default="The history of", help="the text to continue (default: The history of)")
-    gen.add_argument("--strategy", default="top-p", choices=STRATEGIES, help="decoding strategy (default: top-p)")
-    for name in DECODE_FLAGS:  # one definition of each setting: params.yaml's `evaluate` gives the default
-        field = EvaluateParams.model_fields[name]
-        gen.add_argument(f"--{name.replace('_', '-')}", type=field.annotation, default=None,
-                         help=f"default: params.yaml evaluate.{name} ({field.default})")
-    gen.add_argument("--tokenizer", default=paths.TOKENIZER,
-                     help=f"the study's tokenizer, for models under models/ (default: {paths.TOKENIZER}; a registered "
-                          "model carries its own)")
-    gen.set_defaults(run=_generate)
-    serve = commands.add_parser("serve", help="answer prompts over HTTP with a registered model (MLflow's scoring "
-                                "protocol; requests checked and bounded)")
-    serve.add_argument("--model", required=True, help="an entry of params.yaml's `models`, e.g. gru")
-    serve.add_argument("--alias", default="champion", help="registry alias or version number (default: champion)")
-    serve.add_argument("--port", type=int, default=5001, help="port on 127.0.0.1 (default: 5001)")
-    serve.set_defaults(run=_serve)
-    again = commands.add_parser("retrain", help="retrain now: a DVC experiment, applied only when no model regressed",
-                                description=RETRAIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    again.add_argument("overrides", nargs="*", help="params overrides for the experiment, e.g. models.gru.epochs=4")
-    again.set_defaults(run=_retrain)
-    schedule = commands.add_parser("schedule", help="serve the retraining flow on a cron schedule",
-                                   description=SCHEDULE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    when = schedule.add_mutually_exclusive_group(required=True)
-    when.add_argument("--cron", help='cron expression, e.g. "0 3 * * 1" (Mondays 03:00)')
-    when.add_argument("--interval", type=positive_seconds, metavar="SECONDS",
-                      help="or every SECONDS seconds from now (e.g. 86400: daily)")
-    schedule.add_argument("--name", default="lmpipe-retrain", help="deployment name")
-    schedule.set_defaults(run=_schedule)
-    tune = commands.add_parser("sweep", help="tune one model's settings with Optuna (trials in MLflow, outcome in sweeps/)")
-    tune.add_argument("--model", required=True, help="an entry of params.yaml's `models`")
-    tune.add_argument("--trials", type=int, default=20, help="finished trials the sweep should hold (it resumes)")
-    tune.add_argument("--seeds", type=int, default=3, help="retrain the winner with this many other seeds")
-    tune.add_argument("--space", default="sweeps/space.yaml", help="search spaces, one per model")
-    tune.set_defaults(run=_sweep)
-    scaling = commands.add_parser("scaling", help="run the scaling-law grid and its fits (dvc repro scaling/dvc.yaml)")
-    scaling.add_argument("--force", action="store_true", help="retrain every run (dvc repro --force)")
-    scaling.set_defaults(run=_scaling)
-    spread = commands.add_parser(
-        "seeds", help="retrain every model with the seeds of seeds.extra: mean ± sd and verdicts in the report",
-        description="Retrain every model of params.yaml with each seed of `seeds.extra` (seeds/dvc.yaml; each model "
-                    "trains once per extra seed, as long as in the study), score it like the evaluate stage, and "
-                    "write seeds/seeds.csv, whose rows the study's report turns into mean ± sd and verdicts. "
-                    "Finished runs are cached: a second call retrains only models whose settings changed.")
-    spread.add_argument("--models", nargs="+", metavar="MODEL",
-                        help="retrain only these models' seeds; the other models keep their rows of seeds/seeds.csv")
-    spread.set_defaults(run=_seeds)
-    restore = commands.add_parser("restore", help="bring back a stage's outputs that DVC removed before a run that "
-                                                  "failed (from DVC's cache, and git for metrics and plots)")
-    restore.add_argument("stage", help="the stage, as DVC names it: train@gru, evaluate, scaling/dvc.yaml:grid")
-    restore.set_defaults(run=_restore)
-    check = commands.add_parser("check-params", help="validate params.yaml and say what is wrong in one line")
-    check.add_argument("file", nargs="?", default="params.yaml", help="the params file (default: params.yaml)")
-    check.add_argument("--store", action="store_true", help="also reach the MLflow tracking store (make study runs "
-                                                            "this before dvc repro: a stage never fails on either "
-                                                            "after DVC removed its outputs)")
-    check.set_defaults(run=_check_params)
+    commands, groups = parser.add_subparsers(dest="command", required=True), {}
+    for name, (add_arguments, handler, options) in COMMANDS.items():
+        group, _, name = name.rpartition(" ")  # "ngram export-arpa": a command of the group `lmpipe ngram`
+        if group and group not in groups:
+            groups[group] = commands.add_parser(group, help=GROUPS[group]).add_subparsers(
+                dest=f"{group}_command", required=True)
+        formatter = {"formatter_class": argparse.RawDescriptionHelpFormatter} if "description" in options else {}
+        sub = (groups[group] if group else commands).add_parser(name, **options, **formatter)
+        add_arguments(sub)
+        sub.set_defaults(run=handler)
     return parser
 
 

@@ -383,6 +383,19 @@ def parse_assignments(items: list[str], where: str = "--set") -> dict:
     return out
 
 
+def profile_overrides(tree: dict, prefix: str = "") -> list[str]:
+    """A profile's leaves as `key=value` overrides for `dvc exp run -S` (inline dicts stay one value)."""
+    out = []
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and key not in ("arch", "optim", "overrides"):  # these replace as a whole
+            out += profile_overrides(value, f"{name}.")
+        else:
+            text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+            out.append(f"{name}={text}")
+    return out
+
+
 def apply_overrides(tree: dict, overrides: list[str]) -> dict:
     """Apply `dotted.key=yaml value` overrides to `tree` in place, as `dvc exp run -S` does."""
     for key, value in parse_assignments(overrides, "-S").items():

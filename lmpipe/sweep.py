@@ -312,8 +312,9 @@ def _sweep_section(folder: Path, space: dict) -> list[str]:
              "| setting | searched |", "|---|---|"]
     lines += [f"| `{k}` | {_describe_range(v)} |" for k, v in (space.get("space") or {}).items()]
     if best:
-        lines += ["", f"Best: trial {best['number']}, valid bpb **{float(best['valid_bpb']):.4f}**.", "",
-                  "```yaml", best_yaml.strip(), "```"]
+        lines += ["", f"Best: trial {best['number']}, valid bpb **{float(best['valid_bpb']):.4f}**."]
+    if best and best_yaml:
+        lines += ["", "```yaml", best_yaml.strip(), "```"]
     if seeds:
         values = [float(best["valid_bpb"])] + [float(r["valid_bpb"]) for r in seeds]
         spread = seed_spread(values)

@@ -69,7 +69,8 @@ def test_gpu_profile_is_valid_params_and_becomes_dvc_overrides(tmp_path, capsys)
 
     import yaml
 
-    from flows.cli import main, profile_overrides
+    from flows.cli import main
+    from lmpipe.config import profile_overrides
 
     profile = yaml.safe_load((ROOT / "profiles/wikitext2-gpu.yaml").read_text())
     overrides = profile_overrides(profile)
@@ -103,7 +104,7 @@ def test_overrides_merge_dicts_like_dvc_exp_run():
 def test_scaling_gpu_profile_is_valid_params():
     import yaml
 
-    from flows.cli import profile_overrides
+    from lmpipe.config import profile_overrides
 
     overrides = profile_overrides(yaml.safe_load((ROOT / "profiles/scaling-gpu.yaml").read_text()))
     params = parse_params(apply_overrides(yaml.safe_load((ROOT / "params.yaml").read_text()), overrides))
