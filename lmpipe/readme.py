@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmpipe import seeds as seed_spread
-from lmpipe.compare import BASELINE, baseline_label, best_model, not_compute_matched, vs_baseline
+from lmpipe.compare import BASELINE, baseline_label, best_model, vs_baseline
 from lmpipe.config import load_params
-from lmpipe.report import SEEDS, _read_json, _si, row_label
+from lmpipe.report import row_label
+from lmpipe.results import load_results, si
 
 RESULTS_BEGIN = "<!-- results: generated from metrics/ and seeds/seeds.csv by `python -m lmpipe.readme README.md` -->"
 RESULTS_END = "<!-- end of results -->"
@@ -21,13 +21,10 @@ def results_markdown(root: str | Path, study_seed: int, label: str, budget_flops
     """The README's results table, from the committed metrics: each model's test bpb (mean ± sd where seeds
     hold), word perplexity against the baseline, and its compute (a model off the study's budget marked); then the
     best combination."""
-    root = Path(root)
-    evaluation, combined = _read_json(root / "metrics/eval.json"), _read_json(root / "metrics/combine.json")
-    trained = {p.stem: _read_json(p) for p in sorted((root / "metrics/train").glob("*.json"))}
-    precisions = {name: t.get("precision", "") for name, t in trained.items()}
-    spreads, _ = seed_spread.study_spreads(root / SEEDS, evaluation, precisions, study_seed, BASELINE)
-    models, unmatched = evaluation["models"], not_compute_matched(trained, budget_flops, budget_exceptions)
-    lines = [f"Every neural model trained {_si(budget_flops)} FLOPs (`study.budget`): the families compare at equal "
+    results = load_results(root, None, study_seed, budget_flops, budget_exceptions)
+    combined, trained, spreads, unmatched = results.combined, results.trained, results.spreads, results.unmatched
+    models = results.evaluation["models"]
+    lines = [f"Every neural model trained {si(budget_flops)} FLOPs (`study.budget`): the families compare at equal "
              "compute" + (f"; not compute-matched: {', '.join(unmatched)}." if unmatched else "."), ""] if budget_flops else []
     lines += ["| model | test bpb | test word ppl | vs " + label + " (word ppl) | tokens seen | train FLOPs |",
               "|---|---|---|---|---|---|"]
@@ -35,7 +32,7 @@ def results_markdown(root: str | Path, study_seed: int, label: str, budget_flops
         r, t, s = models[name], trained.get(name, {}), spreads[name]
         bpb = f"{s.bpb:.3f}" + (f" ± {s.bpb_sd:.3f} ({s.n} seeds)" if s.n > 1 else "")
         versus = "-" if name == BASELINE else f"{100 * vs_baseline(r, models[BASELINE]):+.1f}%"
-        compute = (f"{t['tokens_seen']:,} ({t['epochs']:.1f} ep.) | {_si(t['train_flops'])}" if "train_flops" in t
+        compute = (f"{t['tokens_seen']:,} ({t['epochs']:.1f} ep.) | {si(t['train_flops'])}" if "train_flops" in t
                    else "- | -")
         lines.append(f"| {row_label(name, unmatched)} | {bpb} | {r['test']['word_ppl']:,.0f} "
                      f"| {versus} | {compute} |")

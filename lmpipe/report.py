@@ -17,16 +17,12 @@ import matplotlib.ticker  # noqa: E402
 import markdown  # noqa: E402
 
 from lmpipe import seeds as seed_spread  # noqa: E402
-from lmpipe.compare import BASELINE, MATCHED, best_model, not_compute_matched, vs_baseline  # noqa: E402
+from lmpipe.compare import BASELINE, MATCHED, best_model, vs_baseline  # noqa: E402
 from lmpipe.io import atomic_path, csv_text, write_text  # noqa: E402
+from lmpipe.results import load_results, read_json, si  # noqa: E402
 
 SUMMARIES = "metrics/models"  # one small file per model: what `dvc metrics show` lists
-SEEDS = "seeds/seeds.csv"  # every model at every seed (lmpipe seeds)
 COMPUTE_CURVES = "plots/compute.csv"  # every model's curve in one file: `dvc plots show` draws them on one axis
-
-
-def _read_json(path: Path):
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 def _curves(plots_dir: Path) -> dict[str, list[dict]]:
@@ -103,10 +99,6 @@ def _corpus_section(corpus, validation, tokenize) -> list[str]:
     return lines
 
 
-def _si(x: float) -> str:
-    return f"{x:.2e}".replace("e+", "e")
-
-
 def _precision_note(trained: dict) -> str:
     """How the neural models trained (`train.precision`): their matmuls in bf16 autocast, or in fp32."""
     kinds = sorted({t["precision"] for t in trained.values() if "precision" in t})
@@ -122,11 +114,11 @@ def compute_line(trained: dict, budget_flops: float | None, unmatched: list[str]
         return ""
     matched = [n for n in trained if n not in unmatched]
     line = (f"**Equal compute**: {'every neural model' if not unmatched else ', '.join(matched) or 'no model'} trained "
-            f"{_si(budget_flops)} FLOPs (`study.budget`, within {100 * MATCHED:g}%), so the verdicts below compare the "
+            f"{si(budget_flops)} FLOPs (`study.budget`, within {100 * MATCHED:g}%), so the verdicts below compare the "
             "families, not how much compute each got.")
     if unmatched:
         line += (" Not compute-matched, shown but left out of every verdict: " + ", ".join(
-            f"{n} ({_si(trained[n].get('train_flops', 0.0))} FLOPs)" for n in unmatched) + ".")
+            f"{n} ({si(trained[n].get('train_flops', 0.0))} FLOPs)" for n in unmatched) + ".")
     return line
 
 
@@ -155,7 +147,7 @@ def _perplexity_section(evaluation, trained: dict, label: str, unmatched: list[s
         row_name = row_label(n, unmatched)
         versus = f"{100 * vs_baseline(r, kn):+.1f}%" if kn and n != BASELINE else "-"
         compute = (f"{r['n_params']:,} ({t['n_params_non_embedding']:,}) | {t['tokens_seen']:,} "
-                   f"({t['epochs']:.1f} ep.) | {_si(t['train_flops'])}"
+                   f"({t['epochs']:.1f} ep.) | {si(t['train_flops'])}"
                    if "train_flops" in t else f"{r['n_params']:,} | - | -")
         lines.append(f"| {row_name} | {compute} | {r['valid']['bpb']:.3f} | {r['test']['bpb']:.3f} | "
                      f"{r['test']['word_ppl']:.0f} | {versus} |")
@@ -350,15 +342,14 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     root, out_dir = Path(root), Path(out_dir)
     figures = out_dir / "figures"
     figures.mkdir(parents=True, exist_ok=True)
-    corpus, validation = _read_json(root / "metrics/corpus.json"), _read_json(root / "metrics/validation.json")
-    tokenize, evaluation = _read_json(root / "metrics/tokenize.json"), _read_json(root / "metrics/eval.json")
-    combined = _read_json(root / "metrics/combine.json")
-    weat, weat_words = _read_json(root / "metrics/weat.json"), _read_json(root / "reports/weat_words.json")
+    results = load_results(root, models, study_seed, budget_flops, budget_exceptions)
+    evaluation, combined, trained, unmatched = results.evaluation, results.combined, results.trained, results.unmatched
+    corpus, validation = read_json(root / "metrics/corpus.json"), read_json(root / "metrics/validation.json")
+    tokenize = read_json(root / "metrics/tokenize.json")
+    weat, weat_words = read_json(root / "metrics/weat.json"), read_json(root / "reports/weat_words.json")
     curves = _curves(root / "plots/train")
-    trained = {p.stem: _read_json(p) for p in sorted((root / "metrics/train").glob("*.json"))}
     if models is not None:
         curves = {name: rows for name, rows in curves.items() if name in models}
-        trained = {name: t for name, t in trained.items() if name in models}
     write_text(root / COMPUTE_CURVES, compute_curves_csv(curves))
     lines = ["# lmpipe study", ""]
     if made_from:
@@ -367,7 +358,6 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     if experiment:
         lines += [f"**Experiment `{experiment}`** (`dvc exp run`): these are its results, not the study's committed "
                   "ones (`dvc exp show` compares them).", ""]
-    unmatched = not_compute_matched(trained, budget_flops, budget_exceptions)
     if headline := compute_line(trained, budget_flops, unmatched):
         lines += [headline, ""]
     lines += _corpus_section(corpus, validation, tokenize) + [""]
@@ -377,8 +367,7 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
         lines += ["![Test bits per byte](figures/bpb.png)", ""]
         if combined:
             lines += _combine_section(combined, evaluation, label, unmatched) + [""]
-        precisions = {name: t.get("precision", "") for name, t in trained.items()}
-        spreads, stale = seed_spread.study_spreads(root / SEEDS, evaluation, precisions, study_seed, BASELINE, models)
+        spreads, stale = results.spreads, results.stale
         families = {name: t.get("family", "") for name, t in trained.items()}
         lines += _seeds_section(spreads, stale, label, unmatched, families) + [""]
     if curves:

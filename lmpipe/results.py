@@ -1,0 +1,52 @@
+"""The study's committed results, read in one place for whoever shows them (the report, the README's table)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from lmpipe import seeds as seed_spread
+from lmpipe.compare import BASELINE, not_compute_matched
+
+SEEDS = "seeds/seeds.csv"  # every model at every seed (lmpipe seeds)
+
+
+def read_json(path: Path):
+    """A metrics file's content, or None where the stage that writes it has not run."""
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def si(x: float) -> str:
+    """A FLOP count as '3.00e13'."""
+    return f"{x:.2e}".replace("e+", "e")
+
+
+@dataclass(frozen=True)
+class Results:
+    evaluation: dict | None  # metrics/eval.json
+    combined: dict | None  # metrics/combine.json
+    trained: dict[str, dict]  # metrics/train/<model>.json, of the models asked for
+    unmatched: list[str]  # models whose training FLOPs are off the study's budget (or stated exceptions)
+    spreads: dict  # model -> its seed spread (lmpipe.seeds), where an evaluation exists
+    stale: list[str]  # models whose seed rows no longer match their evaluation
+
+
+def load_results(root: str | Path, models: Sequence[str] | None = None, study_seed: int | None = None,
+                 budget_flops: float | None = None, budget_exceptions: Sequence[str] = ()) -> Results:
+    """What the metrics under `root` say of `models` (every model with files when None): their evaluation and
+    combinations, their training, which are not compute-matched, and their seed spread with the study's own run
+    (`study_seed`) among the seeds."""
+    root = Path(root)
+    evaluation, combined = read_json(root / "metrics/eval.json"), read_json(root / "metrics/combine.json")
+    trained = {p.stem: read_json(p) for p in sorted((root / "metrics/train").glob("*.json"))}
+    if models is not None:
+        trained = {name: t for name, t in trained.items() if name in models}
+    unmatched = not_compute_matched(trained, budget_flops, budget_exceptions)
+    spreads, stale = {}, []
+    if evaluation:
+        precisions = {name: t.get("precision", "") for name, t in trained.items()}
+        spreads, stale = seed_spread.study_spreads(root / SEEDS, evaluation, precisions, study_seed, BASELINE,
+                                                   list(models) if models is not None else None)
+    return Results(evaluation, combined, trained, unmatched, spreads, stale)
