@@ -48,7 +48,7 @@ def git_tracked_outputs(stage: str, pipeline: str = "dvc.yaml") -> list[str]:
 
     entry = (yaml.safe_load(Path(pipeline).read_text(encoding="utf-8")) or {}).get("stages", {}).get(stage) or {}
     listed = [item for kind in ("outs", "metrics", "plots") for item in entry.get(kind) or []]
-    cached = [not isinstance(item, dict) or next(iter(item.values()), {}).get("cache", True) for item in listed]
+    cached = [not isinstance(item, dict) or (next(iter(item.values())) or {}).get("cache", True) for item in listed]
     return [] if not listed or any(cached) else [next(iter(item)) for item in listed]
 
 

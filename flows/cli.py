@@ -14,7 +14,7 @@ from typing import Callable
 from flows import paths
 from lmpipe import __version__
 from lmpipe.config import STRATEGIES, EvaluateParams
-from lmpipe.errors import LmpipeError
+from lmpipe.errors import LmpipeError, first_line
 
 DESCRIPTION = """Tools around the lmpipe language-modelling study. The study itself is `dvc repro` (or `make study`);
 these commands sample from its models, serve and retrain them, open its MLflow and Prefect views,
@@ -122,8 +122,13 @@ def _ui(args) -> int:
                   flush=True)
         return process.wait()
     except KeyboardInterrupt:
-        process.terminate()
-        return process.wait()
+        return process.wait()  # the terminal's Ctrl-C reached the UI too: it stops by itself
+    except Exception as exc:  # the store failed us (e.g. locked by a running study): one line, and the UI goes too
+        raise LmpipeError(f"the MLflow store {uri} did not answer as expected: {first_line(str(exc))}") from None
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            process.wait()
 
 
 def _sweep_args(p):
@@ -389,7 +394,8 @@ def _schedule_args(p):
     p.add_argument("--name", default="lmpipe-retrain", help="deployment name")
 
 
-@command("schedule", _schedule_args, help="serve the retraining flow on a cron schedule", description=SCHEDULE_HELP)
+@command("schedule", _schedule_args, help="serve the retraining flow on a cron schedule", description=SCHEDULE_HELP,
+         formatter_class=argparse.RawDescriptionHelpFormatter)
 def _schedule(args) -> int:
     """Serve the retrain deployment on the project's Prefect server. Prefect reads PREFECT_API_URL once, when it is
     first imported, so the server is settled before anything imports Prefect: a temporary server cannot schedule."""
@@ -444,7 +450,7 @@ def _retrain_args(p):
 
 
 @command("retrain", _retrain_args, help="retrain now: a DVC experiment, applied only when no model regressed",
-         description=RETRAIN_HELP)
+         description=RETRAIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
 def _retrain(args) -> int:
     from flows._stage import main as run_flow
     from flows.retrain import retrain
@@ -463,8 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
         if group and group not in groups:
             groups[group] = commands.add_parser(group, help=GROUPS[group]).add_subparsers(
                 dest=f"{group}_command", required=True)
-        formatter = {"formatter_class": argparse.RawDescriptionHelpFormatter} if "description" in options else {}
-        sub = (groups[group] if group else commands).add_parser(name, **options, **formatter)
+        sub = (groups[group] if group else commands).add_parser(name, **options)
         add_arguments(sub)
         sub.set_defaults(run=handler)
     return parser

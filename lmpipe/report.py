@@ -36,7 +36,7 @@ def _curves(plots_dir: Path) -> dict[str, list[dict]]:
 def compute_curves_csv(curves: dict[str, list[dict]]) -> str:
     """Every model's validation points against the training FLOPs spent, one CSV with a `model` column."""
     return csv_text([{"model": name, "flops": r["flops"], "valid_bpb": r["valid_bpb"]}
-                     for name, rows in curves.items() for r in rows if "flops" in r])
+                     for name, rows in curves.items() for r in rows if "flops" in r]) or "model,flops,valid_bpb\n"
 
 
 def _times_power_of_ten(x: float, _position=None) -> str:

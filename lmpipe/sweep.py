@@ -255,16 +255,20 @@ def sweep_outcomes(sweeps_dir: str | Path) -> list[tuple[Path, Path]]:
 
 def grid_summary(outcomes: list[tuple[Path, Path]], space_file: Path) -> list[str]:
     """One row per model of a one-setting grid sweep: every value tried with its valid bpb, the best in bold."""
+    spaces = yaml.safe_load(space_file.read_text()) or {} if space_file.exists() else {}
     rows = []
     for folder, file in outcomes:
-        trials = [r for r in _read_csv(folder / "trials.csv") if file == space_file and r["state"] == "COMPLETE"]
+        space = spaces.get(folder.name) or {}
+        if file != space_file or not all("choices" in spec for spec in (space.get("space") or {"-": {}}).values()):
+            continue  # not a grid
+        trials = [r for r in _read_csv(folder / "trials.csv") if r["state"] == "COMPLETE"]
         keys = [k for k in trials[0] if k not in ("number", "state", "valid_bpb", "evaluations", "tokens_seen",
                                                    "train_flops", "seconds")] if trials else []
         if len(keys) != 1:
             continue
         key, best = keys[0], min(trials, key=lambda r: float(r["valid_bpb"]))
-        tried = sorted(trials, key=lambda r: float(r[key]))
-        cells = [f"{'**' if r is best else ''}{float(r[key]):g}: {float(r['valid_bpb']):.4f}{'**' if r is best else ''}"
+        tried = sorted(trials, key=lambda r: _number_or_text(r[key]))
+        cells = [f"{'**' if r is best else ''}{_shown(r[key])}: {float(r['valid_bpb']):.4f}{'**' if r is best else ''}"
                  for r in tried]
         flops = {f"{float(r['train_flops']):.3g}" for r in tried}
         rows.append(f"| {folder.name} | `{key}` | {' · '.join(cells)} | {', '.join(sorted(flops))} |")
@@ -273,6 +277,19 @@ def grid_summary(outcomes: list[tuple[Path, Path]], space_file: Path) -> list[st
     return [f"### The same sweep for every model ({space_file.name})", "",
             "| model | setting | value tried: valid bpb (best in bold) | training FLOPs per trial |",
             "|---|---|---|---|", *rows, ""]
+
+
+def _number_or_text(value: str) -> tuple:
+    """A CSV cell as a sort key: numbers by value, before any text."""
+    try:
+        return (0, float(value), "")
+    except ValueError:
+        return (1, 0.0, value)
+
+
+def _shown(value: str) -> str:
+    kind, number, text = _number_or_text(value)
+    return f"{number:g}" if kind == 0 else text
 
 
 def tuning_markdown(sweeps_dir: str | Path) -> str:

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,8 @@ def leaderboard_page(project: Path) -> str:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=project, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    stuck = threading.Timer(300, os.killpg, (ui.pid, 9))  # a UI that never answers ends the read below
+    stuck.start()
     try:
         lines = []
         for line in ui.stdout:
@@ -98,6 +101,7 @@ def leaderboard_page(project: Path) -> str:
         assert link, f"lmpipe ui printed no link to the models: {lines}"
         return dom(link)
     finally:
+        stuck.cancel()
         os.killpg(ui.pid, 15)
         ui.wait(timeout=30)
 
@@ -108,8 +112,8 @@ def assert_best_first(page: str, results: dict) -> None:
     shown = {name: page.find(f">{run}<") for name, run in names.items()}
     assert all(at > 0 for at in shown.values()), f"not on the page: {[n for n, at in shown.items() if at < 0]}"
     assert sorted(shown, key=shown.get) == sorted(results, key=results.get)  # best test bpb first
-    for bpb in results.values():
-        assert f">{bpb!r}<" in page or f">{bpb!r}"[:7] in page, bpb
+    for bpb in results.values():  # the cell holds the whole number (the screen shows as much of it as fits)
+        assert f">{bpb!r}<" in page, bpb
     assert "test_word_ppl" in page and "test_ppl" not in page  # the headline columns only
 
 
