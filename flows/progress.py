@@ -72,13 +72,19 @@ def budgets() -> dict[str, float]:
 
 def main(targets: list[str]) -> int:
     progress = Progress(planned_stages(targets), budgets())
-    process = subprocess.Popen(["dvc", "repro", *targets], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, errors="replace", bufsize=1)
+    process = subprocess.Popen(["dvc", "repro", *targets], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out, pending = sys.stdout.buffer, b""  # pending: the start of a line already passed on, its end not yet come
     try:
-        for line in process.stdout:
-            print(line, end="", flush=True)
-            if said := progress.see(line):
-                print(said, flush=True)
+        while chunk := process.stdout.read1(65536):
+            *ended, rest = chunk.split(b"\n")
+            for piece in ended:  # as DVC wrote them, carriage returns included: a progress bar stays on its line
+                out.write(piece + b"\n")
+                if said := progress.see((pending + piece).decode("utf-8", "replace")):
+                    out.write(f"{said}\n".encode())
+                pending = b""
+            out.write(rest)
+            pending += rest
+            out.flush()
         return process.wait()
     except KeyboardInterrupt:  # the terminal's Ctrl-C reached DVC too: it stops its stage and says so
         return process.wait()

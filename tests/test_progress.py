@@ -30,3 +30,32 @@ def test_each_stage_dvc_starts_gets_a_line_and_the_training_left_is_timed_from_m
 def test_a_stage_dvc_runs_beyond_the_dry_runs_list_still_counts():
     progress = Progress([], {})
     assert progress.see("Running stage 'evaluate':") == "[study] stage 1 of 1: evaluate"
+
+
+def test_dvcs_output_passes_through_byte_for_byte_with_a_progress_line_after_each_stage_start(tmp_path):
+    """A fake `dvc` on PATH: `repro --dry` names two stages, `repro` prints them with a progress bar's carriage
+    returns, which must reach the terminal as they are (the bar stays on its line), and exits 3."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    fake = tmp_path / "dvc"
+    fake.write_text("#!/bin/sh\n"
+                    "if [ \"$2\" = --dry ]; then printf \"Running stage 'ngram':\\nRunning stage 'report':\\n\"; exit 0; fi\n"
+                    "printf \"Running stage 'ngram':\\nbar 1/2\\rbar 2/2\\n\"\n"
+                    "printf \"Running stage 'report':\\n\"\n"
+                    "exit 3\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-m", "flows.progress"], cwd=tmp_path, env=env, capture_output=True)
+    assert done.returncode == 3  # DVC's exit status
+    assert done.stdout.decode() == ("Running stage 'ngram':\n"
+                                    "[study] stage 1 of 2: ngram\n"
+                                    "bar 1/2\rbar 2/2\n"
+                                    "Running stage 'report':\n"
+                                    "[study] stage 2 of 2: report\n")
