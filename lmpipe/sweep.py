@@ -306,6 +306,7 @@ def tuning_markdown(sweeps_dir: str | Path) -> str:
     for space_file in dict.fromkeys(file for _, file in outcomes):
         spaces = yaml.safe_load(space_file.read_text()) or {} if space_file.exists() else {}
         lines += [f"## Sweeps of [{space_file.as_posix()}](../{space_file.as_posix()})", ""]
+        lines += _leading_comment(space_file)
         lines += grid_summary(outcomes, space_file)
         for folder, _ in (o for o in outcomes if o[1] == space_file):
             lines += _sweep_section(folder, spaces.get(folder.name, {}))
@@ -314,6 +315,16 @@ def tuning_markdown(sweeps_dir: str | Path) -> str:
         lines += ["## Probes outside the sweeps", "", "Single runs outside the sweeps, ablations, and why each default "
                   f"is what it is: the dated log [{sweeps_dir.name}/notes.md](../{sweeps_dir.name}/notes.md).", ""]
     return "\n".join(lines) + "\n"
+
+
+def _leading_comment(space_file: Path) -> list[str]:
+    """What a space file says of itself: its first comment block, as a paragraph."""
+    said = []
+    for line in space_file.read_text(encoding="utf-8").splitlines() if space_file.exists() else []:
+        if not line.startswith("#"):
+            break
+        said.append(line.lstrip("#").strip())
+    return [" ".join(said).strip(), ""] if any(said) else []
 
 
 def _sweep_section(folder: Path, space: dict) -> list[str]:
