@@ -2,8 +2,8 @@
 
     python -m flows.progress [target ...]          (what `make study` runs; targets as for `dvc repro`)
 
-First `dvc repro --dry` names the stages that will run (n). As DVC starts each, one line says where the study is.
-Once a model has trained, the minutes left follow from the FLOPs the training stages still to run will spend
+First DVC's status and graph name the stages that will run (n; given targets, n grows as they start). As DVC starts
+each, one line says where the study is. Once a model has trained, the minutes left follow from the FLOPs the training stages still to run will spend
 (each model's budget, `study.budget`) at the FLOP/s the finished ones measured (their log line '..., 3.00e13 FLOPs,
 176 s'). Everything DVC and the stages print passes through unchanged; the exit status is DVC's.
 """
@@ -16,6 +16,7 @@ import sys
 
 from flows._stage import PARAMS_FILE
 from lmpipe.config import load_params
+from lmpipe.errors import first_line
 
 STARTED = re.compile(r"Running stage '([^']+)'")
 TRAINED = re.compile(r"(\S+): best valid bpb .*?([\d.]+e[+-]?\d+) FLOPs, (\d+) s")
@@ -53,10 +54,22 @@ class Progress:
                 f"the {rate / 1e9:.0f} GFLOP/s measured so far)")
 
 
-def planned_stages(targets: list[str]) -> list[str]:
-    """The stages `dvc repro` would run, in order (`dvc repro --dry` runs none)."""
-    dry = subprocess.run(["dvc", "repro", "--dry", *targets], capture_output=True, text=True)
-    return STARTED.findall(dry.stdout)
+def planned_stages(pipeline: str = "dvc.yaml") -> list[str]:
+    """The stages of `pipeline` that `dvc repro` will run, in its order: each that `dvc status` finds changed (a
+    fresh clone: every one), and each downstream of one, whose inputs are about to change. Frozen stages never run.
+    (`dvc repro --dry` cannot tell: it lists a stage only once its inputs exist.)"""
+    import networkx as nx
+    from dvc.repo import Repo
+    from dvc.repo.reproduce import get_active_graph
+
+    with Repo() as repo, repo.lock:  # released before `dvc repro` takes it
+        graph = get_active_graph(repo.index.graph)  # edges run from a stage to the stages it takes inputs from
+        order = list(reversed(list(nx.topological_sort(graph))))
+        runs: dict = {}
+        for stage in order:
+            runs[stage] = bool(getattr(stage, "cmd", None)) and not stage.frozen and (
+                any(runs.get(upstream) for upstream in graph.successors(stage)) or stage.changed())
+        return [s.addressing for s in order if runs[s] and s.dvcfile.relpath == pipeline]
 
 
 def budgets() -> dict[str, float]:
@@ -71,7 +84,12 @@ def budgets() -> dict[str, float]:
 
 
 def main(targets: list[str]) -> int:
-    progress = Progress(planned_stages(targets), budgets())
+    try:
+        planned = planned_stages()
+    except Exception as exc:  # no plan is no reason to stop the study: the count then grows as stages start
+        print(f"[study] no plan of the stages ({first_line(str(exc))}): counting them as they start", flush=True)
+        planned = []
+    progress = Progress(planned if not targets else [], budgets())
     process = subprocess.Popen(["dvc", "repro", *targets], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out, pending = sys.stdout.buffer, b""  # pending: the start of a line already passed on, its end not yet come
     try:

@@ -54,8 +54,36 @@ def test_dvcs_output_passes_through_byte_for_byte_with_a_progress_line_after_eac
            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     done = subprocess.run([sys.executable, "-m", "flows.progress"], cwd=tmp_path, env=env, capture_output=True)
     assert done.returncode == 3  # DVC's exit status
-    assert done.stdout.decode() == ("Running stage 'ngram':\n"
-                                    "[study] stage 1 of 2: ngram\n"
-                                    "bar 1/2\rbar 2/2\n"
-                                    "Running stage 'report':\n"
-                                    "[study] stage 2 of 2: report\n")
+    said = done.stdout.decode()
+    assert said.startswith("[study] no plan of the stages (")  # not a DVC project: counted as they start
+    assert said.split("\n", 1)[1] == ("Running stage 'ngram':\n"
+                                      "[study] stage 1 of 1: ngram\n"
+                                      "bar 1/2\rbar 2/2\n"
+                                      "Running stage 'report':\n"
+                                      "[study] stage 2 of 2: report\n")
+
+
+def test_the_plan_holds_every_changed_stage_and_all_below_it(tmp_path, monkeypatch):
+    """A real DVC project of two stages, a -> b: a fresh one runs both; after a repro none; a changed input of a
+    both (b's input is about to change, though `dvc status` cannot see it yet); a changed command of b b alone."""
+    import subprocess
+
+    import yaml
+
+    from flows.progress import planned_stages
+
+    monkeypatch.chdir(tmp_path)
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], check=True)
+    (tmp_path / "in.txt").write_text("1")
+    stages = {"a": {"cmd": "cp in.txt a.txt", "deps": ["in.txt"], "outs": ["a.txt"]},
+              "b": {"cmd": "cp a.txt b.txt", "deps": ["a.txt"], "outs": ["b.txt"]}}
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    assert planned_stages() == ["a", "b"]
+    subprocess.run(["dvc", "repro", "-q"], check=True)
+    assert planned_stages() == []
+    (tmp_path / "in.txt").write_text("2")
+    assert planned_stages() == ["a", "b"]
+    subprocess.run(["dvc", "repro", "-q"], check=True)
+    stages["b"]["cmd"] = "cp a.txt b.txt && true"
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
+    assert planned_stages() == ["b"]
