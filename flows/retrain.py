@@ -30,6 +30,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from flows import paths
 from flows._stage import CACHE_DIR, PARAMS_FILE, main
+from flows.progress import STARTED  # DVC's line as it starts a stage
 from flows.study import stage_env, dvc, one_study
 from lmpipe import tracking
 from lmpipe.compare import changed, compare_eval, comparison_markdown, describe, metrics_of
@@ -104,13 +105,12 @@ EXPERIMENT_SCRATCH = Path(".dvc/tmp/exps")  # `dvc exp run --temp`: its copy (st
 def experiment_scratch() -> set[Path]:
     return {*EXPERIMENT_SCRATCH.glob("tmp*"), *EXPERIMENT_SCRATCH.glob("standalone/tmp*"),
             *EXPERIMENT_SCRATCH.glob("run/*")}
-STAGE = re.compile(r"Running stage '([^']+)'")
 EPOCH = re.compile(r"(\S+ epoch \d+\.\d+/[\d.]+ .*\S)")  # the trainer's line per evaluation: '<model> epoch 1.50/4.47 ...'
 
 
 def progress(line: str) -> str | None:
     """The retrain's progress from a line DVC or a stage printed: the stage DVC is on, a model's epoch; else None."""
-    if stage := STAGE.search(line):
+    if stage := STARTED.search(line):
         return f"stage {stage.group(1)}"
     if epoch := EPOCH.search(line):
         return epoch.group(1)
