@@ -17,7 +17,7 @@ from prefect import runtime
 from flows.server import on_running_server
 from lmpipe import tracking
 from lmpipe.config import Params, load_params, params_hash
-from lmpipe.errors import Interrupted, LmpipeError, first_line
+from lmpipe.errors import ConfigError, Interrupted, LmpipeError, first_line
 from lmpipe.process import keep_freed_memory
 
 PARAMS_FILE = "params.yaml"
@@ -200,3 +200,17 @@ def full_disk(exc: BaseException) -> str | None:
 
     full = disk_full(exc)
     return str(full) if full else None
+
+
+def check_declared(families: list[str], pipeline: str, stage: str) -> None:
+    """A scaling stage reads each listed family's study settings (`models.<family>`), and DVC re-runs it when they
+    change only where its pipeline names them: a family it does not name is refused. So the stage depends on those
+    models alone, not on the study's whole `models` (adding a model to the study leaves the grid current)."""
+    import yaml
+
+    declared = yaml.safe_load(Path(pipeline).read_text())["stages"][stage].get("params", [])
+    missing = [m for m in families if f"models.{m}" not in declared]
+    if missing:
+        raise ConfigError(f"{PARAMS_FILE}: scaling.models lists {', '.join(missing)}, but {pipeline}'s {stage} "
+                          f"does not name models.{missing[0]} in its params: add it there, so that DVC re-runs the "
+                          f"{stage} when that model's settings change")

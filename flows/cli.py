@@ -148,16 +148,26 @@ def _sweep(args) -> int:
 
 
 def _scaling_args(p):
-    p.add_argument("--force", action="store_true", help="retrain every run (dvc repro --force)")
+    """No flags: finished runs are cached by everything that decides them, and `dvc repro` re-fits."""
 
 
-@command("scaling", _scaling_args, help="run the scaling-law grid and its fits (dvc repro scaling/dvc.yaml)")
+@command("scaling", _scaling_args, help="run the scaling-law grid and its fits (reports/scaling.md; the study's report compares)",
+         description="Train the scaling grid (params.yaml's `scaling`: every size at every budget; finished runs are "
+                     "cached, so only changed points train), commit it to its frozen DVC stage "
+                     "(scaling/dvc.yaml:grid), then fit it (dvc repro scaling/dvc.yaml). The study's `dvc repro` "
+                     "never trains the grid: its report compares with this one, or calls it stale.")
 def _scaling(args) -> int:
-    """The scaling pipeline through DVC, so it is versioned and re-runs only what changed."""
-    code = subprocess.call(["dvc", "repro", paths.SCALING_PIPELINE, *(["--force"] if args.force else [])], env=this_environment())
-    if code == 0:
-        print("report: reports/scaling.md (and .html); runs: scaling/runs.csv; fits: metrics/scaling.json")
-    return code
+    """The tokens first (the grid trains on them), the grid flow, `dvc commit` of its frozen stage, then the fits."""
+    env = this_environment()
+    steps = [["dvc", "repro", "--quiet", "tokenize"], [sys.executable, "-m", "flows.scaling"],
+             ["dvc", "commit", "--force", "--quiet", f"{paths.SCALING_PIPELINE}:grid"],
+             ["dvc", "repro", paths.SCALING_PIPELINE]]
+    for step in steps:
+        if code := subprocess.call(step, env=env):
+            return code
+    print(f"report: {paths.SCALING_REPORT} (and .html); runs: {paths.RUNS}; fits: {paths.SCALING_METRICS}; "
+          "the study's report compares with it: dvc repro (re-runs the report only)")
+    return 0
 
 
 def _seeds_args(p):

@@ -1,4 +1,5 @@
-"""combine stage: the study's models linearly interpolated per token (lmpipe/combine.py), weights fitted on valid.
+"""combine stage: the study's models linearly interpolated per token (lmpipe/combine.py), weights fitted on valid;
+all of them also with a unigram cache (its window the best on valid of `combine.cache_windows`).
 
 Reads the per-token log-probabilities each `score@<model>` and `score_ngram` saved (data/logprobs/<model>.npz), so
 no model runs again, and writes metrics/combine.json:
@@ -37,9 +38,9 @@ def metric_name(combination: str) -> str:
 
 
 @task
-def fit_combinations(names: list[str]) -> dict:
-    logprobs, splits = read_logprobs(names), load_tokens().splits
-    rows = combinations(logprobs, splits)
+def fit_combinations(names: list[str], cache_windows: list[int]) -> dict:
+    logprobs, data = read_logprobs(names), load_tokens()
+    rows = combinations(logprobs, data.splits, cache_windows=cache_windows, vocab_size=data.vocab_size)
     for name, row in rows.items():
         weights = ", ".join(f"{m} {w:.2f}" for m, w in row["weights"].items())
         get_run_logger().info(f"{name}: test bpb {row['test']['bpb']:.4f} (weights {weights})")
@@ -51,7 +52,7 @@ def combine() -> dict:
     params = load_params(PARAMS_FILE)
     drop_removed(list(params.models))  # a removed model's log-probabilities, before DVC hashes data/logprobs/
     with stage_run("combine", params, []):
-        rows = fit_combinations(["ngram", *params.models])
+        rows = fit_combinations(["ngram", *params.models], params.combine.cache_windows)
         write_json(paths.COMBINE, {"models": rows})
         create_table_artifact([{"combination": name, "test_bpb": r["test"]["bpb"], "test_word_ppl": r["test"]["word_ppl"],
                                 **{f"w_{m}": w for m, w in r["weights"].items()}} for name, r in rows.items()],

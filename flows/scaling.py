@@ -19,13 +19,13 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows._stage import CACHE_DIR, PARAMS_FILE, main
-from flows.paths import RUNS, SCALING_PIPELINE
+from flows._stage import CACHE_DIR, PARAMS_FILE, check_declared, main
+from flows.paths import GRID_MADE_WITH, RUNS, SCALING_PIPELINE
 from lmpipe import tracking
 from lmpipe.config import ModelParams, Params, TrainParams, load_params, params_hash
 from lmpipe.errors import ConfigError
 from lmpipe.io import csv_text, write_json, write_text
-from lmpipe.scaling import GridPoint, grid_points, size_label
+from lmpipe.scaling import GridPoint, grid_points, made_with, size_label
 from lmpipe.splits import TokenData, load_tokens
 from lmpipe.checkpoints import code_version, discard
 from lmpipe.train import Trainer, configure_run, setup_process
@@ -84,26 +84,12 @@ def train_point(point: GridPoint, run: tuple[ModelParams, TrainParams], params: 
     return row
 
 
-def check_declared(families: list[str]) -> None:
-    """The grid starts from each listed family's study settings (`models.<family>`), and DVC re-runs it when they
-    change only where scaling/dvc.yaml names them: a family it does not name is refused. So the grid depends on
-    those models alone, not on the study's whole `models` (adding a model to the study leaves the grid current)."""
-    import yaml
-
-    declared = yaml.safe_load(Path(SCALING_PIPELINE).read_text())["stages"]["grid"].get("params", [])
-    missing = [m for m in families if f"models.{m}" not in declared]
-    if missing:
-        raise ConfigError(f"{PARAMS_FILE}: scaling.models lists {', '.join(missing)}, but {SCALING_PIPELINE}'s "
-                          f"grid does not name models.{missing[0]} in its params: add it there, so that DVC re-runs "
-                          "the grid when that model's settings change")
-
-
 @flow(name="scaling-grid")
 def grid() -> str:
     params, data = load_params(PARAMS_FILE), load_tokens()
     if not params.scaling.models or not params.scaling.budgets:
         raise ConfigError(f"{PARAMS_FILE}: scaling.models and scaling.budgets must list at least one model and budget")
-    check_declared(list(params.scaling.models))
+    check_declared(list(params.scaling.models), SCALING_PIPELINE, "grid")
     points = grid_points(params.scaling.models, params.scaling.budgets)
     runs = [point_settings(p, params) for p in points]  # every typo before the first hour of training
     section = params.section("scaling")
@@ -114,6 +100,7 @@ def grid() -> str:
                       tags={"lmpipe.role": "scaling"}, resume={"lmpipe.scaling": key}) as parent:
         rows = [train_point(p, r, params, data, parent.info.run_id) for p, r in zip(points, runs)]
         write_text(RUNS, csv_text([{c: r[c] for c in COLUMNS} for r in rows]))  # timings: MLflow and the cache only
+        write_json(GRID_MADE_WITH, made_with(params, data))
         tracking.log_metrics({"runs": len(rows), "grid_seconds": sum(r["wall_seconds"] for r in rows)})
         tracking.log_artifacts(RUNS)
         tracking.mark_output(RUNS)

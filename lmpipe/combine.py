@@ -5,6 +5,12 @@ Every model of the study scores the same BPE token stream, so mixing their per-t
 (each step re-weights a model by the share of the probability it contributed, which never lowers the likelihood);
 the test split is scored once, with those weights. The mixture is computed in log space, so a weight of 1 on one
 model gives back that model's log-probabilities exactly.
+
+One more component joins the combination of all models: a unigram cache (Kuhn & De Mori 1990), the share of each
+token among the W tokens before it in the same split, with one pseudo-count spread over the vocabulary so that
+every token has a probability. It has no parameters to train and reads only the text already scored; W is chosen,
+like the weights, by the valid likelihood. It captures what a fixed context window forgets: a rare name or term
+recurring within an article.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Mapping
 import numpy as np
 from scipy.special import logsumexp
 
+from lmpipe.compare import CACHE
 from lmpipe.perplexity import perplexities
 
 
@@ -55,9 +62,42 @@ def combination(names: list[str], logprobs: Mapping[str, Mapping[str, np.ndarray
     return row
 
 
-def combinations(logprobs: Mapping[str, Mapping[str, np.ndarray]], splits, baseline: str = "ngram") -> dict:
-    """{name: row}: each neural model with the baseline, the best pair of neural models (by valid loss), and all
-    models together. Names join the models with '+' (e.g. gru+ngram)."""
+def cache_logprobs(tokens: np.ndarray, window: int, vocab_size: int) -> np.ndarray:
+    """log p_cache(t_i) = log((c_i + 1/V) / (n_i + 1)) for each token: c_i is how often t_i occurs among the n_i =
+    min(i, window) tokens before it. Vectorised: with the positions sorted by (token, position), the occurrences
+    before i are i's rank in its token's group, and those that left the window are found by searchsorted."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    n = len(tokens)
+    order = np.lexsort((np.arange(n), tokens))  # by token, then position
+    token, position = tokens[order], order
+    group_start = np.searchsorted(token, token, side="left")
+    before = np.arange(n) - group_start  # earlier occurrences of the same token
+    stride = n + window + 1  # one key per (token, position + window): sorted like `order`
+    keys = token * stride + position + window
+    left_window = np.searchsorted(keys, token * stride + position, side="left") - group_start  # p + window < i
+    counts = np.empty(n)
+    counts[order] = before - left_window
+    history = np.minimum(np.arange(n), window)
+    return np.log((counts + 1 / vocab_size) / (history + 1))
+
+
+def with_cache(names: list[str], logprobs: Mapping[str, Mapping[str, np.ndarray]], splits, windows: list[int],
+               vocab_size: int) -> dict:
+    """The combination of `names` and a unigram cache, its window the best on valid among `windows`."""
+    best = None
+    for window in windows:
+        cache = {s: cache_logprobs(splits[s].tokens, window, vocab_size) for s in ("valid", "test")}
+        row = combination([*names, CACHE], {**logprobs, CACHE: cache}, splits)
+        if best is None or row["valid"]["loss"] < best["valid"]["loss"]:
+            best = {**row, "cache_window": window}
+    return best
+
+
+def combinations(logprobs: Mapping[str, Mapping[str, np.ndarray]], splits, baseline: str = "ngram",
+                 cache_windows: list[int] = (), vocab_size: int | None = None) -> dict:
+    """{name: row}: each neural model with the baseline, the best pair of neural models (by valid loss), all models
+    together, and (given `cache_windows`) all models with a unigram cache. Names join the models with '+' (e.g.
+    gru+ngram)."""
     neural = sorted(n for n in logprobs if n != baseline)
     rows = {}
     if baseline in logprobs:
@@ -69,4 +109,7 @@ def combinations(logprobs: Mapping[str, Mapping[str, np.ndarray]], splits, basel
     if len(logprobs) > 2:
         everything = sorted(logprobs)
         rows["+".join(everything)] = combination(everything, logprobs, splits)
+    if cache_windows and logprobs:
+        rows["+".join([*sorted(logprobs), CACHE])] = with_cache(sorted(logprobs), logprobs, splits, list(cache_windows),
+                                                                vocab_size)
     return rows

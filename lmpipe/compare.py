@@ -13,6 +13,7 @@ def baseline_label(ngram) -> str:
 
 
 BASELINE = "ngram"  # the study's baseline model: its row in metrics/eval.json
+CACHE = "cache"  # the unigram cache's name in a combination (lmpipe/combine.py): not a model, so reserved
 
 
 def best_of(bpb: Mapping[str, float], baseline: str = BASELINE) -> str | None:

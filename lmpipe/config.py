@@ -23,7 +23,8 @@ SOURCES = ("enwiki-sample", "wikipedia-dump", "wikitext-2", "wikitext-103", "loc
 # A model's name is a DVC stage (train@<name>), a folder (models/<name>), a Prefect artifact key and an MLflow
 # registered model (lmpipe-<name>): lowercase letters, digits, '-' and '_', starting with a letter, which all take.
 MODEL_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")
-RESERVED_NAMES = ("ngram", "word2vec")  # the baseline's and the audit reference's rows and folders
+RESERVED_NAMES = ("ngram", "word2vec", "cache")  # the baseline's and the audit reference's rows and folders; the
+# combination's unigram cache (lmpipe.compare.CACHE)
 
 
 class _Section(BaseModel):
@@ -193,6 +194,19 @@ class EvaluateParams(_Section):
     seed: int = 0
 
 
+class CombineParams(_Section):
+    cache_windows: list[int] = Field(default_factory=lambda: [50, 100, 200, 500, 1000, 2000], min_length=1,
+                                     description="windows W tried for the unigram cache (the last W tokens); the "
+                                                 "one with the best valid likelihood is kept")
+
+    @field_validator("cache_windows")
+    @classmethod
+    def _positive(cls, windows: list[int]) -> list[int]:
+        if any(w < 1 for w in windows):
+            raise ValueError("every cache window must be at least 1 token")
+        return windows
+
+
 class Word2VecParams(_Section):
     vector_size: int = Field(100, ge=2)
     window: int = Field(5, ge=1)
@@ -294,6 +308,7 @@ class Params(_Section):
     study: StudyParams = StudyParams()
     models: dict[str, ModelParams] = Field(default_factory=dict)
     evaluate: EvaluateParams = EvaluateParams()
+    combine: CombineParams = CombineParams()
     audit: AuditParams = AuditParams()
     retrain: RetrainParams = RetrainParams()
     tracking: TrackingParams = TrackingParams()

@@ -17,7 +17,7 @@ import matplotlib.ticker  # noqa: E402
 import markdown  # noqa: E402
 
 from lmpipe import seeds as seed_spread  # noqa: E402
-from lmpipe.compare import BASELINE, MATCHED, best_model, vs_baseline  # noqa: E402
+from lmpipe.compare import BASELINE, CACHE, MATCHED, best_model, vs_baseline  # noqa: E402
 from lmpipe.io import atomic_path, csv_text, write_text  # noqa: E402
 from lmpipe.results import load_results, read_json, si  # noqa: E402
 
@@ -176,8 +176,13 @@ def _combine_section(combined: dict, evaluation: dict, label: str, unmatched: li
     models, rows = evaluation["models"], combined["models"]
     single = best_model({n: r for n, r in models.items() if n not in unmatched})
     kn = models.get(BASELINE)
+    windows = [r["cache_window"] for r in rows.values() if "cache_window" in r]
+    cache = (f" The row with `{CACHE}` adds a unigram cache to all the models: each token's share of the "
+             f"{windows[0]} tokens before it (the window of `combine.cache_windows` with the best valid likelihood), "
+             "no training (Kuhn & De Mori 1990).") if windows else ""
     lines = ["## Combined models", "", "Per-token linear interpolation of the models' probabilities (the same BPE "
-             "stream), weights fitted by EM on the valid split only and scored once on test (`lmpipe/combine.py`).", "",
+             "stream), weights fitted by EM on the valid split only and scored once on test (`lmpipe/combine.py`)."
+             + cache, "",
              f"| combination | weights | valid bpb | test bpb | test word ppl | vs best single (bpb) | vs {label} (word ppl) |",
              "|---|---|---|---|---|---|---|"]
     for name, r in sorted(rows.items(), key=lambda kv: kv[1]["test"]["bpb"]):
@@ -191,12 +196,18 @@ def _combine_section(combined: dict, evaluation: dict, label: str, unmatched: li
         best = best_model(matched)
         lines += ["", f"Best combination: **{best}**, test {rows[best]['test']['bpb']:.3f} bpb against the best single "
                       f"model's ({single}) {models[single]['test']['bpb']:.3f}."]
+        trained = {name: r for name, r in matched.items() if CACHE not in r["weights"]}
+        if CACHE in rows[best]["weights"] and trained:
+            alone = best_model(trained)
+            lines[-1] += f" Without the cache, the best is {alone}: {rows[alone]['test']['bpb']:.3f}."
     return lines
 
 
 def _seeds_section(spreads: dict, stale: list[str], label: str, unmatched: list[str] = (),
-                   families: dict[str, str] | None = None) -> list[str]:
-    """Mean ± sd over seeds per model and one verdict per model: which of its gaps exceed the noise."""
+                   families: dict[str, str] | None = None, scaling: dict | None = None,
+                   budget_flops: float | None = None) -> list[str]:
+    """Mean ± sd over seeds per model and one verdict per model: which of its gaps exceed the noise; the families'
+    verdict, and how it compares with the scaling grid's (metrics/scaling.json)."""
     lines = ["## Seeds and verdicts", "", "Each neural model trained with `train.seed` and the seeds of `seeds.extra` "
              "(`lmpipe seeds`, seeds/seeds.csv), everything else equal. Two results differ only where their gap "
              f"exceeds {seed_spread.REAL_GAP_SDS:g} times the larger seed sd; otherwise they are within noise. "
@@ -212,6 +223,8 @@ def _seeds_section(spreads: dict, stale: list[str], label: str, unmatched: list[
     lines += [""] + [f"- {v}" for v in seed_spread.verdicts(judged, BASELINE, label)]
     if families and (verdict := seed_spread.family_verdict(judged, families)):
         lines += ["", verdict]
+    if grid := seed_spread.grid_verdict(judged, scaling, budget_flops):
+        lines += ["", grid]
     if single:
         lines += ["", f"One seed so far for {', '.join(single)}: no spread to judge their gaps by, so none of them is "
                       "called real or noise (`lmpipe seeds` measures it)."]
@@ -369,7 +382,7 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
             lines += _combine_section(combined, evaluation, label, unmatched) + [""]
         spreads, stale = results.spreads, results.stale
         families = {name: t.get("family", "") for name, t in trained.items()}
-        lines += _seeds_section(spreads, stale, label, unmatched, families) + [""]
+        lines += _seeds_section(spreads, stale, label, unmatched, families, results.scaling, budget_flops) + [""]
     if curves:
         baseline = evaluation["models"].get(BASELINE, {}).get("valid", {}).get("bpb") if evaluation else None
         learning_curves_figure(curves, baseline, figures / "learning_curves.png", label)

@@ -11,6 +11,7 @@ from lmpipe import seeds as seed_spread
 from lmpipe.compare import BASELINE, not_compute_matched
 
 SEEDS = "seeds/seeds.csv"  # every model at every seed (lmpipe seeds)
+SCALING = "metrics/scaling.json"  # the scaling grid's fits (lmpipe scaling)
 
 
 def read_json(path: Path):
@@ -31,6 +32,7 @@ class Results:
     unmatched: list[str]  # models whose training FLOPs are off the study's budget (or stated exceptions)
     spreads: dict  # model -> its seed spread (lmpipe.seeds), where an evaluation exists
     stale: list[str]  # models whose seed rows no longer match their evaluation
+    scaling: dict | None  # metrics/scaling.json: the scaling grid's best runs, and whether it is current
 
 
 def load_results(root: str | Path, models: Sequence[str] | None = None, study_seed: int | None = None,
@@ -49,4 +51,4 @@ def load_results(root: str | Path, models: Sequence[str] | None = None, study_se
         precisions = {name: t.get("precision", "") for name, t in trained.items()}
         spreads, stale = seed_spread.study_spreads(root / SEEDS, evaluation, precisions, study_seed, BASELINE,
                                                    list(models) if models is not None else None)
-    return Results(evaluation, combined, trained, unmatched, spreads, stale)
+    return Results(evaluation, combined, trained, unmatched, spreads, stale, read_json(root / SCALING))

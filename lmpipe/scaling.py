@@ -246,3 +246,24 @@ def best_per_budget(rows: list[dict]) -> list[dict]:
         table.append({"budget": c, "model": best["model"], "size": best["size"], "n_params": int(best["n_params"]),
                       "tokens": int(best["tokens"]), "valid_bpb": float(best["valid_bpb"])})
     return table
+
+
+def made_with(params, data) -> dict:
+    """What the grid's runs were trained from, besides the code: the token data, the `train` section, the settings
+    of each family it starts from and its own `scaling` section (the fits' settings aside). The grid records it
+    beside its runs; the fits compare it with the study's now, so a grid made for other data or settings is
+    called stale instead of being compared with the study."""
+    return {"data": data.fingerprint, "train": params.section("train"),
+            "models": {m: params.models[m].model_dump(mode="json") for m in params.scaling.models},
+            "scaling": {k: v for k, v in params.section("scaling").items() if k != "fit"}}
+
+
+def changed_since(recorded: dict | None, now: dict) -> list[str]:
+    """What differs between the grid's record and now, as the user would name it: 'data/tokens', 'train',
+    'models.lstm', 'scaling'; everything when there is no record."""
+    if not recorded:
+        return ["the grid's record (scaling/made_with.json is missing)"]
+    names = {"data": "data/tokens", "train": "train", "scaling": "scaling"}
+    changed = [names[k] for k in ("data", "train", "scaling") if recorded.get(k) != now[k]]
+    families = sorted(set(recorded.get("models", {})) | set(now["models"]))
+    return changed + [f"models.{m}" for m in families if recorded.get("models", {}).get(m) != now["models"].get(m)]

@@ -52,3 +52,37 @@ def test_combinations_are_each_model_with_the_baseline_the_best_pair_and_all():
     assert abs(sum(rows["gru+lstm+ngram+nplm"]["weights"].values()) - 1) < 1e-9
     nplm_alone = score(logprobs["nplm"]["valid"], splits["valid"])["loss"]
     assert rows["nplm+ngram"]["valid"]["loss"] <= nplm_alone + 1e-12  # fitted on valid: never worse there
+
+
+def test_the_cache_is_each_tokens_share_of_the_window_before_it_smoothed_to_a_distribution():
+    """cache_logprobs against its definition, computed naively; over the vocabulary it sums to one."""
+    from lmpipe.combine import cache_logprobs
+
+    rng = np.random.default_rng(4)
+    vocab = 30
+    tokens = rng.integers(0, vocab, 3000)
+    for window in (1, 7, 100, 10_000):
+        naive = [np.log(((tokens[max(0, i - window):i] == t).sum() + 1 / vocab) / (min(i, window) + 1))
+                 for i, t in enumerate(tokens)]
+        np.testing.assert_allclose(cache_logprobs(tokens, window, vocab), naive, rtol=1e-12)
+    history = tokens[:50]  # p(w) for every w after this history: one distribution
+    total = sum(np.exp(cache_logprobs(np.append(history, w), 20, vocab)[-1]) for w in range(vocab))
+    assert abs(total - 1) < 1e-12
+
+
+def test_a_repetitive_text_gains_from_the_cache_and_its_window_is_chosen_on_valid():
+    """Tokens that recur within a stretch of text: the cache takes weight, lowers the loss below the models alone,
+    and the window kept is the one with the best valid likelihood."""
+    from lmpipe.combine import CACHE, cache_logprobs, combination
+
+    rng = np.random.default_rng(5)
+    vocab = 200
+    stream = np.concatenate([rng.choice(rng.choice(vocab, 8), 100) for _ in range(40)])  # 8 words per stretch
+    splits = {"valid": Split("valid", stream[:2000], 1000, 6000), "test": Split("test", stream[2000:], 1000, 6000)}
+    uniform = {s: np.full(len(splits[s].tokens), -np.log(vocab), dtype=np.float32) for s in splits}
+    rows = combinations({"ngram": uniform, "gru": uniform}, splits, cache_windows=[5, 50, 2000], vocab_size=vocab)
+    cached = rows[f"gru+ngram+{CACHE}"]
+    assert cached["weights"][CACHE] > 0.5 and cached["test"]["loss"] < rows["gru+ngram"]["test"]["loss"] - 1
+    losses = {w: combination(["gru", "ngram", CACHE], {"gru": uniform, "ngram": uniform, CACHE: {
+        s: cache_logprobs(splits[s].tokens, w, vocab) for s in splits}}, splits)["valid"]["loss"] for w in (5, 50, 2000)}
+    assert cached["cache_window"] == min(losses, key=losses.get)

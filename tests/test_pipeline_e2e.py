@@ -229,14 +229,18 @@ def test_study_flow_with_nothing_to_do_adds_no_empty_study_run(project):
 
 
 def test_scaling_pipeline_trains_its_grid_to_budget_fits_and_reports(project):
-    """`lmpipe scaling` (= dvc repro scaling/dvc.yaml): every size at every budget as MLflow children of one scaling
-    run, each ending at its FLOP budget; the fits and the report; a second run does nothing."""
+    """`lmpipe scaling`: every size at every budget as MLflow children of one scaling run, each ending at its FLOP
+    budget, committed to the frozen grid stage; the fits and the report; a second run does nothing. The study's
+    report called the committed grid (made on the real corpus) stale; after the grid it compares with it."""
     import csv
     import math
 
     copy, env, _ = project
+    assert "Scaling grid: not compared, as it was trained from other data/tokens, scaling, models.lstm, " \
+           "models.transformer than this study" in (copy / "reports/study.md").read_text()
     done = run(["lmpipe", "scaling"], copy, env)
-    assert "Running stage 'scaling/dvc.yaml:grid'" in done.stdout and "Running stage 'scaling/dvc.yaml:fit'" in done.stdout
+    assert "Running stage 'scaling/dvc.yaml:fit'" in done.stdout
+    assert json.loads(run(["dvc", "status", "--json", "scaling/dvc.yaml"], copy, env).stdout) == {}
     with open(copy / "scaling/runs.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 16 and {r["model"] for r in rows} == {"transformer", "lstm"}
@@ -265,6 +269,10 @@ def test_scaling_pipeline_trains_its_grid_to_budget_fits_and_reports(project):
     assert "transformer.alpha" in parents[0].data.metrics  # the fits, beside the runs they come from
     again = run(["dvc", "repro", "scaling/dvc.yaml"], copy, env)
     assert "Running stage" not in again.stdout
+    study = run(["dvc", "repro"], copy, env)  # the report alone: it now compares with the grid
+    assert ran_stages(study.stdout) == {"report"}
+    assert re.search(r"Against the scaling grid: it (agrees|disagrees)\. .* at C the study's (transformer|lstm) is "
+                     r"[0-9.]+ bpb below (lstm|transformer)", (copy / "reports/study.md").read_text())
 
 
 def test_seeds_retrain_every_model_and_the_report_gives_mean_sd_and_verdicts(scratch):

@@ -146,14 +146,33 @@ def test_the_grid_depends_on_the_models_it_trains_not_on_the_whole_study():
     import pytest
     import yaml
 
-    from flows.scaling import check_declared
+    from flows._stage import check_declared
     from lmpipe.errors import ConfigError
     from tests.conftest import ROOT
 
-    declared = yaml.safe_load((ROOT / "scaling/dvc.yaml").read_text())["stages"]["grid"]["params"]
-    assert "models" not in declared
     families = list(yaml.safe_load((ROOT / "params.yaml").read_text())["scaling"]["models"])
-    check_declared(families)
-    with pytest.raises(ConfigError, match="scaling.models lists gru, but scaling/dvc.yaml's grid does not name "
-                                          "models.gru in its params"):
-        check_declared(families + ["gru"])
+    for stage in ("grid", "fit"):  # the fit reads them too: it calls a grid made from other settings stale
+        declared = yaml.safe_load((ROOT / "scaling/dvc.yaml").read_text())["stages"][stage]["params"]
+        assert "models" not in declared
+        check_declared(families, "scaling/dvc.yaml", stage)
+        with pytest.raises(ConfigError, match=f"scaling.models lists gru, but scaling/dvc.yaml's {stage} does not "
+                                              "name models.gru in its params"):
+            check_declared(families + ["gru"], "scaling/dvc.yaml", stage)
+
+
+def test_the_grid_is_stale_exactly_where_its_data_or_settings_changed():
+    """made_with records what the grid trained from; changed_since names what differs now, as a user would."""
+    from lmpipe.config import load_params
+    from lmpipe.scaling import changed_since, made_with
+    from lmpipe.splits import Split, TokenData
+    from tests.conftest import ROOT
+
+    params = load_params(ROOT / "params.yaml")
+    data = TokenData(8, 0, {s: Split(s, np.arange(5, dtype=np.uint16), 3, 9) for s in ("train", "valid", "test")})
+    recorded = made_with(params, data)
+    assert changed_since(recorded, made_with(params, data)) == []
+    other = TokenData(8, 0, {**data.splits, "test": Split("test", np.arange(6, dtype=np.uint16), 3, 9)})
+    changed = params.model_copy(update={"models": {**params.models, "lstm": params.models["lstm"].model_copy(
+        update={"batch_size": 7})}})
+    assert changed_since(recorded, made_with(changed, other)) == ["data/tokens", "models.lstm"]
+    assert changed_since(None, recorded) == ["the grid's record (scaling/made_with.json is missing)"]
