@@ -53,15 +53,12 @@ def compute_targets(trained: dict, budget: float) -> list[tuple[str, str, bool]]
 
 def speed_targets(names: list[str], experiment: str) -> list[tuple[str, str, bool]]:
     """Each study model's training FLOP/s, from the MLflow run that made the model now in models/<name>."""
-    from mlflow.tracking import MlflowClient
-
     from lmpipe import tracking
 
     rows = []
-    tracking.experiment_id(experiment)  # points MLflow at the project's store before run_of_output searches it
     for name in names:
         run_id = tracking.run_of_output(experiment, ROOT / "models" / name)
-        rate = MlflowClient(tracking.tracking_uri()).get_run(run_id).data.metrics.get("flops_per_sec") if run_id else None
+        rate = tracking.tracker().client.get_run(run_id).data.metrics.get("flops_per_sec") if run_id else None
         rows.append((f"{name}: training >= {MIN_FLOPS_PER_SEC / 1e9:.0f} GFLOP/s (its MLflow run)",
                      "no run found" if rate is None else f"{rate / 1e9:.1f} G", (rate or 0) >= MIN_FLOPS_PER_SEC))
     return rows

@@ -51,9 +51,9 @@ def bare_loop(settings, common, data, steps: int, usage: dict | None = None) -> 
     for step in range(steps):
         start = (step * t) % (columns - t - 1)
         x, y = stream[:, start:start + t].to(device), stream[:, start + 1:start + t + 1].to(device)
-        logits, state = model(x, state if model.recurrent else None)
+        logits, state, aux = model(x, state if model.recurrent else None)
         state = model.detach_state(state)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten()) + model.extra_loss()
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten()) + aux
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), optim.clip)

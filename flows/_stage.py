@@ -58,8 +58,8 @@ def stage_run(stage: str, params: Params, sections: list[str] | dict, model: str
     linked. A stage whose outputs git holds tags its run with their hash once they are written (`record` finds it)."""
     chosen = sections if isinstance(sections, dict) else {name: params.section(name) for name in sections}
     tags = {"prefect.flow_run_id": str(runtime.flow_run.id or ""), "prefect.flow_run_name": str(runtime.flow_run.name or "")}
-    with tracking.open_stage_run(stage, params.tracking.experiment, chosen, params_hash(chosen),
-                            model=model, tags=tags, params_file=PARAMS_FILE) as run:
+    with tracking.runs.open_stage_run(stage, params.tracking.experiment, chosen, params_hash(chosen),
+                                      model=model, tags=tags, params_file=PARAMS_FILE) as run:
         yield run
         outputs = git_tracked_outputs(stage) if Path("dvc.yaml").exists() else []
         if outputs:
@@ -120,7 +120,7 @@ def main(flow: Callable, **flow_kwargs) -> None:
     """Run a stage flow as a script: check params first, then run; exit 1 with one line on a user error."""
     try:
         params = load_params(PARAMS_FILE)
-        tracking.check_store(params.tracking.timeout_seconds)
+        tracking.store.check_store(params.tracking.timeout_seconds)
     except LmpipeError as exc:
         fail(f"error: {exc}")
     keep_freed_memory()  # training and scoring re-allocate the same big buffers every step: no page faults for them
@@ -129,7 +129,7 @@ def main(flow: Callable, **flow_kwargs) -> None:
     signal.signal(signal.SIGTERM, _terminated)
     if flow.flow_run_name is None:  # a flow run named after its stage, not a random pair of words
         flow = flow.with_options(flow_run_name=flow.name)
-    key = tracking.study_key(PARAMS_FILE)
+    key = tracking.runs.study_key(PARAMS_FILE)
     try:
         with on_running_server(), prefect.tags(f"commit:{key.commit[:12]}", f"study:{key}"):
             state = flow(**flow_kwargs, return_state=True)

@@ -13,8 +13,8 @@ from typing import Callable
 
 from flows import paths
 from lmpipe import __version__
-from lmpipe.config import STRATEGIES, EvaluateParams
-from lmpipe.errors import LmpipeError, first_line
+from lmpipe.config import STRATEGIES, DecodingParams, decoding_rule
+from lmpipe.errors import ConfigError, LmpipeError, first_line
 
 DESCRIPTION = """Tools around the lmpipe language-modelling study. The study itself is `dvc repro` (or `make study`);
 these commands sample from its models, serve and retrain them, open its MLflow and Prefect views,
@@ -89,9 +89,10 @@ def _ui(args) -> int:
     import time
 
     from flows import server
-    from lmpipe import mlflow_views as views
+    from lmpipe import mlflow_views as views, tracking
     from lmpipe.config import load_params
-    from lmpipe.tracking import champion_versions, relocate_store, tracking_uri
+    from lmpipe.tracking.registry import champion_versions
+    from lmpipe.tracking.store import relocate_store, tracking_uri
 
     if not server.port_free(args.port):
         raise LmpipeError(f"127.0.0.1:{args.port} is taken by another program (choose another: lmpipe ui --port N)")
@@ -208,7 +209,7 @@ def _check_params(args) -> int:
 
     params = load_params(args.file)
     if args.store:  # what every stage needs before DVC removes its outputs: the tracking store answers
-        from lmpipe.tracking import check_store, tracking_uri
+        from lmpipe.tracking.store import check_store, tracking_uri
 
         check_store(params.tracking.timeout_seconds)
         print(f"{args.file}: ok; MLflow store {tracking_uri()}: ok")
@@ -308,19 +309,7 @@ def _profile(args) -> int:
     return 0
 
 
-DECODE_FLAGS = ("max_new_tokens", "temperature", "top_k", "top_p", "typical_p", "beam_size", "seed")
-
-
-def checked_flags(defaults: EvaluateParams, flags: dict) -> EvaluateParams:
-    """The decoding flags checked by the rules of params.yaml's `evaluate` (top_p in (0, 1], top_k >= 1, ...)."""
-    from pydantic import ValidationError
-
-    try:
-        return EvaluateParams.model_validate({**defaults.model_dump(), **flags})
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        raise LmpipeError(f"--{str(error['loc'][0]).replace('_', '-')} {flags.get(error['loc'][0])}: "
-                          f"{error['msg'].lower()}") from None
+DECODE_FLAGS = tuple(DecodingParams.model_fields)  # max_new_tokens, temperature, top_k, ..., seed
 
 
 def _generate_args(p):
@@ -329,9 +318,9 @@ def _generate_args(p):
     p.add_argument("--prompt", default="The history of", help="the text to continue (default: The history of)")
     p.add_argument("--strategy", default="top-p", choices=STRATEGIES, help="decoding strategy (default: top-p)")
     for name in DECODE_FLAGS:  # one definition of each setting: params.yaml's `evaluate` gives the default
-        field = EvaluateParams.model_fields[name]
+        field = DecodingParams.model_fields[name]
         p.add_argument(f"--{name.replace('_', '-')}", type=field.annotation, default=None,
-                       help=f"default: params.yaml evaluate.{name} ({field.default})")
+                       help=f"{decoding_rule(name)}; default: params.yaml evaluate.{name} ({field.default})")
     p.add_argument("--tokenizer", default=paths.TOKENIZER,
                    help=f"the study's tokenizer, for models under models/ (default: {paths.TOKENIZER}; a registered "
                         "model carries its own)")
@@ -348,10 +337,14 @@ def _generate(args) -> int:
 
     params = load_params()
     flags = {name: getattr(args, name) for name in DECODE_FLAGS if getattr(args, name) is not None}
-    settings = DecodeSettings.from_params(checked_flags(params.evaluate, flags), strategy=args.strategy)
+    try:  # each flag by its one rule (lmpipe.config.check_decoding), before any model loads
+        settings = DecodeSettings.from_params(params.evaluate, strategy=args.strategy, **flags)
+    except ConfigError as exc:
+        name = str(exc).split()[0]
+        raise LmpipeError(f"--{name.replace('_', '-')} {flags[name]}: {exc}") from None
     if args.model.startswith("models:/"):  # a registered model, e.g. models:/lmpipe-gru@champion: its own tokenizer
         from lmpipe.serving import load_bundle  # MLflow's pyfunc: imported only for a registered model
-        from lmpipe.tracking import registered_artifacts
+        from lmpipe.tracking.registry import registered_artifacts
 
         print(f"loading {args.model} from the MLflow registry ...", file=sys.stderr, flush=True)
         model, tokenizer, boundary, _ = load_bundle(registered_artifacts(args.model))

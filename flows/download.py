@@ -6,7 +6,7 @@ from flows._stage import CACHE_DIR, PARAMS_FILE, is_transient, main, stage_run
 from flows.paths import RAW
 from lmpipe import tracking
 from lmpipe.config import load_params
-from lmpipe.corpus.sources import fetch_corpus
+from lmpipe.corpus.sources import MANIFEST, fetch_corpus
 
 
 @task(retries=2, retry_delay_seconds=10, retry_condition_fn=is_transient)
@@ -20,7 +20,7 @@ def download() -> dict:
     with stage_run("download", params, ["corpus"]):
         manifest = fetch(params.corpus)
         tracking.log_metrics({"raw_bytes": sum(f["bytes"] for f in manifest["files"].values())})
-        tracking.log_dict(manifest, "manifest.json")
+        tracking.log_artifacts(f"{RAW}/{MANIFEST}")
     return manifest
 
 

@@ -95,7 +95,7 @@ def report() -> str:
     params = load_params(PARAMS_FILE)
     with stage_run("report", params, []) as run:
         path = write_report(params)
-        study = tracking.parent_run_id(run)
+        study = tracking.runs.parent_run_id(run)
         for run_id in [None] + ([study] if study else []):  # the report stage's run, and the study run where a study is compared
             for name, where in (("study.md", "report"), ("study.html", "report"), ("figures", "report/figures")):
                 tracking.log_artifacts(f"{OUT_DIR}/{name}", where, run_id=run_id)
@@ -105,7 +105,7 @@ def report() -> str:
             unmatched = not_compute_matched(trained_metrics(list(params.models)), params.study.flops,
                                             params.budget_exceptions())
             tracking.log_metrics(headline(evaluated, unmatched), run_id=study)
-            tracking.end_study_run(study)  # the last stage: the parent's duration is the study's
+            tracking.runs.end_study_run(study)  # the last stage: the parent's duration is the study's
     return path
 
 

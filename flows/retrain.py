@@ -180,13 +180,13 @@ def retrain(overrides: list[str] | None = None) -> dict:
         if dirty:
             raise LmpipeError(f"uncommitted changes to {', '.join(dirty[:4])}: a retrain commits its outcome on "
                               "top of HEAD; commit or stash them first")
-        parent = tracking.start_study_run(params.tracking.experiment, PARAMS_FILE, "retrain")
+        parent = tracking.runs.start_study_run(params.tracking.experiment, PARAMS_FILE, "retrain")
         try:
             outcome = gated_retrain(params, parent, list(overrides or []))
         except (KeyboardInterrupt, TimeoutError) as exc:  # Ctrl-C, or SIGTERM (flows/_stage), or the timeout
             reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else "timed out"
             tracking.set_tags(parent, {DECISION: "interrupted", "lmpipe.retrain.reason": reason})
-            tracking.end_study_run(parent, "KILLED")
+            tracking.runs.end_study_run(parent, "KILLED")
             raise RetrainStopped(f"retrain {reason}: nothing is applied and no temporary copy is left; {RESUME}") from None
     print(outcome.pop("said"), flush=True)
     return outcome
@@ -214,7 +214,7 @@ def gated_retrain(params, parent: str, sets: list[str]) -> dict:
     run_experiment(name, sets, env)
     ref = experiment_ref(name)
     head = json.loads(Path(paths.EVAL).read_text()) if Path(paths.EVAL).exists() else None
-    before = {**metrics_of(head), **tracking.champion_metrics(params.models)}
+    before = {**metrics_of(head), **tracking.registry.champion_metrics(params.models)}
     rows, regressed = compare_eval(before, metrics_of(json.loads(git("show", f"{ref}:{paths.EVAL}"))), limit)
     table = comparison_markdown(rows, regressed, limit)
     create_markdown_artifact(table, key="retrain-comparison", description="test metrics, champion vs challenger")
@@ -225,7 +225,7 @@ def gated_retrain(params, parent: str, sets: list[str]) -> dict:
                           + "; ".join(describe(r) for r in rows if r["model"] in regressed)
                           + f"; nothing applied (inspect it: dvc exp show, dvc exp diff HEAD {name})")
     commit = apply(name, ref, commit_message(name, rows, limit), sets, env)
-    champions = tracking.promote_experiment(name)
+    champions = tracking.registry.promote_experiment(name)
     tracking.set_tags(parent, {COMMIT: commit})
     moved = changed(rows)
     said = (f"applied {name} as commit {commit[:12]}; champions: "

@@ -1,6 +1,6 @@
 """scaling pipeline (scaling/dvc.yaml), apart from the default study: the grid of runs (the fits: flows.scaling_fit).
 
-    dvc repro scaling/dvc.yaml          (or: lmpipe scaling)
+    lmpipe scaling          (the grid: frozen in DVC, so `dvc repro` never trains it; lmpipe scaling commits it)
 
 grid: every size in params.yaml's `scaling.models` at every budget in `scaling.budgets`, trained by the library's
 Trainer on the default pipeline's data/tokens until its FLOP budget is spent; one MLflow child run each under one
@@ -58,15 +58,17 @@ def train_point(point: GridPoint, run: tuple[ModelParams, TrainParams], params: 
     if done.exists():  # trained before: its row again, and a child run here too when this scaling run lacks one
         row = json.loads(done.read_text())
         row.setdefault("valid_loss", math.log(row["valid_ppl"]))  # rows cached before the column existed
-        if not tracking.find_runs(params.tracking.experiment, {"lmpipe.point": key, "mlflow.parentRunId": parent_id}):
-            with tracking.run(params.tracking.experiment, point.name, settings.model_dump(mode="json"),
-                              parent_run_id=parent_id, tags={**tags, "lmpipe.reused": "a finished run of an earlier grid"}):
+        if not tracking.runs.find_runs(params.tracking.experiment,
+                                       {"lmpipe.point": key, "mlflow.parentRunId": parent_id}):
+            reused = {**tags, "lmpipe.reused": "a finished run of an earlier grid"}
+            with tracking.runs.run(params.tracking.experiment, point.name, settings.model_dump(mode="json"),
+                                   parent_run_id=parent_id, tags=reused):
                 tracking.log_metrics({k: v for k, v in row.items() if k not in ("budget",)})
         print(f"{point.name}: valid bpb {row['valid_bpb']:.4f} (trained before, reused)", flush=True)
         return row
     started = time.perf_counter()
-    with tracking.run(params.tracking.experiment, point.name, settings.model_dump(mode="json"), parent_run_id=parent_id,
-                      tags=tags) as run:
+    with tracking.runs.run(params.tracking.experiment, point.name, settings.model_dump(mode="json"),
+                           parent_run_id=parent_id, tags=tags) as run:
         m = Trainer(point.model, settings, common, data, WORK / "ckpt" / key, setup_process(common), progress_bar=False,
                     on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id)).run().metrics
         tracking.log_metrics(m)
@@ -96,8 +98,8 @@ def grid() -> str:
     key = params_hash({"scaling": {k: v for k, v in section.items() if k != "fit"}, "train": params.section("train"),
                        "models": {m: params.models[m].model_dump(mode="json") for m in params.scaling.models},
                        "code": code_version(), "data": data.fingerprint})
-    with tracking.run(params.tracking.experiment, f"scaling {key[:8]}", {"scaling": section},
-                      tags={"lmpipe.role": "scaling"}, resume={"lmpipe.scaling": key}) as parent:
+    with tracking.runs.run(params.tracking.experiment, f"scaling {key[:8]}", {"scaling": section},
+                           tags={"lmpipe.role": "scaling"}, resume={"lmpipe.scaling": key}) as parent:
         rows = [train_point(p, r, params, data, parent.info.run_id) for p, r in zip(points, runs)]
         write_text(RUNS, csv_text([{c: r[c] for c in COLUMNS} for r in rows]))  # timings: MLflow and the cache only
         write_json(GRID_MADE_WITH, made_with(params, data))

@@ -65,8 +65,8 @@ def train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id
         print(f"{name}: test bpb {row['test_bpb']:.4f} (trained before, reused)", flush=True)
         return row
     started = time.perf_counter()
-    with tracking.run(params.tracking.experiment, name, {"model": settings.model_dump(mode="json"), "seed": seed},
-                      parent_run_id=parent_id, tags=tags) as run:
+    with tracking.runs.run(params.tracking.experiment, name, {"model": settings.model_dump(mode="json"), "seed": seed},
+                           parent_run_id=parent_id, tags=tags) as run:
         result = Trainer(model, settings, common, data, WORK / "ckpt" / key, setup_process(common), progress_bar=False,
                          on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id)).run()
         scores = evaluate_lm(result.model.eval(), data, params.evaluate.chunk)
@@ -109,8 +109,8 @@ def seeds(models: list[str] | None = None) -> str:
     key = params_hash({"seeds": params.section("seeds"), "train": params.section("train"),
                        "models": {m: s.model_dump(mode="json") for m, s in params.models.items()},
                        "code": code_version(), "data": data.fingerprint})
-    with tracking.run(params.tracking.experiment, f"seeds {key[:8]}", {"seeds": params.section("seeds")},
-                      tags={"lmpipe.role": "seeds"}, resume={"lmpipe.seeds": key}) as parent:
+    with tracking.runs.run(params.tracking.experiment, f"seeds {key[:8]}", {"seeds": params.section("seeds")},
+                           tags={"lmpipe.role": "seeds"}, resume={"lmpipe.seeds": key}) as parent:
         rows = kept_rows(chosen, params) + [own[m] for m in chosen]
         for seed in params.seeds.extra:  # a seed of every model before the next: a stopped run has the most spread
             rows += [train_seed(m, seed, params, data, parent.info.run_id) for m in chosen]

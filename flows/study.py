@@ -46,7 +46,7 @@ def dvc_lock_holder(root: Path = Path(".")) -> str | None:
         return None
     holders = list(info.get("write", {}).values()) + [h for hs in info.get("read", {}).values() for h in hs]
     for holder in holders:
-        if isinstance(holder, dict) and tracking.process_alive(int(holder.get("pid", 0))):
+        if isinstance(holder, dict) and tracking.runs.process_alive(int(holder.get("pid", 0))):
             return f"pid {holder['pid']} ({holder.get('cmd', 'dvc')})"
     return None
 
@@ -152,7 +152,7 @@ def study(overrides: list[str] | None = None) -> str:
         if not overrides and not json.loads(dvc(["status", "--json", "dvc.yaml"], dict(os.environ)) or "{}"):
             print("Data and pipelines are up to date: no stage to run, no new study run")  # no empty parent in MLflow
             return ""
-        env = stage_env(tracking.start_study_run(params.tracking.experiment, PARAMS_FILE, "study"))
+        env = stage_env(tracking.runs.start_study_run(params.tracking.experiment, PARAMS_FILE, "study"))
         if overrides:
             return dvc(["exp", "run", *[a for o in overrides for a in ("-S", o)]], env)
         return repro(settings, env)

@@ -62,8 +62,8 @@ def objective_for(model, space, params, data, experiment, parent_id, name):
     def objective(trial: optuna.Trial) -> float:
         overrides = sw.suggest(trial, space)
         run_settings = trial_run(params, space, overrides)
-        with tracking.run(experiment, f"{model} trial {trial.number}", overrides, parent_run_id=parent_id,
-                          tags={"lmpipe.role": "trial", "lmpipe.model": model, "lmpipe.sweep": name}) as run:
+        with tracking.runs.run(experiment, f"{model} trial {trial.number}", overrides, parent_run_id=parent_id,
+                               tags={"lmpipe.role": "trial", "lmpipe.model": model, "lmpipe.sweep": name}) as run:
             evaluations = itertools.count(1)
 
             def on_eval(record):  # Hyperband's resource: evaluations so far
@@ -87,8 +87,8 @@ def seed_runs(model, params, space, best, data, seeds, experiment, parent_id, na
     rows = []
     for k in range(1, seeds + 1):
         seed = params.train.seed + k
-        with tracking.run(experiment, f"{model} best, seed {seed}", {"train.seed": seed},
-                          parent_run_id=parent_id, tags={"lmpipe.role": "seed", "lmpipe.model": model}) as run:
+        with tracking.runs.run(experiment, f"{model} best, seed {seed}", {"train.seed": seed},
+                               parent_run_id=parent_id, tags={"lmpipe.role": "seed", "lmpipe.model": model}) as run:
             metrics = train_trial(model, trial_run(params, space, best, seed=seed), data, WORK / name / f"seed-{seed}")
             tracking.log_metrics(metrics, run_id=run.info.run_id)
         rows.append({"seed": seed, "valid_bpb": metrics["valid_bpb"], "valid_ppl": metrics["valid_ppl"],
@@ -111,8 +111,9 @@ def sweep(model: str, trials: int = 20, seeds: int = 3, space_file: str = sw.SPA
                                 direction="minimize", pruner=pruner, load_if_exists=True)
     trials = min(trials, space.size) if space.grid else trials
     experiment = params.tracking.experiment
-    with tracking.run(experiment, f"sweep {model}", {"trials": trials, "budget": space.budget, "space_file": space_file},
-                      tags={"lmpipe.role": "sweep", "lmpipe.model": model, "lmpipe.sweep": name}) as parent:
+    with tracking.runs.run(experiment, f"sweep {model}",
+                           {"trials": trials, "budget": space.budget, "space_file": space_file},
+                           tags={"lmpipe.role": "sweep", "lmpipe.model": model, "lmpipe.sweep": name}) as parent:
         objective = objective_for(model, space, params, data, experiment, parent.info.run_id, name)
         out.mkdir(parents=True, exist_ok=True)
 

@@ -85,7 +85,8 @@ def train(model: str) -> dict:
                              | {"train_tflops": result.metrics["train_flops"] / 1e12})  # FLOPs, readable in the UI
         tracking.log_compare_axes(model, result.metrics["n_params"], result.metrics["tokens_seen"])
         tracking.log_artifacts(paths.curve(model))
-        tracking.log_lm(paths.model_dir(model), paths.TOKENIZER, f"lmpipe-{model}", result.model.embed.num_embeddings)
+        tracking.registry.log_lm(paths.model_dir(model), paths.TOKENIZER, f"lmpipe-{model}",
+                                 result.model.embed.num_embeddings)
         tracking.carry_results(params.tracking.experiment, paths.model_dir(model), run.info.run_id)
     checkpoints.discard(ckpt_dir)  # every output is written: only now may the training go
     return result.metrics

@@ -180,18 +180,52 @@ Strategy = Literal["greedy", "beam", "top-k", "top-p", "typical", "sample"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
 
 
-class EvaluateParams(_Section):
-    chunk: int = Field(128, ge=1, description="tokens per step; the transformer's sliding-window stride")
-    prompts: list[str] = Field(default_factory=lambda: ["The history of", "In 1999, the", "Anarchism is"])
-    strategies: list[Strategy] = Field(
-        default_factory=lambda: ["greedy", "beam", "top-k", "top-p", "typical"])
-    max_new_tokens: int = Field(40, ge=1)
+MAX_NEW_TOKENS = 1024  # new tokens one call may ask for: params.yaml, a flag of `lmpipe generate`, a served request
+MAX_SEED = 2**63 - 1  # a decoding seed: numpy's seed entropy, and MLflow's `long`
+
+
+class DecodingParams(_Section):
+    """Every decoding setting with its one rule. params.yaml's `evaluate` is one (parsed as YAML), and so is each
+    call's set of settings (`check_decoding`: `lmpipe generate`'s flags, a served request's params, DecodeSettings)."""
+    max_new_tokens: int = Field(40, ge=1, le=MAX_NEW_TOKENS)
     temperature: float = Field(1.0, gt=0)
     top_k: int = Field(40, ge=1)
     top_p: float = Field(0.9, gt=0, le=1)
     typical_p: float = Field(0.9, gt=0, le=1)
     beam_size: int = Field(5, ge=1)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+
+
+def decoding_rule(name: str) -> str:
+    """A decoding setting's rule in words, from its field: 'a whole number from 1 to 1024', 'a number above 0 and at
+    most 1'."""
+    field = DecodingParams.model_fields[name]
+    bounds = {key: getattr(m, key) for m in field.metadata for key in ("ge", "gt", "le", "lt") if hasattr(m, key)}
+    words = {"ge": "of at least {}", "gt": "above {}", "le": "at most {}", "lt": "below {}"}
+    if field.annotation is int and {"ge", "le"} <= set(bounds):
+        return f"a whole number from {bounds['ge']} to {bounds['le']}"
+    kind = "a whole number" if field.annotation is int else "a number"
+    return " and ".join([f"{kind} {words[k].format(v)}" if i == 0 else words[k].format(v)
+                         for i, (k, v) in enumerate(bounds.items())]) or kind
+
+
+def check_decoding(changes: dict, defaults: DecodingParams | None = None) -> DecodingParams:
+    """`changes` on top of `defaults`, each checked by its rule, strictly (a whole number must be an int: not a string,
+    a float or a bool). A ConfigError names the first bad setting and its rule, never its value (a served request's
+    value is a stranger's input)."""
+    base = (defaults or DecodingParams()).model_dump(include=set(DecodingParams.model_fields))
+    try:
+        return DecodingParams.model_validate({**base, **changes}, strict=True)
+    except ValidationError as exc:
+        name = str(exc.errors()[0]["loc"][0])
+        raise ConfigError(f"{name} must be {decoding_rule(name)}") from None
+
+
+class EvaluateParams(DecodingParams):
+    chunk: int = Field(128, ge=1, description="tokens per step; the transformer's sliding-window stride")
+    prompts: list[str] = Field(default_factory=lambda: ["The history of", "In 1999, the", "Anarchism is"])
+    strategies: list[Strategy] = Field(
+        default_factory=lambda: ["greedy", "beam", "top-k", "top-p", "typical"])
 
 
 class CombineParams(_Section):

@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from lmpipe.config import EvaluateParams, Strategy
+from lmpipe.config import DecodingParams, EvaluateParams, Strategy, check_decoding
 from lmpipe.utf8 import Utf8Guard
 
 _PARAMS = EvaluateParams()  # the defaults of params.yaml's `evaluate`: written once, in lmpipe.config
@@ -33,6 +33,11 @@ class DecodeSettings:
     length_penalty: float = 1.0  # beam: score / length**alpha
     stop_at_boundary: bool = False  # end at the boundary token (end of line)
     seed: int | tuple[int, ...] = _PARAMS.seed  # numpy seed entropy: one number, or several (seed, prompt position)
+
+    def __post_init__(self):
+        """Each setting by its one rule (lmpipe.config.check_decoding): a ConfigError names the first that breaks it."""
+        check_decoding({f.name: getattr(self, f.name) for f in fields(self) if f.name in DecodingParams.model_fields
+                        and not (f.name == "seed" and isinstance(self.seed, tuple))})
 
     @classmethod
     def from_params(cls, params: EvaluateParams, **changes) -> "DecodeSettings":
@@ -193,7 +198,7 @@ def _surprisals_in_one_pass(model, prompt: list[int], tokens: list[int]) -> list
     model.eval()
     device = next(model.parameters()).device
     ids = torch.tensor([[model.boundary] + prompt + tokens[:-1]], device=device)
-    logits, _ = model(ids, None)
+    logits, _, _ = model(ids, None)
     model.train(was_training)
     p = torch.softmax(logits[0, len(prompt):].float(), dim=-1).cpu().double().numpy()
     return [float(-np.log(max(p[i, token], 1e-300))) for i, token in enumerate(tokens)]

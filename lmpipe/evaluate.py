@@ -32,7 +32,7 @@ def stream_nll(model, tokens: np.ndarray, chunk: int, device: torch.device | str
     total = torch.zeros((), dtype=torch.float64, device=device)
     state = None
     for start in range(0, inputs.size(1), chunk):
-        logits, state = model(inputs[:, start:start + chunk], state)
+        logits, state, _ = model(inputs[:, start:start + chunk], state)
         logits, target = logits.float().flatten(0, 1), targets[:, start:start + chunk].flatten()
         total += F.cross_entropy(logits, target, reduction="sum")
         if token_logprobs is not None:

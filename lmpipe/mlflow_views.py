@@ -11,9 +11,8 @@ import json
 import urllib.parse
 from pathlib import Path
 
-from mlflow.tracking import MlflowClient
 
-from lmpipe.tracking import experiment_id, run_of_output
+from lmpipe.tracking import run_of_output, tracker
 
 HEADLINE = ("test_bpb", "test_word_ppl", "train_flops", "valid_bpb")  # the columns every view shows, in order
 SHARED_VIEW = "mlflow.sharedViewState."  # MLflow's tag prefix for a shared view (its UI reads it back)
@@ -46,19 +45,20 @@ def leaderboard_state(run_ids: list[str]) -> dict:
 def share(experiment: str, state: dict) -> str:
     """Save `state` as a shared view of the experiment; its key is the state's hash, so saving it again is a no-op."""
     text = json.dumps(state, sort_keys=True)
-    key, experiment_key = hashlib.sha256(text.encode()).hexdigest()[:16], experiment_id(experiment)  # sets the URI
-    MlflowClient().set_experiment_tag(experiment_key, SHARED_VIEW + key, text)
+    store = tracker()
+    key, experiment_key = hashlib.sha256(text.encode()).hexdigest()[:16], store.experiment_id(experiment)
+    store.client.set_experiment_tag(experiment_key, SHARED_VIEW + key, text)
     return key
 
 
 def view_url(base: str, experiment: str, key: str) -> str:
     """The runs page of the experiment's model-training workflow (not the GenAI one) opened on a shared view."""
     query = urllib.parse.urlencode({"workflowType": "machine_learning", "viewStateShareKey": key})
-    return f"{base}/#/experiments/{experiment_id(experiment)}/runs?{query}"
+    return f"{base}/#/experiments/{tracker().experiment_id(experiment)}/runs?{query}"
 
 
 def compare_url(base: str, experiment: str, run_ids: list[str]) -> str:
     """MLflow's compare view of `run_ids`: every param and metric side by side, the plots of their history."""
     query = urllib.parse.urlencode({"runs": json.dumps(run_ids, separators=(",", ":")),
-                                    "experiments": json.dumps([experiment_id(experiment)])})
+                                    "experiments": json.dumps([tracker().experiment_id(experiment)])})
     return f"{base}/#/compare-runs?{query}"

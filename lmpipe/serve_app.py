@@ -41,25 +41,25 @@ def model_uri(model: str, alias: str) -> str:
 def resolve(model: str, alias: str) -> tuple[str, str]:
     """(URI, version) of the registry's lmpipe-<model> at `alias` (an alias or a version number); when it has none
     such, one line that names the versions and aliases it has (or the models the registry has)."""
-    import mlflow
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
-    from lmpipe.tracking import registered_version, relocate_store, tracking_uri
+    from lmpipe.tracking.registry import registered_version
+    from lmpipe.tracking.store import relocate_store
+    from lmpipe.tracking import tracker
 
-    mlflow.set_tracking_uri(tracking_uri())
+    store = tracker()
     relocate_store()  # a copied or moved checkout: serve this one's files
     uri, name = model_uri(model, alias), f"lmpipe-{model}"
     with contextlib.suppress(MlflowException):
         return uri, str(registered_version(uri).version)
-    client = MlflowClient()
+    client = store.client
     try:
         aliases = client.get_registered_model(name).aliases  # {alias: version}
         versions = sorted(int(v.version) for v in client.search_model_versions(f"name = '{name}'"))
     except MlflowException:
         models = sorted(m.name.removeprefix("lmpipe-") for m in client.search_registered_models()
                         if m.name.startswith("lmpipe-"))
-        raise LmpipeError(f"{uri}: no model '{model}' in the registry at {tracking_uri()} (it has "
+        raise LmpipeError(f"{uri}: no model '{model}' in the registry at {store.uri} (it has "
                           f"{', '.join(models) if models else 'none: train them with dvc repro'})") from None
     named = ", ".join(f"{a} (version {v})" for a, v in sorted(aliases.items())) or "none"
     raise LmpipeError(f"{uri}: {name} has no {'version' if alias.isdigit() else 'alias'} {alias}: its versions are "

@@ -20,20 +20,19 @@ import pandas as pd
 from mlflow.pyfunc import PythonModel
 
 from lmpipe.config import STRATEGIES
+from lmpipe.errors import ConfigError
 from lmpipe.decode import DecodeSettings, continuation
 
 # A request's limits, checked before any model work (`check_request`; README, "Operate it"). Generation reads the
 # prompt again for every new token, and a recurrent model's logits over a prompt of n tokens take n x vocab floats:
 # a 1 MB prompt (~250k tokens) took 40 s and 8.7 GB for one new token. The worst request these limits allow reads
 # 16 prompts of 4096 tokens 1024 times, in bounded memory (one prompt's logits: 4096 x 8192 floats, 128 MiB).
-MAX_NEW_TOKENS = 1024  # new tokens a prompt may ask for
 MAX_PROMPTS = 16  # prompts a request may hold
 MAX_PROMPT_TOKENS = 4096  # tokens of one prompt (with the study's tokenizer)
 MAX_PROMPT_BYTES = 32 * 1024  # UTF-8 bytes of one prompt, checked before it is tokenized: 8 bytes a token
 MAX_BODY_BYTES = 1024 * 1024  # bytes of a request's body: 16 such prompts with room for JSON's \u escapes
 REQUEST_PARAMS = ("strategy", "max_new_tokens", "seed")
 INPUT_FORMATS = ("inputs", "dataframe_records", "dataframe_split")  # MLflow's scoring protocol, one column: prompt
-MAX_SEED = 2**63 - 1  # the signature's `long`
 
 
 class BadRequest(ValueError):
@@ -77,12 +76,11 @@ def request_settings(defaults: DecodeSettings, params: Mapping | None) -> Decode
     given = {k: v for k, v in params.items() if v is not None}
     if "strategy" in given and given["strategy"] not in STRATEGIES:
         raise BadRequest(f"strategy must be one of {', '.join(STRATEGIES)}")
-    if "max_new_tokens" in given and not (_integer(given["max_new_tokens"])
-                                          and 1 <= given["max_new_tokens"] <= MAX_NEW_TOKENS):
-        raise BadRequest(f"max_new_tokens must be a whole number from 1 to {MAX_NEW_TOKENS}")
-    if "seed" in given and not (_integer(given["seed"]) and 0 <= given["seed"] <= MAX_SEED):
-        raise BadRequest("seed must be a whole number from 0 to 2**63 - 1")
-    return replace(defaults, **{k: (v if k == "strategy" else int(v)) for k, v in given.items()})
+    numbers = {k: (int(v) if _integer(v) else v) for k, v in given.items() if k != "strategy"}  # numpy's ints too
+    try:
+        return replace(defaults, **{**given, **numbers})  # each setting by its one rule (DecodeSettings checks them)
+    except ConfigError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 def check_prompts(prompts, count_tokens: Callable[[str], int] | None = None, field: str = "prompt",
@@ -221,7 +219,7 @@ class TokenLogits(PythonModel):
         import torch
 
         with torch.no_grad():
-            logits, _ = self.lm(torch.as_tensor(np.asarray(model_input, dtype=np.int64)))
+            logits, _, _ = self.lm(torch.as_tensor(np.asarray(model_input, dtype=np.int64)))
         return logits.float().numpy()
 
 

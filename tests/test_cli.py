@@ -30,14 +30,17 @@ def test_every_option_has_help_and_there_is_a_version(capsys):
     assert capsys.readouterr().out.startswith("lmpipe 0.")
 
 
-@pytest.mark.parametrize("flag, value, reason", [("--top-p", "1.5", "less than or equal to 1"),
-                                                 ("--top-k", "0", "greater than or equal to 1"),
-                                                 ("--temperature", "0.0", "greater than 0")])
+@pytest.mark.parametrize("flag, value, reason", [("--top-p", "1.5", "top_p must be a number above 0 and at most 1"),
+                                                 ("--top-k", "0", "top_k must be a whole number of at least 1"),
+                                                 ("--temperature", "0.0", "temperature must be a number above 0"),
+                                                 ("--max-new-tokens", "5000",
+                                                  "max_new_tokens must be a whole number from 1 to 1024")])
 def test_an_out_of_range_sampling_value_is_one_line_before_any_model_loads(flag, value, reason):
+    """The same rule as params.yaml's `evaluate` and a served request's (lmpipe.config.check_decoding)."""
     done = subprocess.run([sys.executable, "-m", "flows.cli", "generate", "--model", "no-such-model", flag, value],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
-    assert done.stderr.strip().splitlines() == [f"error: {flag} {value}: input should be {reason}"]
+    assert done.stderr.strip().splitlines() == [f"error: {flag} {value}: {reason}"]
 
 
 def test_a_bad_cron_is_one_line_and_starts_no_server():

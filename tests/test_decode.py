@@ -172,3 +172,24 @@ def test_a_text_cut_inside_a_character_is_held_back_to_the_one_before():
     assert whole == ids and tokenizer.decode(whole) == " café 東京"
     cut = [t for t in range(tokenizer.get_vocab_size()) if tokenizer.id_to_token(t) == "æ"]  # 東's first byte, alone
     assert cut and guard.whole(ids + cut) == ids
+
+
+def test_every_decoding_setting_has_one_rule_wherever_it_is_given():
+    """params.yaml's `evaluate`, DecodeSettings and a served request are checked by the same rule of each setting
+    (lmpipe.config.check_decoding; `lmpipe generate`'s flags: tests/test_cli.py)."""
+    import pytest
+
+    from lmpipe.config import parse_params
+    from lmpipe.decode import DecodeSettings
+    from lmpipe.errors import ConfigError
+    from lmpipe.serving import BadRequest, request_settings
+
+    with pytest.raises(ConfigError, match="evaluate.top_p"):
+        parse_params({"evaluate": {"top_p": 1.5}}, "params.yaml")
+    with pytest.raises(ConfigError, match="^top_p must be a number above 0 and at most 1$"):
+        DecodeSettings(top_p=1.5)
+    with pytest.raises(ConfigError, match="^max_new_tokens must be a whole number from 1 to 1024$"):
+        DecodeSettings(max_new_tokens=1025)
+    with pytest.raises(BadRequest, match="^max_new_tokens must be a whole number from 1 to 1024$"):
+        request_settings(DecodeSettings(), {"max_new_tokens": 1025})
+    assert DecodeSettings(seed=(3, 1)).seed == (3, 1)  # a seed and a prompt's position: numpy's entropy, no rule

@@ -23,7 +23,7 @@ class TableLM(StreamLM):
         self.dummy = torch.nn.Parameter(torch.zeros(1))
 
     def forward(self, x, state=None):
-        return self.log_table[x].float(), None
+        return self.log_table[x].float(), None, 0.0
 
 
 def test_uniform_model_has_perplexity_v():
@@ -78,7 +78,7 @@ class WindowProbe(StreamLM):
     def forward(self, x, state=None):
         full = x if state is None else torch.cat([state, x], dim=1)[:, -self.block_size:]
         self.contexts.append(full.size(1) - x.size(1))
-        return torch.zeros(x.size(0), x.size(1), self.v), full[:, -(self.block_size - 1):]
+        return torch.zeros(x.size(0), x.size(1), self.v), full[:, -(self.block_size - 1):], 0.0
 
 
 def test_window_models_score_every_token_with_at_least_half_a_block_of_context():

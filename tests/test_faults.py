@@ -25,26 +25,26 @@ def test_unreachable_tracking_server_fails_in_one_line_within_the_timeout(monkey
     started = time.monotonic()
     with pytest.raises(TrackingError, match=r"MLFLOW_TRACKING_URI=http://127.0.0.1:9: no MLflow server answered "
                                             r"within 2 s .*unset MLFLOW_TRACKING_URI"):
-        tracking.check_store(timeout=2)
+        tracking.store.check_store(timeout=2)
     assert time.monotonic() - started < 5
 
 
 def test_sqlite_store_in_a_missing_directory_is_refused_not_created(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/nonexistent/dir/x.db")
     with pytest.raises(TrackingError, match="nonexistent/dir is not an existing directory"):
-        tracking.check_store(timeout=2)
+        tracking.store.check_store(timeout=2)
     assert not (tmp_path / "nonexistent").exists()
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/file/x.db")  # its "directory" is a file
     with pytest.raises(TrackingError, match="file is not an existing directory"):
-        tracking.check_store(timeout=2)
+        tracking.store.check_store(timeout=2)
 
 
 STAGE = """
 import sys
 from lmpipe import tracking
-tracking.check_store(30)
-with tracking.open_stage_run(sys.argv[1], "exp", {"x": {"y": 1}}, "h", params_file=sys.argv[2]):
+tracking.store.check_store(30)
+with tracking.runs.open_stage_run(sys.argv[1], "exp", {"x": {"y": 1}}, "h", params_file=sys.argv[2]):
     tracking.log_metrics({"done": 1})
 """
 
@@ -88,7 +88,7 @@ def test_truncated_token_stream_names_the_file_and_the_fix(tmp_path):
 GHOST = """
 import os, signal, sys
 from lmpipe import tracking
-with tracking.open_stage_run("train@gru", "exp", {"x": {"y": 1}}, "h", params_file=sys.argv[1]):
+with tracking.runs.open_stage_run("train@gru", "exp", {"x": {"y": 1}}, "h", params_file=sys.argv[1]):
     if sys.argv[2] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)  # dies without a word: its run stays RUNNING
     raise KeyboardInterrupt
@@ -117,9 +117,9 @@ def test_runs_of_dead_stages_never_stay_running(tmp_path, monkeypatch):
 
     assert stage("kill") == ["RUNNING"]
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    with tracking.run("exp", "alive") as alive:  # any run's start ends the ghost...
+    with tracking.runs.run("exp", "alive") as alive:  # any run's start ends the ghost...
         assert stages() == ["FAILED"]
-        assert tracking.end_ghost_runs("exp") == []  # ...but not a run whose process lives
+        assert tracking.runs.end_ghost_runs("exp") == []  # ...but not a run whose process lives
         assert client.get_run(alive.info.run_id).info.status == "RUNNING"
     assert stage("interrupt") == ["FAILED", "KILLED"]
 
@@ -142,7 +142,7 @@ def test_a_tracking_server_that_answers_health_but_fails_its_api_fails_the_stage
     try:
         with http_server(HalfAlive) as uri, pytest.raises(TrackingError) as info:
             monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-            tracking.check_store(timeout=5)
+            tracking.store.check_store(timeout=5)
     finally:
         for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
             os.environ.pop(name, None)

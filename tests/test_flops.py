@@ -28,7 +28,7 @@ def counted_train_flops(model, x, y) -> int:
     """FLOPs torch counts for one forward and backward pass over a (B, T) batch. Attention runs on SDPA's math
     kernel here, whose matmuls the counter sees (it has no formula for the fused CPU kernel); the count is the same."""
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        logits, _ = model(x, None)
+        logits, _, _ = model(x, None)
         F.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
     return counter.get_total_flops()
 

@@ -22,12 +22,14 @@ PACKAGES = ("lmpipe", "flows")
 # packages' import-time setup and telemetry switch, the process's memory settings (speed, never numbers); and config.py, the typed reading of
 # params.yaml, whose defaults cannot reach an output because params.yaml states every setting
 # (test_params_yaml_states_every_setting).
-PLUMBING = {"lmpipe/tracking.py", "lmpipe/errors.py", "lmpipe/__init__.py", "flows/__init__.py",
+PLUMBING = {"lmpipe/tracking/__init__.py", "lmpipe/tracking/store.py", "lmpipe/tracking/runs.py",
+            "lmpipe/tracking/registry.py", "lmpipe/errors.py", "lmpipe/__init__.py", "flows/__init__.py",
             "flows/_stage.py", "flows/server.py", "flows/runners.py", "lmpipe/config.py", "lmpipe/process.py",
             "lmpipe/telemetry.py"}
-# Modules whose function-level imports build MLflow side outputs only (tracking.log_lm: the registered model's
-# serving code), which DVC does not version: only their module-level imports are followed.
-SIDE_OUTPUTS = {"lmpipe/tracking.py"}
+# Modules whose function-level imports build MLflow side outputs only (tracking.registry.log_lm: the registered model's
+# serving code; tracking.runs.git_commit: the commit a run is tagged with), which DVC does not version: only their
+# module-level imports are followed.
+SIDE_OUTPUTS = {"lmpipe/tracking/registry.py", "lmpipe/tracking/runs.py"}
 # Params sections that say where and how a stage runs, not what it computes.
 PLUMBING_PARAMS = {"tracking", "orchestration"}
 

@@ -31,7 +31,7 @@ def make_runs(tmp_path: Path, params: Path, results: dict) -> dict:
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "model.pt").write_text(f"{name} {bpb}")
         stage = "ngram" if name == "ngram" else f"train@{name}"
-        with tracking.open_stage_run(stage, "lmpipe", {}, "h", params_file=params) as run:
+        with tracking.runs.open_stage_run(stage, "lmpipe", {}, "h", params_file=params) as run:
             tracking.log_metrics({"test_bpb": bpb, "test_word_ppl": 2 ** (bpb * 5.6), "test_ppl": 100 * bpb})
             tracking.mark_output(folder)
             ids[name] = run.info.run_id
@@ -52,7 +52,7 @@ def test_the_leaderboard_view_holds_the_runs_that_made_the_models_the_workspace_
     ids = make_runs(tmp_path, store, {"gru": 2.0, "ngram": 2.1})
     make_runs(tmp_path, store, {"gru": 1.9})  # a retrain replaces the gru: its first run made no file here now
     monkeypatch.setenv("DVC_EXP_NAME", "lanky-bass")  # nor does an experiment's run that left the workspace as it was
-    with tracking.open_stage_run("train@gru", "lmpipe", {}, "h", params_file=store):
+    with tracking.runs.open_stage_run("train@gru", "lmpipe", {}, "h", params_file=store):
         pass
     runs = views.current_runs("lmpipe", ["models/gru", "models/ngram", "models/gone"])
     assert ids["gru"] not in runs and ids["ngram"] in runs and len(runs) == 2

@@ -31,13 +31,13 @@ def test_every_model_overfits_one_batch(name):
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     model.train()
     for _ in range(300):
-        logits, _ = model(x[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()) + model.extra_loss()
+        logits, _, aux = model(x[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()) + aux
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
     model.eval()
-    logits, _ = model(x[:, :-1])
+    logits, _, _ = model(x[:, :-1])
     final = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).item()
     limit = 1.5 if name == "nplm" else 0.2  # NPLM sees 4 tokens: some random continuations stay ambiguous
     assert final < limit, final
@@ -47,11 +47,11 @@ def test_transformer_is_causal():
     torch.manual_seed(0)
     model = TransformerLM(V, dim=32, layers=2, heads=4, block_size=32, dropout=0.0).eval()
     x = torch.randint(0, V, (2, 20))
-    base, _ = model(x)
+    base, _, _ = model(x)
     for t in (0, 7, 18):
         changed = x.clone()
         changed[:, t + 1:] = torch.randint(0, V, changed[:, t + 1:].shape)
-        logits, _ = model(changed)
+        logits, _, _ = model(changed)
         assert torch.equal(logits[:, : t + 1], base[:, : t + 1])
         assert not torch.allclose(logits[:, t + 1:], base[:, t + 1:])
 
@@ -60,15 +60,15 @@ def test_nplm_reads_exactly_its_context():
     torch.manual_seed(0)
     model = NPLM(V, context=3, emb=8, hidden=16).eval()
     x = torch.randint(1, V, (1, 12))
-    base, _ = model(x)
+    base, _, _ = model(x)
     t = 8
     older = x.clone()
     older[0, : t - 2] = 0  # tokens before the 3-token window ending at t
-    same, _ = model(older)
+    same, _, _ = model(older)
     assert torch.equal(same[0, t], base[0, t])
     inside = x.clone()
     inside[0, t - 2] = (x[0, t - 2] + 1) % V  # the oldest token of the window
-    moved, _ = model(inside)
+    moved, _, _ = model(inside)
     assert not torch.allclose(moved[0, t], base[0, t])
 
 
@@ -112,10 +112,10 @@ def test_carried_state_equals_one_long_pass(name):
     family, arch = ALL[name]
     model = build_model(family, arch, V, boundary=0).eval()
     x = torch.randint(0, V, (2, 30))
-    whole, _ = model(x)
+    whole, _, _ = model(x)
     state, pieces = None, []
     for start in range(0, 30, 7):
-        logits, state = model(x[:, start:start + 7], state)
+        logits, state, _ = model(x[:, start:start + 7], state)
         pieces.append(logits)
         state = model.detach_state(state)
     # (the transformer's window of 32 covers all 30 tokens, so its sliding window is exact here too)
@@ -128,7 +128,7 @@ def test_stream_evaluation_matches_one_forward_pass():
     tokens = np.random.default_rng(0).integers(1, V, 200)
     nll, n = stream_nll(model, tokens, chunk=17)
     stream = torch.tensor(np.concatenate([[0], tokens]))[None]
-    logits, _ = model(stream[:, :-1])
+    logits, _, _ = model(stream[:, :-1])
     expected = F.cross_entropy(logits[0], stream[0, 1:], reduction="sum").item()
     assert n == 200 and nll == pytest.approx(expected, rel=1e-5)
 

@@ -162,10 +162,12 @@ def test_repro_runs_every_stage_and_writes_contract_outputs(project):
     assert set(evaluation["decoding"]) == {"greedy", "beam", "top-k", "top-p", "typical"}
     combined = json.loads((copy / "metrics/combine.json").read_text())["models"]
     assert {f"{m}+ngram" for m in MODELS} | {"+".join(sorted(("ngram", *MODELS)))} <= set(combined)
-    assert len(combined) == len(MODELS) + 2  # each with KN, the best neural pair, all of them
+    assert len(combined) == len(MODELS) + 3  # each with KN, the best neural pair, all of them, all with the cache
+    cached = combined["+".join(sorted(("ngram", *MODELS))) + "+cache"]
+    assert cached["cache_window"] in (50, 100, 200, 500, 1000, 2000) and cached["weights"]["cache"] > 0
     for name, row in combined.items():
         assert abs(sum(row["weights"].values()) - 1) < 1e-9 and set(row["weights"]) == set(name.split("+"))
-        best_part = min(evaluation["models"][m]["valid"]["bpb"] for m in row["weights"])
+        best_part = min(evaluation["models"][m]["valid"]["bpb"] for m in row["weights"] if m != "cache")
         assert row["valid"]["bpb"] <= best_part + 1e-4  # fitted on valid: never worse there than its best part
     assert "## Combined models" in (copy / "reports/study.md").read_text()
     samples = (copy / "reports/samples.md").read_text()
@@ -943,7 +945,7 @@ FAIL_AT_REGISTRY = """
 import flows.train as stage
 def unavailable(*args, **kwargs):
     raise RuntimeError("the model registry is unavailable")
-stage.tracking.log_lm = unavailable
+stage.tracking.registry.log_lm = unavailable
 stage.main(stage.train, model="gru")
 """
 

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
+from lmpipe.config import MAX_NEW_TOKENS
 from lmpipe.decode import DecodeSettings
-from lmpipe.serving import (MAX_BODY_BYTES, MAX_NEW_TOKENS, MAX_PROMPT_BYTES, MAX_PROMPT_TOKENS, MAX_PROMPTS,
-                            BadRequest, check_request)
+from lmpipe.serving import MAX_BODY_BYTES, MAX_PROMPT_BYTES, MAX_PROMPT_TOKENS, MAX_PROMPTS, BadRequest, check_request
 
 TEXT = "The history of the city is long.\nIn 1990 the wall fell, and the people of the city went out.\n" * 40
 

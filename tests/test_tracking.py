@@ -20,9 +20,10 @@ def store(tmp_path, monkeypatch):
 
 def test_stages_nest_under_one_study_run(store):
     uri, params = store
-    with tracking.open_stage_run("download", "exp", {"corpus": {"source": "x", "url": None}}, "h1", params_file=params):
+    with tracking.runs.open_stage_run("download", "exp", {"corpus": {"source": "x", "url": None}}, "h1",
+                                      params_file=params):
         tracking.log_metrics({"splits": {"train": {"words": 10}}, "source": "text", "ok": True})
-    with tracking.open_stage_run("prepare", "exp", {"split": {"seed": 1}}, "h2", params_file=params):
+    with tracking.runs.open_stage_run("prepare", "exp", {"split": {"seed": 1}}, "h2", params_file=params):
         pass
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("exp")
@@ -42,10 +43,10 @@ def test_stages_nest_under_one_study_run(store):
 
 def test_changed_params_start_a_new_study(store):
     uri, params = store
-    with tracking.open_stage_run("download", "exp", {}, "h", params_file=params):
+    with tracking.runs.open_stage_run("download", "exp", {}, "h", params_file=params):
         pass
     params.write_text("corpus: {source: wikitext-2}\n")
-    with tracking.open_stage_run("download", "exp", {}, "h", params_file=params):
+    with tracking.runs.open_stage_run("download", "exp", {}, "h", params_file=params):
         pass
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("exp")
@@ -56,10 +57,10 @@ def test_changed_params_start_a_new_study(store):
 def test_parent_from_environment_wins(store, monkeypatch):
     uri, params = store
     client = MlflowClient(uri)
-    exp_id = tracking.experiment_id("exp")
+    exp_id = tracking.tracker().experiment_id("exp")
     parent = client.create_run(exp_id).info.run_id
     monkeypatch.setenv("LMPIPE_PARENT_RUN_ID", parent)
-    with tracking.open_stage_run("tokenize", "exp", {}, "h", params_file=params) as run:
+    with tracking.runs.open_stage_run("tokenize", "exp", {}, "h", params_file=params) as run:
         run_id = run.info.run_id
     assert client.get_run(run_id).data.tags["mlflow.parentRunId"] == parent
 
@@ -67,7 +68,7 @@ def test_parent_from_environment_wins(store, monkeypatch):
 def test_default_uri_follows_dvc_root(monkeypatch, tmp_path):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("DVC_ROOT", str(tmp_path))
-    assert tracking.tracking_uri() == f"sqlite:///{tmp_path}/mlflow.db"
+    assert tracking.store.tracking_uri() == f"sqlite:///{tmp_path}/mlflow.db"
 
 
 def test_a_taken_port_is_one_line_not_a_server_that_never_answers():
@@ -87,23 +88,21 @@ def test_a_taken_port_is_one_line_not_a_server_that_never_answers():
 
 def test_the_first_version_is_the_champion_and_every_new_one_the_challenger(store, monkeypatch):
     """Only a passing retrain may move the champion: a later study version, or an experiment's, is a challenger."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient()
+    client = tracking.tracker().client  # the store of MLFLOW_TRACKING_URI
     client.create_registered_model("lmpipe-x")
     for version in ("1", "2"):
         client.create_model_version("lmpipe-x", source=f"file:///nowhere/{version}")
-        tracking.name_aliases(client, "lmpipe-x", version)
+        tracking.registry.name_aliases(client, "lmpipe-x", version)
     monkeypatch.setenv("DVC_EXP_NAME", "lanky-bass")
     client.create_model_version("lmpipe-x", source="file:///nowhere/3")
-    tracking.name_aliases(client, "lmpipe-x", "3")
+    tracking.registry.name_aliases(client, "lmpipe-x", "3")
     assert str(client.get_model_version_by_alias("lmpipe-x", "champion").version) == "1"
     assert str(client.get_model_version_by_alias("lmpipe-x", "challenger").version) == "3"
     client.set_model_version_tag("lmpipe-x", "3", tracking.EXPERIMENT, "lanky-bass")
-    assert tracking.promote_experiment("other-exp") == {}  # another experiment's pass moves nothing here
-    assert tracking.promote_experiment("lanky-bass") == {"lmpipe-x": "3"}
+    assert tracking.registry.promote_experiment("other-exp") == {}  # another experiment's pass moves nothing here
+    assert tracking.registry.promote_experiment("lanky-bass") == {"lmpipe-x": "3"}
     assert str(client.get_model_version_by_alias("lmpipe-x", "champion").version) == "3"
-    assert {m: str(v.version) for m, v in tracking.champion_versions(["x", "missing"]).items()} == {"x": "3"}
+    assert {m: str(v.version) for m, v in tracking.registry.champion_versions(["x", "missing"]).items()} == {"x": "3"}
 
 
 def test_a_missing_version_and_a_version_whose_files_are_gone_are_told_apart(store, tmp_path):
@@ -124,9 +123,9 @@ def test_a_missing_version_and_a_version_whose_files_are_gone_are_told_apart(sto
     client.create_registered_model("lmpipe-x")
     client.create_model_version("lmpipe-x", source=str(gone), run_id=run_id)
     with pytest.raises(TrackingError, match=r"^models:/lmpipe-x/7: not in the MLflow model registry at sqlite:"):
-        tracking.registered_artifacts("models:/lmpipe-x/7")
+        tracking.registry.registered_artifacts("models:/lmpipe-x/7")
     with pytest.raises(TrackingError, match=r"^models:/lmpipe-x/1: version 1 is registered, but its files are missing "):
-        tracking.registered_artifacts("models:/lmpipe-x/1")
+        tracking.registry.registered_artifacts("models:/lmpipe-x/1")
 
 
 def test_a_copied_store_finds_its_artifacts_in_its_own_folder(tmp_path, monkeypatch):
@@ -140,19 +139,19 @@ def test_a_copied_store_finds_its_artifacts_in_its_own_folder(tmp_path, monkeypa
     first.mkdir()
     monkeypatch.delenv("LMPIPE_PARENT_RUN_ID", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{first / 'mlflow.db'}")
-    tracking.check_store(10)
-    with tracking.run("lmpipe", "a run") as active:
+    tracking.store.check_store(10)
+    with tracking.runs.run("lmpipe", "a run") as active:
         (tmp_path / "note.txt").write_text("kept")
         mlflow.log_artifact(str(tmp_path / "note.txt"))
     shutil.copytree(first, moved)
     shutil.rmtree(first / "mlartifacts")  # the copy must not read the original's files
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{moved / 'mlflow.db'}")
-    tracking.check_store(10)
+    tracking.store.check_store(10)
     mlflow.set_tracking_uri(f"sqlite:///{moved / 'mlflow.db'}")
     uri = MlflowClient().get_run(active.info.run_id).info.artifact_uri
     assert uri.startswith((moved / "mlartifacts").as_uri())
     assert open(mlflow.artifacts.download_artifacts(artifact_uri=f"{uri}/note.txt")).read() == "kept"
-    assert tracking.relocate_store(moved / "mlflow.db") is None  # once is enough
+    assert tracking.store.relocate_store(moved / "mlflow.db") is None  # once is enough
     assert MlflowClient(f"sqlite:///{first / 'mlflow.db'}").get_run(active.info.run_id).info.artifact_uri.startswith((first / "mlartifacts").as_uri())
 
 
@@ -165,20 +164,20 @@ def test_a_run_that_makes_an_evaluated_model_again_carries_its_results_and_no_ot
     folder.mkdir(parents=True)
     (folder / "model.pt").write_text("weights")
     results = {"test_bpb": 1.96, "test_word_ppl": 5200.0}
-    with tracking.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as first:
+    with tracking.runs.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as first:
         tracking.mark_output(folder)
     tracking.log_metrics(results, run_id=first.info.run_id)  # what evaluate logs onto the model's run
     tracking.set_tags(first.info.run_id, {tracking.NOTE: "**gru**: test 1.960 bpb"})
-    with tracking.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as failed:  # never evaluated
+    with tracking.runs.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as failed:  # never evaluated
         tracking.mark_output(folder)
-    with tracking.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as again:
+    with tracking.runs.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as again:
         tracking.mark_output(folder)
         tracking.carry_results("exp", folder, again.info.run_id)
     carried = MlflowClient(uri).get_run(again.info.run_id).data
     assert {k: carried.metrics[k] for k in results} == results and carried.tags[tracking.NOTE] == "**gru**: test 1.960 bpb"
     assert "test_bpb" not in MlflowClient(uri).get_run(failed.info.run_id).data.metrics
     (folder / "model.pt").write_text("other weights")  # a different model: nothing to carry
-    with tracking.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as other:
+    with tracking.runs.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as other:
         tracking.mark_output(folder)
         tracking.carry_results("exp", folder, other.info.run_id)
     assert "test_bpb" not in MlflowClient(uri).get_run(other.info.run_id).data.metrics

@@ -1,8 +1,9 @@
 """What every neural LM shares: one streaming interface, so one trainer, evaluator and decoder serve all.
 
-`forward(x, state) -> (logits, state)` reads a (batch, time) chunk of a token stream and returns
-logits for every position plus the state needed to continue the stream: hidden states for RNNs,
-the last tokens for window models (NPLM, Transformer), so chunked reading equals one long pass.
+`forward(x, state) -> (logits, state, aux_loss)` reads a (batch, time) chunk of a token stream and returns
+logits for every position, the state needed to continue the stream (hidden states for RNNs, the last tokens for
+window models: NPLM, Transformer), so chunked reading equals one long pass, and the model's own regularisation
+of this pass, which training adds to the loss (AR/TAR for AWD-LSTM; 0.0 for the others, and when not training).
 """
 
 from __future__ import annotations
@@ -38,10 +39,6 @@ class StreamLM(nn.Module):
                 return getattr(self, name).weight
         raise AttributeError(f"{type(self).__name__} has no output layer")
 
-    def extra_loss(self) -> torch.Tensor | float:
-        """Regularisation terms of the last forward pass (AR/TAR for AWD-LSTM); 0 for others."""
-        return 0.0
-
     def next_token_distribution(self, context) -> np.ndarray:
         """P(next token | boundary + context) over the vocabulary: the decoding interface shared with the n-gram."""
         return self.next_token_distributions([context])[0]
@@ -54,6 +51,6 @@ class StreamLM(nn.Module):
         device = next(self.parameters()).device
         tokens = torch.tensor([[self.boundary] + [int(t) for t in c] for c in contexts], device=device)
         window = getattr(self, "block_size", None)
-        logits, _ = self(tokens[:, -window:] if window else tokens, None)
+        logits, _, _ = self(tokens[:, -window:] if window else tokens, None)
         self.train(was_training)
         return torch.softmax(logits[:, -1].float(), dim=-1).cpu().double().numpy()

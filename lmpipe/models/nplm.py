@@ -32,4 +32,4 @@ class NPLM(StreamLM):
         logits = self.out(self.drop(torch.tanh(self.hidden(e))))
         if self.direct is not None:
             logits = logits + self.direct(e)
-        return logits, full[:, full.size(1) - (self.context - 1):]
+        return logits, full[:, full.size(1) - (self.context - 1):], 0.0

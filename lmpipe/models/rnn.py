@@ -75,7 +75,6 @@ class RNNModel(StreamLM):
             self.decoder.weight = self.embed.weight
         nn.init.uniform_(self.embed.weight, -0.1, 0.1)
         nn.init.zeros_(self.decoder.bias)
-        self._extra: torch.Tensor | float = 0.0
 
     def forward(self, x: torch.Tensor, state=None):
         h = self.lock(embedding_dropout(self.embed, x, self.dropout_embedding, self.training), self.dropout_input)
@@ -85,10 +84,7 @@ class RNNModel(StreamLM):
             new_state.append(s)
             last = i == len(self.rnns) - 1
             h = self.lock(raw, self.dropout if last else self.dropout_hidden)
-        self._extra = 0.0
+        aux = 0.0  # AR on the last layer's dropped-out output, TAR on its raw output (Merity et al. 2018)
         if self.training and (self.ar or self.tar):
-            self._extra = self.ar * h.pow(2).mean() + self.tar * (raw[:, 1:] - raw[:, :-1]).pow(2).mean()
-        return self.decoder(h), new_state
-
-    def extra_loss(self):
-        return self._extra
+            aux = self.ar * h.pow(2).mean() + self.tar * (raw[:, 1:] - raw[:, :-1]).pow(2).mean()
+        return self.decoder(h), new_state, aux

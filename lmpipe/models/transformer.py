@@ -143,4 +143,4 @@ class TransformerLM(StreamLM):
         logits = self.head(self.ln_f(h[:, -t:]))
         if self.softcap > 0:
             logits = self.softcap * torch.tanh(logits / self.softcap)
-        return logits, full[:, -(self.block_size - 1):]
+        return logits, full[:, -(self.block_size - 1):], 0.0

@@ -445,9 +445,9 @@ class Trainer:
         device: reading them would wait for the step."""
         before = self.model.detach_state(self.hidden) if self.model.recurrent else context
         with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
-            logits, hidden = self.step_module(x, before)
+            logits, hidden, aux = self.step_module(x, before)
             loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-            objective = loss + self.model.extra_loss()
+            objective = loss + aux
         if self.model.recurrent:
             self.hidden = hidden
         self.optimizer.zero_grad(set_to_none=True)
