@@ -254,7 +254,8 @@ def sweep_outcomes(sweeps_dir: str | Path) -> list[tuple[Path, Path]]:
 
 
 def grid_summary(outcomes: list[tuple[Path, Path]], space_file: Path) -> list[str]:
-    """One row per model of a one-setting grid sweep: every value tried with its valid bpb, the best in bold."""
+    """One row per model of a grid sweep: every point tried (its values, in the order of the settings) with its valid
+    bpb, the best in bold."""
     spaces = yaml.safe_load(space_file.read_text()) or {} if space_file.exists() else {}
     rows = []
     for folder, file in outcomes:
@@ -264,14 +265,15 @@ def grid_summary(outcomes: list[tuple[Path, Path]], space_file: Path) -> list[st
         trials = [r for r in _read_csv(folder / "trials.csv") if r["state"] == "COMPLETE"]
         keys = [k for k in trials[0] if k not in ("number", "state", "valid_bpb", "evaluations", "tokens_seen",
                                                    "train_flops", "seconds")] if trials else []
-        if len(keys) != 1:
+        if not keys:
             continue
-        key, best = keys[0], min(trials, key=lambda r: float(r["valid_bpb"]))
-        tried = sorted(trials, key=lambda r: _number_or_text(r[key]))
-        cells = [f"{'**' if r is best else ''}{_shown(r[key])}: {float(r['valid_bpb']):.4f}{'**' if r is best else ''}"
-                 for r in tried]
+        best = min(trials, key=lambda r: float(r["valid_bpb"]))
+        tried = sorted(trials, key=lambda r: [_number_or_text(r[k]) for k in keys])
+        cells = [f"{'**' if r is best else ''}{', '.join(_shown(r[k]) for k in keys)}: {float(r['valid_bpb']):.4f}"
+                 f"{'**' if r is best else ''}" for r in tried]
         flops = {f"{float(r['train_flops']):.3g}" for r in tried}
-        rows.append(f"| {folder.name} | `{key}` | {' · '.join(cells)} | {', '.join(sorted(flops))} |")
+        setting = ", ".join(f"`{k}`" for k in keys)
+        rows.append(f"| {folder.name} | {setting} | {' · '.join(cells)} | {', '.join(sorted(flops))} |")
     if not rows:
         return []
     return [f"### The same sweep for every model ({space_file.name})", "",
