@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lmpipe import seeds  # noqa: E402
-from lmpipe.compare import BASELINE, CACHE, MATCHED, best_model, best_of, not_compute_matched, vs_baseline  # noqa: E402
+from lmpipe.compare import (BASELINE, MATCHED, best_model, best_of, not_compute_matched, vs_baseline,  # noqa: E402
+                            without_cache)
 from lmpipe.config import load_params  # noqa: E402
 
 RECURRENT_AND_TRANSFORMER, NPLM = ("rnn", "lstm", "gru", "transformer"), "nplm"
@@ -106,7 +107,7 @@ def combination_targets(models: dict, combined: dict) -> list[tuple[str, str, bo
     kn = models[BASELINE]["test"]["bpb"]
     single = best_model(models)
     out = []
-    trained = {name: r for name, r in combined.items() if CACHE not in r["weights"]}
+    trained = without_cache(combined)
     for which, rows in (("best combination", combined), ("the same, of the trained models alone", trained)):
         if not rows or (rows is trained and len(trained) == len(combined)):
             continue  # no cache row: the first line said it

@@ -42,6 +42,11 @@ def best_model(models: Mapping[str, Mapping], baseline: str = BASELINE) -> str |
     return best_of({name: result["test"]["bpb"] for name, result in models.items()}, baseline)
 
 
+def without_cache(combinations: Mapping[str, Mapping]) -> dict:
+    """The combinations (metrics/combine.json's rows) of trained models alone: those that mix in no unigram cache."""
+    return {name: row for name, row in combinations.items() if CACHE not in row["weights"]}
+
+
 def vs_baseline(result: Mapping, baseline: Mapping) -> float:
     """A model's test word perplexity relative to the baseline's, minus 1: -0.285 is 28.5% lower."""
     return result["test"]["word_ppl"] / baseline["test"]["word_ppl"] - 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmpipe.compare import BASELINE, CACHE, baseline_label, best_model, vs_baseline
+from lmpipe.compare import BASELINE, CACHE, baseline_label, best_model, vs_baseline, without_cache
 from lmpipe.config import load_params
 from lmpipe.report import row_label
 from lmpipe.results import load_results, si
@@ -41,7 +41,7 @@ def results_markdown(root: str | Path, study_seed: int, label: str, budget_flops
         c = combined["models"][best]
         lines += ["", f"Best combination: {best}, test {c['test']['bpb']:.3f} bpb, word ppl {c['test']['word_ppl']:,.0f} "
                       f"(weights fitted on valid: " + ", ".join(f"{m} {w:.2f}" for m, w in c["weights"].items()) + ")."]
-        trained = {n: r for n, r in combined["models"].items() if CACHE not in r["weights"]}
+        trained = without_cache(combined["models"])
         if "cache_window" in c and trained:  # the cache is no trained model: the best without it too
             alone = best_model(trained)
             lines[-1] += (f" `{CACHE}` is a unigram cache of the last {c['cache_window']} tokens; without it, the best "

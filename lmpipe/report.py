@@ -17,7 +17,7 @@ import matplotlib.ticker  # noqa: E402
 import markdown  # noqa: E402
 
 from lmpipe import seeds as seed_spread  # noqa: E402
-from lmpipe.compare import BASELINE, CACHE, MATCHED, best_model, vs_baseline  # noqa: E402
+from lmpipe.compare import BASELINE, CACHE, MATCHED, best_model, vs_baseline, without_cache  # noqa: E402
 from lmpipe.io import atomic_path, csv_text, write_text  # noqa: E402
 from lmpipe.results import load_results, read_json, si  # noqa: E402
 
@@ -196,7 +196,7 @@ def _combine_section(combined: dict, evaluation: dict, label: str, unmatched: li
         best = best_model(matched)
         lines += ["", f"Best combination: **{best}**, test {rows[best]['test']['bpb']:.3f} bpb against the best single "
                       f"model's ({single}) {models[single]['test']['bpb']:.3f}."]
-        trained = {name: r for name, r in matched.items() if CACHE not in r["weights"]}
+        trained = without_cache(matched)
         if CACHE in rows[best]["weights"] and trained:
             alone = best_model(trained)
             lines[-1] += f" Without the cache, the best is {alone}: {rows[alone]['test']['bpb']:.3f}."
