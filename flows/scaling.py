@@ -22,35 +22,34 @@ from prefect.cache_policies import NO_CACHE
 from flows._stage import CACHE_DIR, PARAMS_FILE, check_declared, main
 from flows.paths import GRID_MADE_WITH, RUNS, SCALING_PIPELINE
 from lmpipe import tracking
-from lmpipe.config import ModelParams, Params, TrainParams, load_params, params_hash
+from lmpipe.config import Params, load_params, params_hash
 from lmpipe.errors import ConfigError
 from lmpipe.io import csv_text, write_json, write_text
 from lmpipe.scaling import GridPoint, grid_points, made_with, size_label
 from lmpipe.splits import TokenData, load_tokens
 from lmpipe.checkpoints import code_version, discard
-from lmpipe.train import Trainer, configure_run, setup_process
+from lmpipe.train.job import Job, prepare, publish
 
 WORK = Path(CACHE_DIR) / "scaling"
 COLUMNS = ("name", "model", "family", "size", "budget", "n_params", "n_params_non_embedding", "tokens", "flops",
            "epochs", "epoch_tokens", "valid_bpb", "valid_ppl", "valid_loss", "device")  # scaling/runs.csv, in order
 
 
-def point_settings(point: GridPoint, params: Params) -> tuple[ModelParams, TrainParams]:
+def prepare_point(point: GridPoint, params: Params, data: TokenData) -> Job:
     """The family's settings with the grid's overrides, this size's arch and this budget; the train section with
     the grid's evaluations per epoch."""
     overrides = {**params.scaling.overrides, **{f"arch.{k}": v for k, v in point.size.items()}}
     try:
-        return configure_run(params, point.model, overrides, {"flops": point.budget},
-                             {"evals_per_epoch": params.scaling.evals_per_epoch}, PARAMS_FILE)
+        return prepare(params, point.model, WORK / "ckpt", overrides=overrides, budget={"flops": point.budget},
+                       train={"evals_per_epoch": params.scaling.evals_per_epoch}, data=data, params_file=PARAMS_FILE)
     except ConfigError as exc:
         raise ConfigError(f"{PARAMS_FILE}: scaling, {point.name}: {exc}") from None
 
 
 @task(cache_policy=NO_CACHE)
-def train_point(point: GridPoint, run: tuple[ModelParams, TrainParams], params: Params, data: TokenData,
-                parent_id: str) -> dict:
+def train_point(point: GridPoint, job: Job, params: Params, data: TokenData, parent_id: str) -> dict:
     """One run of the grid (or its row from an earlier, identical run)."""
-    settings, common = run
+    settings, common = job.settings, job.common
     key = params_hash({"settings": settings.model_dump(mode="json"), "train": common.model_dump(mode="json"),
                        "code": code_version(), "data": data.fingerprint})
     done = WORK / "runs" / f"{point.name}-{key}.json"
@@ -69,9 +68,9 @@ def train_point(point: GridPoint, run: tuple[ModelParams, TrainParams], params: 
     started = time.perf_counter()
     with tracking.runs.run(params.tracking.experiment, point.name, settings.model_dump(mode="json"),
                            parent_run_id=parent_id, tags=tags) as run:
-        m = Trainer(point.model, settings, common, data, WORK / "ckpt" / key, setup_process(common), progress_bar=False,
-                    on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id)).run().metrics
-        tracking.log_metrics(m)
+        result = job.trainer.run(on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id))
+        publish(run, result)
+    m = result.metrics
     row = {"name": point.name, "model": point.model, "family": settings.family, "size": size_label(point.size),
            "budget": point.budget, "n_params": m["n_params"], "n_params_non_embedding": m["n_params_non_embedding"],
            "tokens": m["tokens_seen"], "flops": m["train_flops"], "epochs": m["epochs"],
@@ -80,7 +79,7 @@ def train_point(point: GridPoint, run: tuple[ModelParams, TrainParams], params: 
            "train_seconds": m["seconds"], "wall_seconds": time.perf_counter() - started,
            "flops_per_sec": m["flops_per_sec"], "device": m["device"]}
     write_json(done, row)
-    discard(WORK / "ckpt" / key)
+    discard(job.ckpt_dir)
     print(f"{point.name}: valid bpb {m['valid_bpb']:.4f}, N {m['n_params']:,}, D {m['tokens_seen']:,} tokens, "
           f"{row['wall_seconds']:.0f} s", flush=True)
     return row
@@ -93,14 +92,14 @@ def grid() -> str:
         raise ConfigError(f"{PARAMS_FILE}: scaling.models and scaling.budgets must list at least one model and budget")
     check_declared(list(params.scaling.models), SCALING_PIPELINE, "grid")
     points = grid_points(params.scaling.models, params.scaling.budgets)
-    runs = [point_settings(p, params) for p in points]  # every typo before the first hour of training
+    jobs = [prepare_point(p, params, data) for p in points]  # every typo before the first hour of training
     section = params.section("scaling")
     key = params_hash({"scaling": {k: v for k, v in section.items() if k != "fit"}, "train": params.section("train"),
                        "models": {m: params.models[m].model_dump(mode="json") for m in params.scaling.models},
                        "code": code_version(), "data": data.fingerprint})
     with tracking.runs.run(params.tracking.experiment, f"scaling {key[:8]}", {"scaling": section},
                            tags={"lmpipe.role": "scaling"}, resume={"lmpipe.scaling": key}) as parent:
-        rows = [train_point(p, r, params, data, parent.info.run_id) for p, r in zip(points, runs)]
+        rows = [train_point(p, job, params, data, parent.info.run_id) for p, job in zip(points, jobs)]
         write_text(RUNS, csv_text([{c: r[c] for c in COLUMNS} for r in rows]))  # timings: MLflow and the cache only
         write_json(GRID_MADE_WITH, made_with(params, data))
         tracking.log_metrics({"runs": len(rows), "grid_seconds": sum(r["wall_seconds"] for r in rows)})

@@ -3,7 +3,9 @@
 Outputs metrics/eval/<model>.json ({"valid", "test", "n_params", "decoding": {strategy: samples and their numbers}})
 and data/logprobs/<model>.npz (each token's log-probability on valid and test, float32: what `combine` mixes). The
 model's own MLflow run (found by the content hash of models/<model>, tracking.run_of_output) gets its test_* metrics.
-One stage per model, as training is, so adding a model scores only that model; `evaluate` joins the files.
+A neural model is registered here, as `lmpipe-<model>` with its test metrics and the decoding settings of
+`evaluate` (what its samples used): a changed decoding setting re-runs this stage and registers a new version, never
+retraining. One stage per model, as training is, so adding a model scores only that model; `evaluate` joins the files.
 """
 
 import argparse
@@ -18,6 +20,7 @@ from flows import paths
 from flows._stage import PARAMS_FILE, main, score_stage, stage_run
 from lmpipe import tracking
 from lmpipe.config import load_params
+from lmpipe.decode import DecodeSettings
 from lmpipe.evaluate import evaluate_lm, load_lm
 from lmpipe.io import atomic_path, write_json
 from lmpipe.samples import sample_all
@@ -25,9 +28,9 @@ from lmpipe.splits import load_tokens
 
 
 @task(cache_policy=NO_CACHE)
-def score_and_sample(name: str, params) -> tuple[dict, dict, dict]:
+def score_and_sample(name: str, params, data) -> tuple[dict, dict, dict]:
     """(perplexities, decoding samples, per-token log-probabilities) of one model."""
-    logger, data, model = get_run_logger(), load_tokens(), load_lm(paths.model_dir(name))
+    logger, model = get_run_logger(), load_lm(paths.model_dir(name))
     started, logprobs = time.perf_counter(), {}
     scores = evaluate_lm(model, data, params.chunk, token_logprobs=logprobs)
     logger.info(f"{name}: test bpb {scores['test']['bpb']:.4f}, word ppl {scores['test']['word_ppl']:,.0f} "
@@ -39,9 +42,9 @@ def score_and_sample(name: str, params) -> tuple[dict, dict, dict]:
 
 @flow(name="score")
 def score(model: str) -> dict:
-    params = load_params(PARAMS_FILE)
+    params, data = load_params(PARAMS_FILE), load_tokens()
     with stage_run(score_stage(model), params, ["evaluate"], model=model):
-        scores, samples, logprobs = score_and_sample(model, params.evaluate)
+        scores, samples, logprobs = score_and_sample(model, params.evaluate, data)
         with atomic_path(paths.logprobs(model)) as tmp:
             with tmp.open("wb") as out:  # np.savez would add .npz to a name without it
                 np.savez(out, **logprobs)
@@ -52,6 +55,9 @@ def score(model: str) -> dict:
         if run_id:  # the model's own run carries its test numbers too
             tracking.log_metrics({f"test_{k}": v for k, v in scores["test"].items()} | {"n_params": scores["n_params"]},
                                  run_id=run_id)
+        if model != "ngram":
+            tracking.registry.log_lm(paths.model_dir(model), paths.TOKENIZER, f"lmpipe-{model}",
+                                     data.vocab_size, DecodeSettings.from_params(params.evaluate))
     return scores
 
 

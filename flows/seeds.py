@@ -30,7 +30,8 @@ from lmpipe.evaluate import evaluate_lm
 from lmpipe.io import write_json, write_text
 from lmpipe.seeds import csv_rows, read_rows, spread, study_row
 from lmpipe.splits import TokenData, load_tokens
-from lmpipe.train import Trainer, autocast_dtype, configure_run, pick_device, setup_process
+from lmpipe.train import autocast_dtype, pick_device
+from lmpipe.train.job import prepare, publish
 
 WORK = Path(CACHE_DIR) / "seeds"
 
@@ -55,8 +56,8 @@ def study_runs(params: Params) -> dict[str, dict]:
 @task(cache_policy=NO_CACHE)
 def train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id: str) -> dict:
     """One model at one seed, trained and scored (or its row from an earlier, identical run)."""
-    settings, common = configure_run(params, model, train={"seed": seed})
-    key = params_hash({"settings": settings.model_dump(mode="json"), "train": common.model_dump(mode="json"),
+    job = prepare(params, model, WORK / "ckpt", train={"seed": seed}, data=data, params_file=PARAMS_FILE)
+    key = params_hash({"settings": job.settings.model_dump(mode="json"), "train": job.common.model_dump(mode="json"),
                        "evaluate.chunk": params.evaluate.chunk, "code": code_version(), "data": data.fingerprint})
     name, done = f"{model}-seed{seed}", WORK / "runs" / f"{model}-seed{seed}-{key}.json"
     tags = {"lmpipe.role": "seed-run", "lmpipe.model": model, "lmpipe.seed_run": key}
@@ -65,17 +66,17 @@ def train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id
         print(f"{name}: test bpb {row['test_bpb']:.4f} (trained before, reused)", flush=True)
         return row
     started = time.perf_counter()
-    with tracking.runs.run(params.tracking.experiment, name, {"model": settings.model_dump(mode="json"), "seed": seed},
-                           parent_run_id=parent_id, tags=tags) as run:
-        result = Trainer(model, settings, common, data, WORK / "ckpt" / key, setup_process(common), progress_bar=False,
-                         on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id)).run()
+    with tracking.runs.run(params.tracking.experiment, name, {"model": job.settings.model_dump(mode="json"),
+                                                              "seed": seed}, parent_run_id=parent_id, tags=tags) as run:
+        result = job.trainer.run(on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id))
         scores = evaluate_lm(result.model.eval(), data, params.evaluate.chunk)
-        tracking.log_metrics(result.metrics | {f"test_{k}": v for k, v in scores["test"].items()})
+        publish(run, result)
+        tracking.log_metrics({f"test_{k}": v for k, v in scores["test"].items()}, run_id=run.info.run_id)
     row = {"model": model, "seed": seed, "valid_bpb": scores["valid"]["bpb"], "test_bpb": scores["test"]["bpb"],
            "test_word_ppl": scores["test"]["word_ppl"], "precision": result.metrics["precision"],
            "seconds": time.perf_counter() - started}
     write_json(done, row)
-    discard(WORK / "ckpt" / key)
+    discard(job.ckpt_dir)
     print(f"{name}: test bpb {row['test_bpb']:.4f}, word ppl {row['test_word_ppl']:.1f} ({row['seconds']:.0f} s)",
           flush=True)
     return row

@@ -26,11 +26,11 @@ from prefect.cache_policies import NO_CACHE
 from flows._stage import CACHE_DIR, PARAMS_FILE, main
 from lmpipe import sweep as sw
 from lmpipe import tracking
-from lmpipe.config import ModelParams, Params, TrainParams, load_params
+from lmpipe.config import Params, load_params
 from lmpipe.errors import ConfigError
 from lmpipe.io import csv_text, write_text
-from lmpipe.splits import load_tokens
-from lmpipe.train import Trainer, configure_run, setup_process
+from lmpipe.splits import TokenData, load_tokens
+from lmpipe.train.job import Job, prepare, publish
 
 SWEEPS_DIR, DOC = Path("sweeps"), Path("docs/tuning.md")
 WORK = Path(CACHE_DIR) / "sweeps"
@@ -42,26 +42,27 @@ def sweep_dir(space_file: str | Path, model: str) -> Path:
     return SWEEPS_DIR / model if space_file == Path(sw.SPACE_FILE) else SWEEPS_DIR / space_file.stem / model
 
 
-def trial_run(params: Params, space: sw.Space, overrides: dict, **train) -> tuple[ModelParams, TrainParams]:
-    """A trial's settings: the model's with the trial's overrides, at the sweep's budget and evaluations per epoch."""
-    return configure_run(params, space.model, overrides, space.budget,
-                         {"evals_per_epoch": space.evals_per_epoch, **train}, PARAMS_FILE)
+def prepare_trial(params: Params, space: sw.Space, overrides: dict, data: TokenData, name: str, **train) -> Job:
+    """A trial's run: the model's settings with the trial's overrides, at the sweep's budget and evaluations per
+    epoch, checkpointed under the sweep's folder."""
+    return prepare(params, space.model, WORK / name, overrides=overrides, budget=space.budget,
+                   train={"evals_per_epoch": space.evals_per_epoch, **train}, data=data, params_file=PARAMS_FILE)
 
 
-def train_trial(model, run: tuple[ModelParams, TrainParams], data, ckpt, on_eval=None) -> dict:
-    """One training run at the trial budget; its checkpoints go with it."""
-    settings, common = run
+def train_trial(job: Job, run, on_eval=None) -> dict:
+    """One training run at the trial budget, published to its MLflow run; its checkpoints go with it."""
     try:
-        return Trainer(model, settings, common, data, ckpt, setup_process(common), on_eval=on_eval,
-                       progress_bar=False).run().metrics
+        result = job.trainer.run(on_eval=on_eval)
+        publish(run, result)
+        return result.metrics
     finally:
-        shutil.rmtree(ckpt, ignore_errors=True)
+        shutil.rmtree(job.ckpt_dir, ignore_errors=True)
 
 
 def objective_for(model, space, params, data, experiment, parent_id, name):
     def objective(trial: optuna.Trial) -> float:
         overrides = sw.suggest(trial, space)
-        run_settings = trial_run(params, space, overrides)
+        job = prepare_trial(params, space, overrides, data, name)
         with tracking.runs.run(experiment, f"{model} trial {trial.number}", overrides, parent_run_id=parent_id,
                                tags={"lmpipe.role": "trial", "lmpipe.model": model, "lmpipe.sweep": name}) as run:
             evaluations = itertools.count(1)
@@ -73,10 +74,9 @@ def objective_for(model, space, params, data, experiment, parent_id, name):
                     tracking.log_metrics({"pruned_at_tokens": record["tokens"]}, run_id=run.info.run_id)
                     raise optuna.TrialPruned()
 
-            metrics = train_trial(model, run_settings, data, WORK / name / f"trial-{trial.number}", on_eval)
+            metrics = train_trial(job, run, on_eval)
             for key in ("evaluations", "tokens_seen", "train_flops", "seconds"):
                 trial.set_user_attr(key, metrics[key])
-            tracking.log_metrics(metrics, run_id=run.info.run_id)
         return metrics["valid_bpb"]
     return objective
 
@@ -89,8 +89,7 @@ def seed_runs(model, params, space, best, data, seeds, experiment, parent_id, na
         seed = params.train.seed + k
         with tracking.runs.run(experiment, f"{model} best, seed {seed}", {"train.seed": seed},
                                parent_run_id=parent_id, tags={"lmpipe.role": "seed", "lmpipe.model": model}) as run:
-            metrics = train_trial(model, trial_run(params, space, best, seed=seed), data, WORK / name / f"seed-{seed}")
-            tracking.log_metrics(metrics, run_id=run.info.run_id)
+            metrics = train_trial(prepare_trial(params, space, best, data, name, seed=seed), run)
         rows.append({"seed": seed, "valid_bpb": metrics["valid_bpb"], "valid_ppl": metrics["valid_ppl"],
                      "seconds": metrics["seconds"]})
     return rows

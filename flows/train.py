@@ -1,11 +1,11 @@
 """train@<model> stage: one neural LM from `models.<model>` in params.yaml.
 
 Outputs: models/<model>/model.pt, metrics/train/<model>.json, plots/train/<model>.csv; the MLflow run that trained
-the model is tagged with the folder's content hash (evaluate and audit find it from there).
+the model is tagged with the folder's content hash (score, evaluate and audit find it from there; score@<model>
+registers the model, with the decoding settings of params.yaml's `evaluate`).
 Resumable checkpoints live in .cache/lmpipe/ckpt/<model>-<hash>/ (outside DVC's outputs, which DVC
 deletes before a re-run), keyed by params, training code and the token data, so a change never resumes
-a stale run. They are discarded only once every output is written (model, metrics, curve, MLflow run and
-registry): a failure after training resumes the finished run without training again, and a stage that
+a stale run. They are discarded only once every output is written (model, metrics, curve and MLflow run): a failure after training resumes the finished run without training again, and a stage that
 succeeded leaves none, so `dvc repro -f` trains again from scratch.
 
 Under torchrun (`torchrun --nproc-per-node N -m flows.train --model M`) the main process runs this
@@ -23,10 +23,7 @@ from flows import paths
 from flows._stage import CACHE_DIR, PARAMS_FILE, main, stage_run
 from lmpipe import checkpoints, distributed, tracking
 from lmpipe.config import load_params
-from lmpipe.io import atomic_path, csv_text, without_timings, write_json, write_text
-from lmpipe.models import save_model
-from lmpipe.splits import load_tokens
-from lmpipe.train import Trainer, run_settings, setup_process
+from lmpipe.train.job import Job, Outputs, prepare, publish
 
 CKPT_ROOT = Path(CACHE_DIR) / "ckpt"
 CURVE_COLUMNS = ("epoch", "tokens", "flops", "train_loss", "valid_bpb", "valid_ppl", "lr", "tokens_per_sec")
@@ -45,50 +42,41 @@ def artifact_key(model: str) -> str:
 
 
 @task(cache_policy=NO_CACHE)  # its inputs (token streams) are not worth hashing; DVC decides what re-runs
-def fit(name, settings, common, data, ckpt_dir, run_id):
-    elapsed, logged = [], set()
+def fit(job: Job, run_id: str):
+    """The training loop, its curve live in the model's MLflow run and a line per evaluation in the log."""
+    elapsed, logged, logger, trainer = [], set(), get_run_logger(), job.trainer
 
-    def on_eval(record):  # live learning curve in the model's MLflow run, and a line in the log
+    def on_eval(record):
         tracking.log_evaluation(record, run_id)
         logged.add(record["step"])
         elapsed.append(record["train_seconds"])
-        line = progress_line(name, {**record, "elapsed_seconds": sum(elapsed)}, trainer.total_steps / trainer.steps_per_epoch)
+        line = progress_line(job.name, {**record, "elapsed_seconds": sum(elapsed)},
+                             trainer.total_steps / trainer.steps_per_epoch)
         logger.info(line)  # the console and the flow run's page in the Prefect UI
 
-    logger = get_run_logger()
-    trainer = Trainer(name, settings, common, data, ckpt_dir, setup_process(common, ckpt_dir), on_eval=on_eval)
-    result = trainer.run()
+    result = trainer.run(on_eval=on_eval)
     for record in result.history:  # points trained before a resume: the whole curve on this run too
         if record["step"] not in logged:
             tracking.log_evaluation(record, run_id)
     m = result.metrics
-    create_table_artifact([{k: r[k] for k in CURVE_COLUMNS} for r in result.history], key=artifact_key(name),
-                          description=f"{name}: validation at every evaluation (bits per byte, perplexity, speed)")
-    logger.info(f"{name}: best valid bpb {m['valid_bpb']:.4f} (ppl {m['valid_ppl']:.1f}) at epoch {m['best_epoch']:g}; "
-                f"{m['tokens_seen']:,} tokens, {m['train_flops']:.2e} FLOPs, {m['seconds']:.0f} s")
+    create_table_artifact([{k: r[k] for k in CURVE_COLUMNS} for r in result.history], key=artifact_key(job.name),
+                          description=f"{job.name}: validation at every evaluation (bits per byte, perplexity, speed)")
+    logger.info(f"{job.name}: best valid bpb {m['valid_bpb']:.4f} (ppl {m['valid_ppl']:.1f}) at epoch "
+                f"{m['best_epoch']:g}; {m['tokens_seen']:,} tokens, {m['train_flops']:.2e} FLOPs, {m['seconds']:.0f} s")
     return result
 
 
 @flow(name="train", flow_run_name="train@{model}")
 def train(model: str) -> dict:
-    params, data = load_params(PARAMS_FILE), load_tokens()
-    settings, chosen, ckpt_dir = run_settings(params, model, PARAMS_FILE, CKPT_ROOT, data)
-    with stage_run(f"train@{model}", params, chosen, model=model) as run:
-        result = fit(model, settings, params.train, data, ckpt_dir, run.info.run_id)
-        with atomic_path(paths.model_dir(model)) as tmp:
-            tmp.mkdir()
-            save_model(result.model, settings.family, settings.arch, tmp / "model.pt")
-        tracking.mark_output(paths.model_dir(model))
-        write_json(paths.train_metrics(model), without_timings(result.metrics))  # timings: MLflow only
-        write_text(paths.curve(model), csv_text([without_timings(r) for r in result.history]))
-        tracking.log_metrics({k: v for k, v in result.metrics.items() if isinstance(v, (int, float))}
-                             | {"train_tflops": result.metrics["train_flops"] / 1e12})  # FLOPs, readable in the UI
-        tracking.log_compare_axes(model, result.metrics["n_params"], result.metrics["tokens_seen"])
-        tracking.log_artifacts(paths.curve(model))
-        tracking.registry.log_lm(paths.model_dir(model), paths.TOKENIZER, f"lmpipe-{model}",
-                                 result.model.embed.num_embeddings)
-        tracking.carry_results(params.tracking.experiment, paths.model_dir(model), run.info.run_id)
-    checkpoints.discard(ckpt_dir)  # every output is written: only now may the training go
+    params = load_params(PARAMS_FILE)
+    job = prepare(params, model, CKPT_ROOT, params_file=PARAMS_FILE)
+    outputs = Outputs(Path(paths.model_dir(model)), Path(paths.train_metrics(model)), Path(paths.curve(model)))
+    with stage_run(f"train@{model}", params, job.chosen, model=model) as run:
+        result = fit(job, run.info.run_id)
+        publish(run, result, outputs)
+        tracking.mark_output(outputs.model_dir)  # evaluate, score and audit find this run from the model's files
+        tracking.carry_results(params.tracking.experiment, outputs.model_dir, run.info.run_id)
+    checkpoints.discard(job.ckpt_dir)  # every output is written: only now may the training go
     return result.metrics
 
 
@@ -100,7 +88,5 @@ if __name__ == "__main__":
     if ranks.main:
         main(train, model=model)
     else:  # a torchrun helper process: same training, no outputs
-        params, data = load_params(PARAMS_FILE), load_tokens()
-        settings, _, ckpt_dir = run_settings(params, model, PARAMS_FILE, CKPT_ROOT, data)
-        Trainer(model, settings, params.train, data, ckpt_dir, setup_process(params.train, ckpt_dir)).run()
+        prepare(load_params(PARAMS_FILE), model, CKPT_ROOT, params_file=PARAMS_FILE).trainer.run()
     distributed.leave(ranks)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -60,15 +61,16 @@ def train(workdir: Path, model: str, processes: int, check: bool = True) -> subp
 def test_two_gloo_processes_follow_the_single_process_curve(workdir, model):
     train(workdir, model, 1)
     train(workdir, model, 2)
-    one = json.loads((workdir / f"out/{model}-1/history.json").read_text())
-    two = json.loads((workdir / f"out/{model}-2/history.json").read_text())
+    one = pd.read_csv(workdir / f"out/{model}-1/curve.csv").to_dict("records")
+    two = pd.read_csv(workdir / f"out/{model}-2/curve.csv").to_dict("records")
     assert len(one) == len(two) == MODELS[model]["epochs"]
     for a, b in zip(one, two):
         assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-3)
         assert b["valid_loss"] == pytest.approx(a["valid_loss"], rel=1e-3)
     assert one[-1]["valid_loss"] < one[0]["valid_loss"] - 0.1  # it is a learning curve, not a flat line
     metrics = json.loads((workdir / f"out/{model}-2/metrics.json").read_text())
-    assert metrics["processes"] == 2 and metrics["valid_ppl"] == pytest.approx(
+    written = json.loads((workdir / f"out/{model}-2/lmpipe-output.json").read_text())
+    assert written["processes"] == 2 and metrics["valid_ppl"] == pytest.approx(
         json.loads((workdir / f"out/{model}-1/metrics.json").read_text())["valid_ppl"], rel=1e-3)
     assert not list((workdir / ".cache/lmpipe/ckpt").glob(f"{model}-*"))  # finished runs drop their checkpoints
 

@@ -393,10 +393,13 @@ mlflow.set_tracking_uri("sqlite:///mlflow.db")
 info = mlflow.models.get_model_info("models:/lmpipe-lstm/1")
 text = mlflow.pyfunc.load_model("models:/lmpipe-lstm/1").predict(pd.DataFrame({"prompt": ["The history of", "A"]}),
                                                                  params={"strategy": "greedy", "max_new_tokens": 4})
+default = mlflow.pyfunc.load_model("models:/lmpipe-lstm/1").predict(pd.DataFrame({"prompt": ["The history of"]}),
+                                                                    params={"strategy": "greedy"})
 raw = f"runs:/{mlflow.MlflowClient().get_model_version('lmpipe-lstm', '1').run_id}/logits"
 logits = mlflow.pyfunc.load_model(raw).predict(np.array([[5, 6, 7]], dtype=np.int64))
 print(json.dumps({"signature": info.signature.to_dict(), "logits": mlflow.models.get_model_info(raw).signature.to_dict(),
-                  "shape": list(logits.shape), "text": text["continuation"].tolist()}))
+                  "shape": list(logits.shape), "text": text["continuation"].tolist(),
+                  "default": default["continuation"][0]}))
 """
     loaded = run([sys.executable, "-c", check], copy, env)
     assert "mismatch" not in loaded.stderr and "Warning" not in loaded.stderr, loaded.stderr[-2000:]
@@ -412,6 +415,9 @@ print(json.dumps({"signature": info.signature.to_dict(), "logits": mlflow.models
     done = run(["lmpipe", "generate", "--model", "models:/lmpipe-lstm/1", "--prompt", "The history of",
                 "--max-new-tokens", "5"], copy, env)
     assert done.stdout.startswith("The history of")
+    # what a request leaves unset comes from params.yaml's `evaluate` (max_new_tokens 8 here), as in `lmpipe generate`
+    local = run(["lmpipe", "generate", "--model", "lstm", "--prompt", "The history of", "--strategy", "greedy"], copy, env)
+    assert local.stdout.rstrip("\n") == "The history of" + out["default"] and out["default"]
     client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
     for model in MODELS:  # the study's first versions are the champions, and the newest the challengers
         assert str(client.get_model_version_by_alias(f"lmpipe-{model}", "champion").version) == "1"
@@ -941,11 +947,11 @@ def test_a_changed_code_default_makes_dvc_status_name_the_stages_it_affects(scra
     assert not changed & {"download", "prepare", "validate", "tokenize", "ngram", "word2vec"}
 
 
-FAIL_AT_REGISTRY = """
+FAIL_AT_TRACKING = """
 import flows.train as stage
 def unavailable(*args, **kwargs):
-    raise RuntimeError("the model registry is unavailable")
-stage.tracking.registry.log_lm = unavailable
+    raise RuntimeError("the tracking store is unavailable")
+stage.tracking.mark_output = unavailable
 stage.main(stage.train, model="gru")
 """
 
@@ -954,9 +960,9 @@ def test_a_failure_after_training_keeps_the_training_and_the_rerun_does_not_trai
     copy, env = scratch
     run(["dvc", "repro", "--force", "train@gru"], copy, env)  # an uninterrupted run here
     ours = (copy / "models/gru/model.pt").read_bytes()
-    failed = subprocess.run([sys.executable, "-c", FAIL_AT_REGISTRY], cwd=copy, env=env, capture_output=True,
+    failed = subprocess.run([sys.executable, "-c", FAIL_AT_TRACKING], cwd=copy, env=env, capture_output=True,
                             text=True, timeout=600)
-    assert failed.returncode != 0 and "registry is unavailable" in failed.stderr
+    assert failed.returncode != 0 and "tracking store is unavailable" in failed.stderr
     assert "gru epoch 1.00/1" in failed.stderr + failed.stdout  # it trained
     assert list((copy / ".cache/lmpipe/ckpt").glob("gru-*/last.pt"))  # and kept what it trained
     # --force: the stage itself runs (DVC would otherwise restore the fixture's cached outputs of this very stage)
@@ -1120,7 +1126,8 @@ def test_a_retrain_on_a_changed_corpus_that_holds_level_is_committed_and_crowned
     client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
     for m in MODELS:  # the champion is the model the workspace holds
         version = client.get_model_version_by_alias(f"lmpipe-{m}", "champion")
-        assert client.get_run(version.run_id).data.tags["lmpipe.output_sha256"] == after["models"][m]
+        assert version.tags["lmpipe.output_sha256"] == after["models"][m]
+        assert client.get_run(version.run_id).data.tags["lmpipe.stage"] == f"score@{m}"  # registered where scored
     tags = retrain_runs(copy)[0].data.tags
     assert tags["lmpipe.retrain.decision"] == "passed" and tags["lmpipe.retrain.commit"] == after["head"]
     assert newest_flow_run_state(prefect_api, "retrain") == "COMPLETED"

@@ -109,20 +109,22 @@ def test_grid_is_every_size_at_every_budget_smallest_budget_first():
 
 
 def test_each_grid_point_trains_its_size_to_its_flop_budget():
-    from flows.scaling import point_settings
+    from flows.scaling import prepare_point
+    from tests.test_train import synthetic_data
 
     params = parse_params({"models": {"lstm": {"family": "rnn", "arch": {"cell": "lstm", "emb": 256, "hidden": 256}}},
                            "scaling": {"models": {"lstm": [{"emb": 32, "hidden": 32}]}, "budgets": [1e12],
                                        "overrides": {"batch_size": 16, "optim.warmup_steps": 5}}})
     point = grid_points(params.scaling.models, params.scaling.budgets)[0]
-    settings, common = point_settings(point, params)
+    job = prepare_point(point, params, synthetic_data())
+    settings, common = job.settings, job.common
     assert settings.arch == {"cell": "lstm", "emb": 32, "hidden": 32} and settings.batch_size == 16
     assert common.evals_per_epoch == params.scaling.evals_per_epoch and common.seed == params.train.seed
     assert settings.optim.warmup_steps == 5 and settings.budget.flops == 1e12
     bad = parse_params({"models": {"lstm": {"family": "rnn"}}, "scaling": {"models": {"lstm": [{"dim": 32}]},
                                                                           "budgets": [1e12]}})
     with pytest.raises(ConfigError, match=r"scaling, lstm-dim32-C1.0e\+12: settings .*: arch has \[.dim.\]"):
-        point_settings(grid_points(bad.scaling.models, bad.scaling.budgets)[0], bad)
+        prepare_point(grid_points(bad.scaling.models, bad.scaling.budgets)[0], bad, synthetic_data())
 
 
 def test_scaling_must_name_models_of_the_study_and_positive_budgets():

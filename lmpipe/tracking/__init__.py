@@ -93,7 +93,7 @@ def log_evaluation(record: Mapping, run_id: str) -> None:
     log_metrics({k: v for k, v in record.items() if k != "step"}, step=record["step"], run_id=run_id)
 
 
-def log_compare_axes(model: str, n_params: float, train_tokens: float) -> None:
+def log_compare_axes(model: str, n_params: float, train_tokens: float, run_id: str | None = None) -> None:
     """Params that put size and data first in MLflow's compare view.
 
     Its parallel-coordinates plot opens on the first three params (sorted by name) that differ between the
@@ -101,7 +101,7 @@ def log_compare_axes(model: str, n_params: float, train_tokens: float) -> None:
     """
     tracker()
     mlflow.log_params({"compute.params_m": round(n_params / 1e6, 3), "compute.tokens_m": round(train_tokens / 1e6, 3),
-                       "lm": model})
+                       "lm": model}, run_id=run_id)
 
 
 def log_artifacts(path: str | Path, artifact_path: str | None = None, run_id: str | None = None) -> None:

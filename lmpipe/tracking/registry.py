@@ -11,7 +11,7 @@ import mlflow
 
 from lmpipe.errors import TrackingError
 from lmpipe.tracking.store import project_root, relocate_store, temporary_env
-from lmpipe.tracking import EXPERIMENT, experiment_tags, tracker
+from lmpipe.tracking import EXPERIMENT, OUTPUT, experiment_tags, output_hash, tracker
 
 # all an lmpipe LM's pyfunc models import besides lmpipe's own code, which goes with them
 MODEL_REQUIREMENTS = ("mlflow", "torch", "numpy", "pandas", "tokenizers", "pydantic", "pyyaml")
@@ -25,11 +25,13 @@ def pinned_requirements(names=MODEL_REQUIREMENTS, lock_file: str | Path = "const
     return [pins.get(name, name) for name in names]
 
 
-def log_lm(model_dir: str | Path, tokenizer: str | Path, registered_name: str, vocab_size: int) -> None:
+def log_lm(model_dir: str | Path, tokenizer: str | Path, registered_name: str, vocab_size: int, defaults) -> None:
     """Log a trained LM as two pyfunc models of the active run (lmpipe.serving): `model`, prompts in and text out,
     registered as `registered_name` (so `mlflow models serve -m models:/<name>@champion` answers prompts), and
     `logits`, token ids in and next-token logits out. Both carry the model's files (a state dict and JSON), the
-    tokenizer and lmpipe's code, and are logged as code: loading them unpickles nothing."""
+    tokenizer, the decoding settings a request does not set (`defaults`, a DecodeSettings: params.yaml's
+    `evaluate`, as `lmpipe generate` and the study's samples use) and lmpipe's code, and are logged as code:
+    loading them unpickles nothing."""
     import tempfile
 
     import mlflow.pyfunc
@@ -37,9 +39,8 @@ def log_lm(model_dir: str | Path, tokenizer: str | Path, registered_name: str, v
     import pandas as pd
 
     from lmpipe import serving
-    from lmpipe.decode import DecodeSettings
 
-    here, defaults = Path(__file__).parents[1], DecodeSettings()  # lmpipe/: the code that goes with the model
+    here = Path(__file__).parents[1]  # lmpipe/: the code that goes with the model
     tracker()  # the fluent log_model writes to this store
     signatures = serving.signatures(vocab_size, defaults)
     with tempfile.TemporaryDirectory() as scratch:
@@ -52,7 +53,8 @@ def log_lm(model_dir: str | Path, tokenizer: str | Path, registered_name: str, v
                                        input_example=(pd.DataFrame({"prompt": ["The history of"]}),
                                                       {"max_new_tokens": 8}))
     client, version = tracker().client, str(info.registered_model_version)
-    for key, value in experiment_tags().items():  # a `dvc exp run` version is not one of the study's
+    # the model's files (the training run carries the same tag), and whether a `dvc exp run` made it
+    for key, value in {OUTPUT: output_hash(model_dir), **experiment_tags()}.items():
         client.set_model_version_tag(registered_name, version, key, value)
     name_aliases(client, registered_name, version)
 

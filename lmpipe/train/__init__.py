@@ -1,8 +1,8 @@
-"""One training loop for every neural model (lmpipe.train.trainer); `python -m lmpipe.train` runs it from the command
-line (lmpipe/train/__main__.py)."""
+"""One training loop for every neural model (lmpipe.train.trainer); what each entry point does around it, `prepare`
+and `publish` (lmpipe.train.job); `python -m lmpipe.train` runs it from the command line (lmpipe/train/__main__.py)."""
 
 from lmpipe.train.trainer import (Trainer, TrainResult, autocast_dtype, configure_device, configure_run, native_bf16,
-                                  pick_device, run_checkpoints, run_settings, setup_process, stream_plan, window_plan)
+                                  pick_device, setup_process, stream_plan, window_plan)
 
 __all__ = ["Trainer", "TrainResult", "autocast_dtype", "configure_device", "configure_run", "native_bf16",
-           "pick_device", "run_checkpoints", "run_settings", "setup_process", "stream_plan", "window_plan"]
+           "pick_device", "setup_process", "stream_plan", "window_plan"]

@@ -16,16 +16,15 @@ from lmpipe.config import load_params, parse_assignments
 from lmpipe.errors import Interrupted, LmpipeError
 from lmpipe.evaluate import evaluate_lm
 from lmpipe.io import OUT_MARK, atomic_path, check_out_dir, write_json
-from lmpipe.models import save_model
-from lmpipe.splits import load_tokens
-from lmpipe.train.trainer import Trainer, configure_run, run_checkpoints, setup_process
+from lmpipe.train.job import Outputs, prepare, publish
 
 
 def main(argv: list[str] | None = None) -> None:
     """Train one model of params.yaml without orchestration, any of its settings changed for this run (a probe
     before a sweep): `python -m lmpipe.train --model gru --set optim.lr=0.003 --seed 7 --budget '{tokens: 1e6}'`,
     or under `torchrun ... -m lmpipe.train`. Prints a JSON line per evaluation; --score adds a last line with valid
-    and test scored as the evaluate stage scores them; --out saves the model, its metrics and its curve."""
+    and test scored as the evaluate stage scores them; --out saves the model, its metrics and its curve as the train
+    stage does."""
     parser = argparse.ArgumentParser(prog="python -m lmpipe.train", description=main.__doc__.split(":")[0])
     parser.add_argument("--model", required=True, help="an entry of params.yaml's `models`")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
@@ -35,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, help="CPU threads (1: two runs side by side on 2 cores)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (train.compile)")
     parser.add_argument("--score", action="store_true", help="score valid and test as the evaluate stage does")
-    parser.add_argument("--out", help="a new or empty folder for model.pt, metrics.json and history.json, or one an "
+    parser.add_argument("--out", help="a new or empty folder for model.pt, metrics.json and curve.csv, or one an "
                                       f"earlier --out wrote (it holds {OUT_MARK}; replaced whole) (default: none)")
     parser.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")
     parser.add_argument("--checkpoints", default=".cache/lmpipe/ckpt", help="root of the resumable checkpoints")
@@ -47,13 +46,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.out:  # before any training: a folder of the user's is never replaced
             check_out_dir(args.out, "python -m lmpipe.train")
         budget = None if args.budget is None else parse_assignments([f"budget={args.budget}"], "--budget")["budget"]
-        params, data = load_params(args.params), load_tokens()
-        settings, common = configure_run(params, args.model, parse_assignments(args.set), budget, train, args.params)
-        _, ckpt_dir = run_checkpoints(args.checkpoints, args.model, settings, common, data)
-        on_eval = lambda record: print(json.dumps(record), flush=True)  # noqa: E731
-        device = setup_process(common, ckpt_dir)
-        result = Trainer(args.model, settings, common, data, ckpt_dir, device, on_eval=on_eval,
-                         progress_bar=sys.stderr.isatty()).run()
+        params = load_params(args.params)
+        job = prepare(params, args.model, args.checkpoints, overrides=parse_assignments(args.set), budget=budget,
+                      train=train, params_file=args.params, progress_bar=sys.stderr.isatty())
+        result = job.trainer.run(on_eval=lambda record: print(json.dumps(record), flush=True))
     except LmpipeError as exc:
         if not ranks.main:  # the main process meets the same error and says it: torchrun would stop it on our exit
             time.sleep(2)
@@ -64,19 +60,17 @@ def main(argv: list[str] | None = None) -> None:
         distributed.leave(ranks)
     if not ranks.main:
         return
-    if args.out:
+    if args.out:  # one folder, whole or not at all
         with atomic_path(args.out) as tmp:
-            tmp.mkdir()
-            save_model(result.model, settings.family, settings.arch, tmp / "model.pt")
-            write_json(tmp / "metrics.json", {**result.metrics, "processes": ranks.world})
-            write_json(tmp / "history.json", result.history)
-            write_json(tmp / OUT_MARK, {"written_by": "python -m lmpipe.train", "model": args.model, "set": args.set})
+            publish(None, result, Outputs(tmp, tmp / "metrics.json", tmp / "curve.csv"))
+            write_json(tmp / OUT_MARK, {"written_by": "python -m lmpipe.train", "model": args.model, "set": args.set,
+                                        "processes": ranks.world})
     if args.score:
-        scores = evaluate_lm(result.model.eval(), data, params.evaluate.chunk)
-        print(json.dumps({"model": args.model, "set": args.set, "seed": common.seed, "valid_bpb": scores["valid"]["bpb"],
+        scores = evaluate_lm(result.model.eval(), job.data, params.evaluate.chunk)
+        print(json.dumps({"model": args.model, "set": args.set, "seed": job.common.seed, "valid_bpb": scores["valid"]["bpb"],
                           "test_bpb": scores["test"]["bpb"], "test_word_ppl": scores["test"]["word_ppl"],
                           "train_seconds": result.metrics["seconds"]}), flush=True)
-    checkpoints.discard(ckpt_dir)
+    checkpoints.discard(job.ckpt_dir)
 
 
 if __name__ == "__main__":

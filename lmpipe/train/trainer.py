@@ -123,6 +123,7 @@ def _one_ahead(batches):
 @dataclass
 class TrainResult:
     model: StreamLM
+    settings: ModelParams
     history: list[dict]
     metrics: dict
     device: str
@@ -281,11 +282,9 @@ class Trainer:
     """
 
     def __init__(self, name: str, settings: ModelParams, common: TrainParams, data: TokenData,
-                 ckpt_dir: str | Path, device: torch.device, on_eval: Callable[[dict], None] | None = None,
-                 progress_bar: bool = True):
+                 ckpt_dir: str | Path, device: torch.device, progress_bar: bool = True):
         self.name, self.settings, self.common, self.data = name, settings, common, data
         self.ckpt_dir, self.device = Path(ckpt_dir), device
-        self.on_eval = on_eval or (lambda record: None)
         self.ranks = distributed.launched()
         if settings.batch_size % self.ranks.world:
             raise ConfigError(f"models.{name}.batch_size: {settings.batch_size} does not split over "
@@ -402,9 +401,12 @@ class Trainer:
             yield windows[:, context:-1], windows[:, context + 1:], (windows[:, :context] if context > 0 else None)
 
     # ---------- the loop ----------
-    def run(self, on_step: Callable[[int], None] | None = None) -> TrainResult:
+    def run(self, on_eval: Callable[[dict], None] | None = None,
+            on_step: Callable[[int], None] | None = None) -> TrainResult:
         """Resume, then train to the budget: each epoch, each batch one step; evaluate and checkpoint as due.
-        `on_step(step)` is called after every optimiser step (tests interrupt a run from there)."""
+        `on_eval(record)` gets each learning-curve point (main process only); `on_step(step)` is called after every
+        optimiser step (tests interrupt a run from there)."""
+        self.on_eval = on_eval or (lambda record: None)
         self._resume()
         p, on_step = self.progress, on_step or (lambda step: None)
         with _StopRequest(active=self.ranks.world == 1) as stop:
@@ -581,7 +583,7 @@ class Trainer:
         precision = "bf16" if self.autocast is not None else "fp32"
         metrics = summary(self.name, self.settings, self.model, self.progress, self.flops_per_token, self.device,
                           precision)
-        return TrainResult(self.model, self.progress.history, metrics, self.device.type)
+        return TrainResult(self.model, self.settings, self.progress.history, metrics, self.device.type)
 
 
 def configure_run(params: Params, model: str, overrides: dict | None = None, budget: dict | None = None,
@@ -597,17 +599,3 @@ def configure_run(params: Params, model: str, overrides: dict | None = None, bud
     except ValidationError as exc:
         raise ConfigError(f"train {train}: {describe_error(exc.errors()[0])}") from None
     return settings, common
-
-
-def run_checkpoints(root: str | Path, model: str, settings: ModelParams, common: TrainParams,
-                    data: TokenData) -> tuple[dict, Path]:
-    """(the params that define the run, its checkpoint directory under `root`)."""
-    chosen = {"train": common.model_dump(mode="json"), "model": settings.model_dump(mode="json")}
-    return chosen, checkpoint_dir(root, model, chosen, data.fingerprint, distributed.launched().world)
-
-
-def run_settings(params: Params, model: str, params_file: str, ckpt_root: str | Path, data: TokenData):
-    """(settings, the params that define the run, its checkpoint directory) for `models.<model>` as params.yaml
-    states it: the train@<model> stage's run."""
-    settings, common = configure_run(params, model, params_file=params_file)
-    return (settings, *run_checkpoints(ckpt_root, model, settings, common, data))

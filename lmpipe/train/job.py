@@ -1,0 +1,86 @@
+"""What every training entry point does around the loop: `prepare` a run, `job.trainer.run()`, `publish` what it made.
+
+The five entry points (the train stage, the seeds, the scaling grid, a sweep's trials and `python -m lmpipe.train`)
+differ only in what they change of params.yaml's settings and where their results go; the steps are these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from lmpipe import distributed, tracking
+from lmpipe.checkpoints import checkpoint_dir
+from lmpipe.config import ModelParams, Params, TrainParams
+from lmpipe.io import atomic_path, csv_text, without_timings, write_json, write_text
+from lmpipe.models import save_model
+from lmpipe.splits import TokenData, load_tokens
+from lmpipe.train.trainer import Trainer, TrainResult, configure_run, setup_process
+
+
+@dataclass
+class Job:
+    """One training run, set up: its settings, its data, its checkpoint folder (keyed by everything that decides
+    the run, so only the same run resumes there) and its Trainer."""
+
+    name: str
+    settings: ModelParams
+    common: TrainParams
+    data: TokenData
+    ckpt_dir: Path
+    progress_bar: bool = False
+
+    @property
+    def chosen(self) -> dict:
+        """The settings that define the run: its MLflow params and its checkpoint key."""
+        return {"train": self.common.model_dump(mode="json"), "model": self.settings.model_dump(mode="json")}
+
+    @cached_property
+    def trainer(self) -> Trainer:
+        """Built on first use, right after the process setup that seeds its initial weights: a caller that finds
+        the run's result cached never builds one."""
+        return Trainer(self.name, self.settings, self.common, self.data, self.ckpt_dir,
+                       setup_process(self.common, self.ckpt_dir), progress_bar=self.progress_bar)
+
+
+def prepare(params: Params, model: str, ckpt_root: str | Path, *, overrides: dict | None = None,
+            budget: dict | None = None, train: dict | None = None, data: TokenData | None = None,
+            params_file: str = "params.yaml", progress_bar: bool = False) -> Job:
+    """`models.<model>` of params.yaml with this run's changes (dotted settings, a budget, fields of `train` such as
+    the seed; lmpipe.train.configure_run checks them), the token data, and the run's checkpoint folder under
+    `ckpt_root`. A typo fails here, before any training."""
+    settings, common = configure_run(params, model, overrides, budget, train, params_file)
+    data = data if data is not None else load_tokens()
+    chosen = {"train": common.model_dump(mode="json"), "model": settings.model_dump(mode="json")}
+    ckpt_dir = checkpoint_dir(ckpt_root, model, chosen, data.fingerprint, distributed.launched().world)
+    return Job(model, settings, common, data, ckpt_dir, progress_bar)
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Where a trained model's files go: its folder (model.pt), its metrics (JSON) and its learning curve (CSV)."""
+
+    model_dir: Path
+    metrics: Path
+    curve: Path
+
+
+def publish(run, result: TrainResult, out: Outputs | None = None) -> None:
+    """What a finished run leaves: its files at `out` (timings left out: they differ from run to run), and its
+    MLflow `run` (None: an untracked run) given its summary metrics, the compare view's axes and its curve file.
+    Call it before `checkpoints.discard`: a failure here resumes the finished run instead of training it again."""
+    if out is not None:
+        with atomic_path(out.model_dir) as tmp:
+            tmp.mkdir()
+            save_model(result.model, result.settings.family, result.settings.arch, tmp / "model.pt")
+        write_json(out.metrics, without_timings(result.metrics))
+        write_text(out.curve, csv_text([without_timings(r) for r in result.history]))
+    if run is None:
+        return
+    m, run_id = result.metrics, run.info.run_id
+    tracking.log_metrics({k: v for k, v in m.items() if isinstance(v, (int, float))}
+                         | {"train_tflops": m["train_flops"] / 1e12}, run_id=run_id)  # FLOPs, readable in the UI
+    tracking.log_compare_axes(m["model"], m["n_params"], m["tokens_seen"], run_id=run_id)
+    if out is not None:
+        tracking.log_artifacts(out.curve, run_id=run_id)
