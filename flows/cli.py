@@ -449,7 +449,7 @@ def positive_seconds(text: str) -> float:
 
 
 def _retrain_args(p):
-    p.add_argument("overrides", nargs="*", help="params overrides for the experiment, e.g. models.gru.epochs=4")
+    p.add_argument("overrides", nargs="*", help="params overrides for the experiment, e.g. models.gru.optim.lr=0.003")
 
 
 @command("retrain", _retrain_args, help="retrain now: a DVC experiment, applied only when no model regressed",

@@ -169,7 +169,7 @@ RESUME = "run the same `lmpipe retrain` again: DVC's run cache restores every st
 
 @flow(name="retrain")
 def retrain(overrides: list[str] | None = None) -> dict:
-    """Retrain what a refreshed corpus (or `overrides`, e.g. models.gru.epochs=4) changes, as a DVC experiment;
+    """Retrain what a refreshed corpus (or `overrides`, e.g. models.gru.optim.lr=0.003) changes, as a DVC experiment;
     apply and commit it, and promote its models, only when no model regressed beyond retrain.max_regression.
     Every outcome ends in one line: nothing to retrain, applied (the commit and the champions), or regressed.
     Stopped (Ctrl-C, SIGTERM, the deployment's timeout), its MLflow run ends KILLED and the line says how to resume."""

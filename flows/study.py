@@ -141,7 +141,7 @@ def repro(settings: OrchestrationParams, env: dict) -> str:
 
 @flow(name="study")
 def study(overrides: list[str] | None = None) -> str:
-    """Run the pipeline: `dvc repro`, or `dvc exp run -S ...` when overrides (e.g. models.lstm.epochs=4) are given."""
+    """Run the pipeline: `dvc repro`, or `dvc exp run -S ...` when overrides (e.g. models.lstm.optim.lr=0.006) are given."""
     params = load_params(PARAMS_FILE)
     settings = params.orchestration
     if overrides and settings.task_runner != "sequential":

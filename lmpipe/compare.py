@@ -29,7 +29,7 @@ MATCHED = 0.01  # a model is compute-matched when its training FLOPs are within 
 def not_compute_matched(trained: Mapping[str, Mapping], budget_flops: float | None,
                         exceptions: Sequence[str] = ()) -> list[str]:
     """The neural models (metrics/train/<model>.json) that did not train the study's budget: the `exceptions`
-    (entries with a budget of their own, `Params.budget_exceptions`) and any run whose training FLOPs end more than
+    (entries with epochs or a budget of their own, `Params.budget_exceptions`) and any run whose training FLOPs end more than
     1% off it. Their rows are marked and left out of every verdict."""
     if not budget_flops:  # no study budget: nothing claims equal compute
         return []

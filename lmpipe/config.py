@@ -6,16 +6,18 @@ Unknown keys, wrong types and impossible values fail here with one line naming t
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import functools
 import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Literal, Optional, get_args
+from typing import Annotated, Literal, Optional, Union, get_args
 
 import yaml
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ByteSize, ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator,
+                      model_validator)
 
 from lmpipe.errors import ConfigError
 
@@ -100,19 +102,57 @@ class TrainParams(_Section):
         "(CUDA; CPUs with AVX512-BF16 or AMX), else fp32; evaluation is always fp32")
 
 
-class OptimParams(_Section):
-    name: Literal["sgd", "adam", "adamw", "muon"] = Field(
-        "adamw", description="muon: Muon on the hidden matrices, AdamW on embeddings, head, norms (lmpipe/optim.py)")
+class _OptimBase(_Section):
+    """What every optimiser takes: the rate, its schedule, weight decay and clipping."""
+
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
-    momentum: float = Field(0.0, ge=0, lt=1)
     clip: float = Field(1.0, gt=0, description="gradient-norm clipping")
     schedule: Literal["constant", "cosine", "wsd", "plateau"] = Field(
         "cosine", description="wsd: warmup, stable, then a linear decay to 0 over the last decay_fraction of steps")
     warmup_steps: int = Field(0, ge=0)
-    decay_fraction: float = Field(0.2, gt=0, le=1, description="wsd: the share of the run spent decaying")
-    nt_asgd: bool = Field(False, description="sgd only: switch to averaged SGD when valid stops improving")
+    decay_fraction: Optional[float] = Field(None, gt=0, le=1, description="wsd only: the share of the run spent "
+                                            "decaying (0.2 when not given)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _decay_fraction_of_wsd(cls, data):
+        """decay_fraction belongs to the wsd schedule: given with another, it would do nothing."""
+        if not isinstance(data, dict):
+            return data
+        wsd = data.get("schedule", "cosine") == "wsd"
+        if not wsd and data.get("decay_fraction") is not None:
+            raise ValueError("decay_fraction is the wsd schedule's setting: remove it, or set schedule: wsd")
+        return {**data, "decay_fraction": 0.2} if wsd and data.get("decay_fraction") is None else data
+
+    def stated_fields(self) -> set[str]:
+        """The settings that do something for this optimiser and schedule."""
+        return set(type(self).model_fields) - (set() if self.schedule == "wsd" else {"decay_fraction"})
+
+
+class AdamParams(_OptimBase):
+    name: Literal["adam", "adamw", "muon"] = Field(
+        "adamw", description="muon: Muon on the hidden matrices, AdamW on embeddings, head, norms (lmpipe/optim.py)")
+
+
+class SGDParams(_OptimBase):
+    """SGD, and AWD-LSTM's switch to averaged SGD (NT-ASGD)."""
+
+    name: Literal["sgd"]
+    momentum: float = Field(0.0, ge=0, lt=1)
+    nt_asgd: bool = Field(False, description="switch to averaged SGD when valid stops improving")
     nonmono: int = Field(2, ge=1, description="NT-ASGD: checks without improvement before averaging starts")
+
+
+def _optimiser_kind(value) -> str:
+    name = value.get("name", "adamw") if isinstance(value, dict) else getattr(value, "name", "adamw")
+    return "sgd" if name == "sgd" else "adam"
+
+
+# One type per optimiser: a model states only the settings its optimiser uses (momentum and NT-ASGD are SGD's)
+OptimParams = Annotated[Union[Annotated[AdamParams, Tag("adam")], Annotated[SGDParams, Tag("sgd")]],
+                        Discriminator(_optimiser_kind)]
+OPTIMISER_TAGS = ("adam", "sgd")  # the tags pydantic puts in an error's location; describe_error leaves them out
 
 
 # The registry of model families: family -> (its file in lmpipe/models/, its StreamLM class). A family of your own is
@@ -120,17 +160,28 @@ class OptimParams(_Section):
 MODEL_CLASSES = {"nplm": ("nplm.py", "NPLM"), "rnn": ("rnn.py", "RNNModel"), "transformer": ("transformer.py", "TransformerLM")}
 
 
+def _model_class(family: str) -> ast.ClassDef:
+    """A family's model class, parsed from its source in lmpipe/models/ (params load without importing torch)."""
+    source, name = MODEL_CLASSES[family]
+    tree = ast.parse((Path(__file__).parent / "models" / source).read_text())
+    return next(cls for cls in tree.body if isinstance(cls, ast.ClassDef) and cls.name == name)
+
+
 @functools.cache
 def arch_defaults(family: str) -> dict:
     """A family's arch settings with their defaults: its model constructor's keyword arguments, read from the source
     in lmpipe/models/ (so params load without importing torch, and each setting is written once, in the model)."""
-    source, name = MODEL_CLASSES[family]
-    tree = ast.parse((Path(__file__).parent / "models" / source).read_text())
-    init = next(node for cls in tree.body if isinstance(cls, ast.ClassDef) and cls.name == name
-                for node in cls.body if isinstance(node, ast.FunctionDef) and node.name == "__init__")
+    init = next(node for node in _model_class(family).body if isinstance(node, ast.FunctionDef) and node.name == "__init__")
     with_defaults = init.args.args[len(init.args.args) - len(init.args.defaults):]
     return {arg.arg: ast.literal_eval(default) for arg, default in zip(with_defaults, init.args.defaults)
             if arg.arg != "boundary"}  # the boundary token comes from the data, not from params
+
+
+@functools.cache
+def is_recurrent(family: str) -> bool:
+    """Whether a family's model reads the train split as streams (`recurrent = True` in its class, lmpipe/models)."""
+    return any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "recurrent" for t in node.targets)
+               and ast.literal_eval(node.value) is True for node in _model_class(family).body)
 
 
 class Budget(_Section):
@@ -147,19 +198,44 @@ class Budget(_Section):
 
 
 class ModelParams(_Section):
-    """One entry of `models`: its family, architecture and how it trains."""
+    """One entry of `models`: its family, architecture and how it trains. A setting stands only where it does
+    something: `variable_bptt` on recurrent families, the SGD settings with SGD (OptimParams), and a run's length is
+    the study's budget unless the entry states `epochs` (with `patience`) or a `budget` of its own, not both."""
 
     family: str = Field(description="a registered family (config.MODEL_CLASSES): nplm, rnn, transformer, ...")
     arch: dict = Field(default_factory=dict)
-    optim: OptimParams = OptimParams()
+    optim: OptimParams = AdamParams()
     batch_size: int = Field(32, ge=1)
     seq_len: int = Field(64, ge=2, description="BPTT length (recurrent) or window length (nplm, transformer)")
-    variable_bptt: bool = Field(False, description="recurrent only: AWD-LSTM's random BPTT lengths, lr rescaled")
-    epochs: int = Field(4, ge=1)
-    budget: Optional[Budget] = Field(None, description="train for this many tokens or FLOPs instead of `epochs`")
-    patience: int = Field(3, ge=1, description="early stopping, for runs without a budget (a budget trains to its "
-                          "end): evaluations without a better valid loss")
+    variable_bptt: Optional[bool] = Field(None, description="recurrent only: AWD-LSTM's random BPTT lengths, lr "
+                                          "rescaled (false when not given)")
+    epochs: Optional[int] = Field(None, ge=1, description="train this many epochs, stopping early (patience), "
+                                  "instead of the study's budget: not compute-matched")
+    patience: Optional[int] = Field(None, ge=1, description="with epochs only: evaluations without a better valid "
+                                    "loss before stopping (3 when not given)")
+    budget: Optional[Budget] = Field(None, description="train for this many tokens or FLOPs instead of the study's "
+                                     "budget: not compute-matched")
     max_steps_per_epoch: Optional[int] = Field(None, ge=1, description="cap for quick runs")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _settings_that_apply(cls, data):
+        """Refuse a setting that would do nothing, and give the ones that apply their default."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if data.get("epochs") is not None and data.get("budget") is not None:
+            raise ValueError("states both epochs and budget: a run's length is one of them (remove one)")
+        if data.get("epochs") is None and data.get("patience") is not None:
+            raise ValueError("patience stops a run of `epochs` early; a budget trains to its end (remove it)")
+        if data.get("epochs") is not None and data.get("patience") is None:
+            data["patience"] = 3
+        family = data.get("family")
+        if family in MODEL_CLASSES and is_recurrent(family):
+            data["variable_bptt"] = bool(data.get("variable_bptt") or False)
+        elif family in MODEL_CLASSES and data.get("variable_bptt") is not None:
+            raise ValueError(f"variable_bptt is a recurrent model's setting, not a {family}'s (remove it)")
+        return data
 
     @model_validator(mode="after")
     def _arch_fits_family(self):
@@ -174,6 +250,13 @@ class ModelParams(_Section):
         if self.family == "transformer" and self.seq_len > self.arch.get("block_size", allowed["block_size"]):
             raise ValueError("seq_len must not exceed arch.block_size for a transformer")
         return self
+
+    def stated_fields(self) -> set[str]:
+        """The settings that do something for this entry: what params.yaml states for it, and nothing else."""
+        off = {"epochs", "patience"} if self.epochs is None else set()
+        off |= {"budget"} if self.budget is None else set()
+        off |= set() if is_recurrent(self.family) else {"variable_bptt"}
+        return set(type(self).model_fields) - off
 
 
 Strategy = Literal["greedy", "beam", "top-k", "top-p", "typical", "sample"]
@@ -371,6 +454,15 @@ class Params(_Section):
         return self
 
     @model_validator(mode="after")
+    def _every_model_has_a_length(self):
+        if self.study.budget is None:
+            lengthless = [name for name, entry in self.models.items() if entry.epochs is None and entry.budget is None]
+            if lengthless:
+                raise ValueError(f"models.{lengthless[0]} states neither epochs nor budget, and study.budget is null: "
+                                 "give the study a budget, or the model one of its own")
+        return self
+
+    @model_validator(mode="after")
     def _seeds_apart_from_the_study(self):
         if self.train.seed in self.seeds.extra:
             raise ValueError(f"seeds.extra holds train.seed {self.train.seed}: the study's own run is already one "
@@ -378,15 +470,16 @@ class Params(_Section):
         return self
 
     def model_settings(self, name: str) -> ModelParams:
-        """models.<name> as it trains: at the study's budget unless the entry states one of its own."""
+        """models.<name> as it trains: at the study's budget unless the entry states epochs or a budget of its own."""
         entry = self.models[name]
-        if entry.budget is not None or self.study.budget is None:
+        if entry.budget is not None or entry.epochs is not None:
             return entry
         return entry.model_copy(update={"budget": self.study.budget})
 
     def budget_exceptions(self) -> list[str]:
-        """The entries of `models` with a budget of their own: not compute-matched, whatever FLOPs they reach."""
-        return [name for name, entry in self.models.items() if entry.budget is not None]
+        """The entries of `models` with a run length of their own (epochs or a budget): not compute-matched, whatever
+        FLOPs they reach."""
+        return [name for name, entry in self.models.items() if entry.budget is not None or entry.epochs is not None]
 
     def section(self, name: str) -> dict:
         """One params section as plain data, as DVC sees it (for logging and hashing)."""
@@ -395,21 +488,41 @@ class Params(_Section):
 
 def unstated_settings(raw: dict, model: type[BaseModel] = Params, where: str = "") -> list[str]:
     """Settings the raw params leave to a default in this file, which DVC cannot see: params.yaml states every one
-    (tests/test_graph.py holds the project's file to it; `lmpipe check-params` names any left out). `arch` is the
-    exception (its defaults are the model constructors', in lmpipe/models), and so is a budget's other half."""
+    that does something (tests/test_graph.py holds the project's file to it; `lmpipe check-params` names any left
+    out). `arch` is the exception (its defaults are the model constructors', in lmpipe/models), and so is a budget's
+    other half. A model entry or an optimiser states only its settings that apply (`stated_fields`)."""
     if not isinstance(raw, dict) or model is Budget:
         return []
+    applying = set(model.model_fields)
+    if model is ModelParams:
+        with contextlib.suppress(ValidationError):
+            applying = ModelParams.model_validate(raw).stated_fields()
     missing = []
     for name, field in model.model_fields.items():
         key = field.alias or name
+        if name not in applying:
+            continue
         if key not in raw:
             missing.append(f"{where}{key}")
+        elif name == "optim" and model is ModelParams:
+            missing += _unstated_optim(raw[key], f"{where}{key}.")
         elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
             missing += unstated_settings(raw[key], field.annotation, f"{where}{key}.")
     if model is Params:
         for name, entry in (raw.get("models") or {}).items():
             missing += unstated_settings(entry, ModelParams, f"models.{name}.")
     return missing
+
+
+def _unstated_optim(raw, where: str) -> list[str]:
+    if not isinstance(raw, dict):
+        return []
+    cls = SGDParams if _optimiser_kind(raw) == "sgd" else AdamParams
+    try:
+        applying = cls.model_validate(raw).stated_fields()
+    except ValidationError:
+        applying = set(cls.model_fields)
+    return [f"{where}{name}" for name in cls.model_fields if name in applying and name not in raw]
 
 
 def _merge(old, new):
@@ -466,11 +579,18 @@ def with_overrides(base: ModelParams, overrides: dict, budget: dict | None = Non
     ({tokens: N} or {flops: F}) sets the run's length; epochs given without one replace the base's budget."""
     overrides = dict(overrides)
     budget = overrides.pop("budget", budget)
-    tree = nested(overrides, base.model_dump(mode="json"))
+    tree = nested(overrides, base.model_dump(mode="json", exclude_none=True))  # a None is a setting left out
     if budget is not None:
         tree["budget"] = budget
+        tree.pop("epochs", None), tree.pop("patience", None)
     elif "epochs" in overrides:
-        tree["budget"] = None
+        tree.pop("budget", None)
+    optim = tree.get("optim", {})  # a run that changes the optimiser or schedule drops what only the old one used
+    if optim.get("schedule") != "wsd" and "optim.decay_fraction" not in overrides:
+        optim.pop("decay_fraction", None)
+    if optim.get("name") != "sgd":
+        for name in set(SGDParams.model_fields) - set(AdamParams.model_fields) - {k[6:] for k in overrides}:
+            optim.pop(name, None)
     try:
         return ModelParams.model_validate(tree)
     except ValidationError as exc:
@@ -494,8 +614,12 @@ def params_hash(*sections: dict) -> str:
 
 def describe_error(error: dict) -> str:
     """One pydantic error as `key: message (got value)`."""
-    key = ".".join(str(p) for p in error["loc"] if not str(p).startswith("function-after")) or "(top level)"
+    key = ".".join(str(p) for p in error["loc"] if not str(p).startswith(("function-after", "function-before"))
+                   and p not in OPTIMISER_TAGS) or "(top level)"
     key = key.replace("validate_", "validate")
+    if error["type"] == "extra_forbidden" and set(error["loc"]) & set(OPTIMISER_TAGS):
+        optimiser = "SGD" if "sgd" in error["loc"] else "adam, adamw and muon"
+        return f"'{key}' is not a setting of {optimiser} (remove it; momentum and nt_asgd are SGD's)"
     if error["type"] == "extra_forbidden":
         return f"unknown key '{key}' (remove it or fix its spelling)"
     message = error["msg"].removeprefix("Value error, ")

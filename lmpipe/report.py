@@ -350,7 +350,7 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     `experiment` names the `dvc exp run` that made them, so its report never passes for the study's; `study_seed`
     (train.seed) picks the study's own run out of seeds/seeds.csv; `label` names the n-gram baseline; `made_from`
     names the code (commit and date) at the top; `budget_flops` (study.budget) is the compute every neural model
-    should have had, `budget_exceptions` the models with a budget of their own: a model that had other compute is
+    should have had, `budget_exceptions` the models with epochs or a budget of their own: a model that had other compute is
     marked and left out of the verdicts."""
     root, out_dir = Path(root), Path(out_dir)
     figures = out_dir / "figures"

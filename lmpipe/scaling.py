@@ -254,7 +254,7 @@ def made_with(params, data) -> dict:
     beside its runs; the fits compare it with the study's now, so a grid made for other data or settings is
     called stale instead of being compared with the study."""
     return {"data": data.fingerprint, "train": params.section("train"),
-            "models": {m: params.models[m].model_dump(mode="json") for m in params.scaling.models},
+            "models": {m: params.models[m].model_dump(mode="json", exclude_none=True) for m in params.scaling.models},
             "scaling": {k: v for k, v in params.section("scaling").items() if k != "fit"}}
 
 

@@ -183,7 +183,7 @@ with server.on_running_server() as url:
 ])
 def test_model_names_that_every_tool_takes_or_one_line_before_training(tmp_path, name, expected):
     """A name is a DVC stage, a folder, a Prefect artifact key and an MLflow model: refused before any training."""
-    text = f"models:\n  '{name}': {{family: rnn, arch: {{cell: gru}}}}\n"
+    text = f"models:\n  '{name}': {{family: rnn, arch: {{cell: gru}}, epochs: 1}}\n"
     if expected is None:
         assert list(load_params(write(tmp_path, text)).models) == [name]
         return
@@ -212,6 +212,32 @@ def test_the_study_budget_is_every_models_length_unless_an_entry_states_its_own(
                            "models": {"gru": gru, "own": {**gru, "budget": {"tokens": 1000}}}})
     assert params.model_settings("gru").budget.flops == 3e13 and params.models["gru"].budget is None
     assert params.model_settings("own").budget.tokens == 1000  # the stated exception (the report marks it)
-    assert parse_params({"models": {"gru": gru}}).model_settings("gru").budget is None  # no study budget: epochs
+    by_epochs = parse_params({"models": {"gru": {**gru, "epochs": 2}}}).model_settings("gru")
+    assert by_epochs.budget is None and by_epochs.epochs == 2 and by_epochs.patience == 3  # its early stopping's default
+    assert params.budget_exceptions() == ["own"]
+    with pytest.raises(ConfigError, match=r"models.gru states neither epochs nor budget, and study.budget is null"):
+        parse_params({"models": {"gru": gru}})
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"epochs": 2, "budget": {"tokens": 1000}}, "states both epochs and budget: a run's length is one of them"),
+    ({"patience": 2}, "patience stops a run of `epochs` early; a budget trains to its end (remove it)"),
+    ({"family": "transformer", "variable_bptt": False}, "variable_bptt is a recurrent model's setting, not a "
+                                                        "transformer's (remove it)"),
+    ({"optim": {"name": "adamw", "momentum": 0.9}}, "models.gru.optim.momentum' is not a setting of adam, adamw and muon"),
+    ({"optim": {"name": "muon", "schedule": "cosine", "decay_fraction": 0.2}}, "decay_fraction is the wsd schedule's"),
+])
+def test_a_setting_that_would_do_nothing_is_refused_in_one_line(entry, message):
+    """A model states only what changes its training: a run's length once, SGD's settings with SGD, variable BPTT on
+    recurrent models, the wsd decay with wsd."""
+    from lmpipe.config import parse_params
+
+    gru = {"family": "rnn", "arch": {"cell": "gru"}}
+    with pytest.raises(ConfigError) as info:
+        parse_params({"study": {"budget": {"flops": 3e13}}, "models": {"gru": {**gru, **entry}}})
+    assert message in str(info.value) and "\n" not in str(info.value)
+    sgd = parse_params({"study": {"budget": {"flops": 3e13}}, "models": {"gru": {**gru, "optim": {
+        "name": "sgd", "lr": 20.0, "momentum": 0.0, "nt_asgd": True, "nonmono": 5}}}}).models["gru"].optim
+    assert (sgd.name, sgd.nt_asgd, sgd.nonmono, sgd.decay_fraction) == ("sgd", True, 5, None)
     with pytest.raises(ConfigError, match=r"study: budget must be \{flops: F\}: the study compares the families"):
         parse_params({"study": {"budget": {"tokens": 1000}}})

@@ -153,7 +153,12 @@ def test_the_walk_finds_what_a_stage_imports_and_reads(tmp_path):
     assert not covered("lmpipe/audit.py", ["flows/word2vec.py", "data/clean/train.txt"])
     assert {"evaluate", "models"} <= params_read(ROOT / "flows/evaluate.py")
     assert unstated_settings({"corpus": {}})[:2] == ["corpus.source", "corpus.url"]
-    assert "models.x.patience" in unstated_settings({"models": {"x": {"family": "rnn"}}})
+    assert "models.x.variable_bptt" in unstated_settings({"models": {"x": {"family": "rnn"}}})
+    assert "models.x.patience" in unstated_settings({"models": {"x": {"family": "rnn", "epochs": 2}}})
+    assert "models.x.optim.nt_asgd" in unstated_settings({"models": {"x": {"family": "rnn", "optim": {"name": "sgd"}}}})
+    stated = unstated_settings({"models": {"x": {"family": "nplm", "optim": {"name": "adamw"}}}})
+    assert not {"models.x.variable_bptt", "models.x.patience", "models.x.epochs", "models.x.optim.momentum",
+                "models.x.optim.decay_fraction"} & set(stated)  # settings that would do nothing are not asked for
 
 
 DATA_PATH = re.compile(r"(data|models|metrics|plots|reports|scaling|seeds)/")

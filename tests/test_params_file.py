@@ -18,7 +18,7 @@ def changed_lines(before: str, after: str) -> list[str]:
             if line[:1] in "+-" and line[:3] not in ("+++", "---")]
 
 
-@pytest.mark.parametrize("override", ["corpus.sha256=" + "ab" * 32, "models.gru.budget={tokens: 20000}",
+@pytest.mark.parametrize("override", ["corpus.sha256=" + "ab" * 32, "models.gru.max_steps_per_epoch=100",
                                       "models.gru.optim.lr=0.003", "train.seed=7", "tokenizer.boundary_token=<x>"])
 def test_one_override_changes_one_line_and_loads_as_dvc_would_set_it(override):
     edited = edit_params(TEXT, [override])

@@ -35,7 +35,8 @@ def stated(models: dict) -> dict:
     """Model entries with every setting written out, as params.yaml holds them (tests/test_graph.py): DVC sees each."""
     from lmpipe.config import ModelParams
 
-    return {name: ModelParams.model_validate(entry).model_dump(mode="json") for name, entry in models.items()}
+    return {name: ModelParams.model_validate(entry).model_dump(mode="json", exclude_none=True)
+            for name, entry in models.items()}
 
 
 TINY = {
@@ -935,9 +936,10 @@ def test_a_changed_code_default_makes_dvc_status_name_the_stages_it_affects(scra
     config.py reaches nothing), and the arch defaults live in lmpipe/models, a dependency of what builds a model."""
     copy, env = scratch
     config = copy / "lmpipe/config.py"
-    config.write_text(config.read_text().replace('patience: int = Field(3,', 'patience: int = Field(1,'))
+    config.write_text(config.read_text().replace('data["patience"] = 3', 'data["patience"] = 1'))
     effective = run([sys.executable, "-c", "from lmpipe.config import ModelParams, load_params; "
-                     "print(ModelParams(family='rnn').patience, load_params().models['gru'].patience)"], copy, env)
+                     "print(ModelParams(family='rnn', epochs=2).patience, load_params().models['gru'].patience)"],
+                    copy, env)
     assert effective.stdout.split() == ["1", "3"]  # the copy's new default is in force, yet the study's setting holds
     assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}
     rnn = copy / "lmpipe/models/rnn.py"

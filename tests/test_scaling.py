@@ -112,7 +112,8 @@ def test_each_grid_point_trains_its_size_to_its_flop_budget():
     from flows.scaling import prepare_point
     from tests.test_train import synthetic_data
 
-    params = parse_params({"models": {"lstm": {"family": "rnn", "arch": {"cell": "lstm", "emb": 256, "hidden": 256}}},
+    params = parse_params({"study": {"budget": {"flops": 3e13}},
+                           "models": {"lstm": {"family": "rnn", "arch": {"cell": "lstm", "emb": 256, "hidden": 256}}},
                            "scaling": {"models": {"lstm": [{"emb": 32, "hidden": 32}]}, "budgets": [1e12],
                                        "overrides": {"batch_size": 16, "optim.warmup_steps": 5}}})
     point = grid_points(params.scaling.models, params.scaling.budgets)[0]
@@ -121,7 +122,7 @@ def test_each_grid_point_trains_its_size_to_its_flop_budget():
     assert settings.arch == {"cell": "lstm", "emb": 32, "hidden": 32} and settings.batch_size == 16
     assert common.evals_per_epoch == params.scaling.evals_per_epoch and common.seed == params.train.seed
     assert settings.optim.warmup_steps == 5 and settings.budget.flops == 1e12
-    bad = parse_params({"models": {"lstm": {"family": "rnn"}}, "scaling": {"models": {"lstm": [{"dim": 32}]},
+    bad = parse_params({"models": {"lstm": {"family": "rnn", "epochs": 1}}, "scaling": {"models": {"lstm": [{"dim": 32}]},
                                                                           "budgets": [1e12]}})
     with pytest.raises(ConfigError, match=r"scaling, lstm-dim32-C1.0e\+12: settings .*: arch has \[.dim.\]"):
         prepare_point(grid_points(bad.scaling.models, bad.scaling.budgets)[0], bad, synthetic_data())

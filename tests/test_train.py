@@ -70,8 +70,11 @@ def train(tmp_path, name, settings=None, common=COMMON, data=None, **kwargs):
 
 
 def revised(settings: ModelParams, **update) -> ModelParams:
-    """A checked copy with some settings changed (model_copy would skip validation)."""
-    return ModelParams.model_validate({**settings.model_dump(), **update})
+    """A checked copy with some settings changed (model_copy would skip validation); a budget replaces the epochs."""
+    tree = {**settings.model_dump(exclude_none=True), **update}
+    if "budget" in update:
+        tree.pop("epochs", None), tree.pop("patience", None)
+    return ModelParams.model_validate(tree)
 
 
 def drop_timings(history):
@@ -254,7 +257,7 @@ def test_a_budget_trains_to_its_end_where_epochs_would_stop_early(tmp_path):
     budget = stopped.metrics["tokens_seen"] * 3
     assert len(stopped.history) < 12  # a rate this high stops improving: early stopping ends the run
     spent = train(tmp_path / "budget", "nplm", common=common,
-                  settings=revised(SETTINGS["nplm"], budget={"tokens": budget}, **diverging))
+                  settings=revised(SETTINGS["nplm"], budget={"tokens": budget}, optim=diverging["optim"]))
     assert spent.metrics["tokens_seen"] >= budget
     kept = evaluate_lm(spent.model, synthetic_data(), chunk=COMMON.eval_chunk)["valid"]["bpb"]
     best = min(h["valid_bpb"] for h in spent.history)
@@ -293,15 +296,15 @@ def test_bf16_training_learns_and_stays_deterministic(tmp_path):
 
 
 def test_wsd_schedule_warms_up_holds_then_decays_linearly_to_zero():
-    from lmpipe.config import OptimParams
+    from lmpipe.config import AdamParams
     from lmpipe.train.trainer import _lr_factor
 
-    optim = OptimParams(schedule="wsd", warmup_steps=10, decay_fraction=0.25)
+    optim = AdamParams(schedule="wsd", warmup_steps=10, decay_fraction=0.25)
     factors = [_lr_factor(optim, step, 100) for step in range(100)]
     assert factors[0] == 0.1 and factors[9] == 1.0  # warmup
     assert set(factors[10:76]) == {1.0}  # stable
     assert factors[76:] == [(100 - s) / 25 for s in range(76, 100)]  # linear decay, 0.04 at the last step
-    cosine = [_lr_factor(optim.model_copy(update={"schedule": "cosine"}), step, 100) for step in range(100)]
+    cosine = [_lr_factor(AdamParams(schedule="cosine", warmup_steps=10), step, 100) for step in range(100)]
     assert sum(factors) > sum(cosine)  # more steps at a high rate for the same run length
 
 
