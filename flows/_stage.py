@@ -156,7 +156,7 @@ def drop_removed(models: list[str], lock_file: str | Path = "dvc.lock") -> list[
     them, before DVC records the `models/` and `metrics/eval/` folders as dependencies of any of them."""
     from dvc.utils.serialize import modify_yaml
 
-    from flows.paths import CURVES, EVAL_MODELS, LOGPROBS, TRAIN_METRICS
+    from lmpipe.paths import CURVES, EVAL_MODELS, LOGPROBS, TRAIN_METRICS
 
     kept = {*models, "ngram"}  # score_ngram writes beside the models' scores
     beside = {TRAIN_METRICS: ".json", CURVES: ".csv", EVAL_MODELS: ".json", LOGPROBS: ".npz"}  # one file per model

@@ -11,7 +11,7 @@ import numpy as np
 from prefect import flow, get_run_logger, task
 from tokenizers import Tokenizer
 
-from flows import paths
+from lmpipe import paths
 from flows._stage import PARAMS_FILE, drop_removed, main, stage_run
 from lmpipe import tracking
 from lmpipe.audit import audit, bpe_vector, load_tests, weat_heatmap, word_counts, write_word2vec_text

@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from flows import paths
+from lmpipe import paths
 from lmpipe import __version__
 from lmpipe.config import STRATEGIES, DecodingParams, decoding_rule
 from lmpipe.errors import ConfigError, LmpipeError, first_line

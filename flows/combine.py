@@ -10,7 +10,7 @@ import numpy as np
 from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
-from flows import paths
+from lmpipe import paths
 from flows._stage import PARAMS_FILE, drop_removed, main, score_stage, stage_run
 from lmpipe import tracking
 from lmpipe.combine import combinations

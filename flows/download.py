@@ -3,7 +3,7 @@
 from prefect import flow, task
 
 from flows._stage import CACHE_DIR, PARAMS_FILE, is_transient, main, stage_run
-from flows.paths import RAW
+from lmpipe.paths import RAW
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.corpus.sources import MANIFEST, fetch_corpus

@@ -13,7 +13,7 @@ from pathlib import Path
 from prefect import flow
 from prefect.artifacts import create_table_artifact
 
-from flows import paths
+from lmpipe import paths
 from flows._stage import PARAMS_FILE, drop_removed, main, score_stage, stage_run
 from lmpipe import tracking
 from lmpipe.config import load_params

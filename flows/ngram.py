@@ -12,7 +12,7 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows import paths
+from lmpipe import paths
 from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import ngram_build, tracking
 from lmpipe.config import load_params

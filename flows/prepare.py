@@ -2,7 +2,7 @@
 
 from prefect import flow, task
 
-from flows import paths
+from lmpipe import paths
 from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import tracking
 from lmpipe.config import load_params

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from flows import paths
+from lmpipe import paths
 from flows._stage import PARAMS_FILE, drop_removed, main, stage_run
 from lmpipe import tracking
 from lmpipe.compare import BASELINE, baseline_label, best_model, not_compute_matched, vs_baseline

@@ -28,7 +28,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from flows import paths
+from lmpipe import paths
 from flows._stage import CACHE_DIR, PARAMS_FILE, main
 from flows.progress import STARTED  # DVC's line as it starts a stage
 from flows.study import stage_env, dvc, one_study

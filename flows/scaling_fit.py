@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows import paths
+from lmpipe import paths
 from flows._stage import PARAMS_FILE, check_declared, main
 from lmpipe import tracking
 from lmpipe.compare import baseline_label

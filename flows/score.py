@@ -16,7 +16,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from tokenizers import Tokenizer
 
-from flows import paths
+from lmpipe import paths
 from flows._stage import PARAMS_FILE, main, score_stage, stage_run
 from lmpipe import tracking
 from lmpipe.config import load_params

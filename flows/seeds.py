@@ -20,7 +20,7 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows import paths
+from lmpipe import paths
 from flows._stage import CACHE_DIR, PARAMS_FILE, main
 from lmpipe import tracking
 from lmpipe.checkpoints import code_version, discard

@@ -16,13 +16,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 import markdown  # noqa: E402
 
+from lmpipe import paths  # noqa: E402
 from lmpipe import seeds as seed_spread  # noqa: E402
 from lmpipe.compare import BASELINE, CACHE, MATCHED, best_model, vs_baseline, without_cache  # noqa: E402
 from lmpipe.io import atomic_path, csv_text, write_text  # noqa: E402
 from lmpipe.results import load_results, read_json, si  # noqa: E402
 
-SUMMARIES = "metrics/models"  # one small file per model: what `dvc metrics show` lists
-COMPUTE_CURVES = "plots/compute.csv"  # every model's curve in one file: `dvc plots show` draws them on one axis
 
 
 def _curves(plots_dir: Path) -> dict[str, list[dict]]:
@@ -357,13 +356,13 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     figures.mkdir(parents=True, exist_ok=True)
     results = load_results(root, models, study_seed, budget_flops, budget_exceptions)
     evaluation, combined, trained, unmatched = results.evaluation, results.combined, results.trained, results.unmatched
-    corpus, validation = read_json(root / "metrics/corpus.json"), read_json(root / "metrics/validation.json")
-    tokenize = read_json(root / "metrics/tokenize.json")
-    weat, weat_words = read_json(root / "metrics/weat.json"), read_json(root / "reports/weat_words.json")
-    curves = _curves(root / "plots/train")
+    corpus, validation = read_json(root / paths.CORPUS_METRICS), read_json(root / paths.VALIDATION_METRICS)
+    tokenize = read_json(root / paths.TOKENIZE_METRICS)
+    weat, weat_words = read_json(root / paths.WEAT), read_json(root / paths.WEAT_WORDS)
+    curves = _curves(root / paths.CURVES)
     if models is not None:
         curves = {name: rows for name, rows in curves.items() if name in models}
-    write_text(root / COMPUTE_CURVES, compute_curves_csv(curves))
+    write_text(root / paths.COMPUTE_CURVES, compute_curves_csv(curves))
     lines = ["# lmpipe study", ""]
     if made_from:
         lines += [f"Made by the code of {made_from}, from the settings in `params.yaml` (`dvc params diff` compares).",
@@ -389,16 +388,16 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
         lines += ["## Learning curves", "", "Validation bits per byte at every evaluation, against epochs and against "
                   f"the training FLOPs spent so far; the dashed line is the {label} baseline on the same split.", "",
                   "![Learning curves](figures/learning_curves.png)", ""]
-    samples = root / "reports/samples.md"
+    samples = root / paths.SAMPLES
     if samples.exists():
         lines += condensed_samples(samples.read_text(encoding="utf-8")) + [""]
     lines += _weat_section(weat, weat_words)
-    heatmap = root / "plots/weat/heatmap.png"
+    heatmap = root / paths.WEAT_HEATMAP
     if weat and heatmap.exists():
         (figures / "weat.png").write_bytes(heatmap.read_bytes())
         lines += ["", "![WEAT heatmap](figures/weat.png)"]
     if evaluation:
-        summaries = root / SUMMARIES
+        summaries = root / paths.SUMMARIES
         with atomic_path(summaries) as tmp:
             tmp.mkdir()
             for name, row in model_summaries(evaluation, trained, weat, spreads).items():

@@ -7,11 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from lmpipe import paths
 from lmpipe import seeds as seed_spread
 from lmpipe.compare import BASELINE, not_compute_matched
-
-SEEDS = "seeds/seeds.csv"  # every model at every seed (lmpipe seeds)
-SCALING = "metrics/scaling.json"  # the scaling grid's fits (lmpipe scaling)
 
 
 def read_json(path: Path):
@@ -41,14 +39,14 @@ def load_results(root: str | Path, models: Sequence[str] | None = None, study_se
     combinations, their training, which are not compute-matched, and their seed spread with the study's own run
     (`study_seed`) among the seeds."""
     root = Path(root)
-    evaluation, combined = read_json(root / "metrics/eval.json"), read_json(root / "metrics/combine.json")
-    trained = {p.stem: read_json(p) for p in sorted((root / "metrics/train").glob("*.json"))}
+    evaluation, combined = read_json(root / paths.EVAL), read_json(root / paths.COMBINE)
+    trained = {p.stem: read_json(p) for p in sorted((root / paths.TRAIN_METRICS).glob("*.json"))}
     if models is not None:
         trained = {name: t for name, t in trained.items() if name in models}
     unmatched = not_compute_matched(trained, budget_flops, budget_exceptions)
     spreads, stale = {}, []
     if evaluation:
         precisions = {name: t.get("precision", "") for name, t in trained.items()}
-        spreads, stale = seed_spread.study_spreads(root / SEEDS, evaluation, precisions, study_seed, BASELINE,
+        spreads, stale = seed_spread.study_spreads(root / paths.SEEDS, evaluation, precisions, study_seed, BASELINE,
                                                    list(models) if models is not None else None)
-    return Results(evaluation, combined, trained, unmatched, spreads, stale, read_json(root / SCALING))
+    return Results(evaluation, combined, trained, unmatched, spreads, stale, read_json(root / paths.SCALING_METRICS))

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from lmpipe import paths
+
 KEEP_STARTS = 64
 HUBER_DELTA = 1e-3  # Hoffmann et al.'s choice: nearly an L1 fit of log-loss, robust to outlying runs
 
@@ -263,7 +265,7 @@ def changed_since(recorded: dict | None, now: dict) -> list[str]:
     'models.lstm', 'scaling'; everything when there is no record."""
     if not recorded:
         return ["the grid's record (scaling/made_with.json is missing)"]
-    names = {"data": "data/tokens", "train": "train", "scaling": "scaling"}
+    names = {"data": paths.TOKENS, "train": "train", "scaling": "scaling"}
     changed = [names[k] for k in ("data", "train", "scaling") if recorded.get(k) != now[k]]
     families = sorted(set(recorded.get("models", {})) | set(now["models"]))
     return changed + [f"models.{m}" for m in families if recorded.get("models", {}).get(m) != now["models"].get(m)]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lmpipe import paths
 from lmpipe.errors import CorpusError
 
 
@@ -37,7 +38,7 @@ class TokenData:
         return digest.hexdigest()[:16]
 
 
-def load_tokens(tokens_dir: str | Path = "data/tokens") -> TokenData:
+def load_tokens(tokens_dir: str | Path = paths.TOKENS) -> TokenData:
     """The streams of data/tokens with the word and byte counts perplexities are normalised by."""
     counts = Path(tokens_dir) / "counts.json"
     if not counts.exists():

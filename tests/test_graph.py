@@ -170,15 +170,20 @@ def literal_paths(path: Path) -> list[str]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and DATA_PATH.match(node.value)]
 
 
-def test_no_flow_spells_out_a_path_but_flows_paths():
-    spelled = {p.name: literal_paths(p) for p in sorted((ROOT / "flows").glob("*.py")) if p.name != "paths.py"}
-    assert {name: found for name, found in spelled.items() if found} == {}
+def test_no_module_spells_out_a_path_but_lmpipe_paths():
+    """Flows and library read and write the study's files by lmpipe/paths.py's names (prose and the package's own
+    data aside)."""
+    modules = sorted([*(ROOT / "flows").glob("*.py"), *(ROOT / "lmpipe").rglob("*.py")])
+    spelled = {p.relative_to(ROOT).as_posix(): [s for s in literal_paths(p) if " " not in s] for p in modules
+               if p.relative_to(ROOT).as_posix() != "lmpipe/paths.py"}
+    package_data = {"lmpipe/audit.py": ["data/weat_tests.json"]}  # a file inside the package, not the study's
+    assert {name: found for name, found in spelled.items() if found} == package_data
 
 
-def test_every_data_path_in_dvc_yaml_is_one_of_flows_paths():
-    """dvc.yaml is the map; flows/paths.py the one place the code names a path: a path renamed in one and not the
+def test_every_data_path_in_dvc_yaml_is_one_of_lmpipe_paths():
+    """dvc.yaml is the map; lmpipe/paths.py the one place the code names a path: a path renamed in one and not the
     other fails here."""
-    import flows.paths as paths
+    import lmpipe.paths as paths
 
     known = {v for k, v in vars(paths).items() if isinstance(v, str) and not k.startswith("_")}
     known |= {f(name) for f in (paths.model_dir, paths.train_metrics, paths.curve, paths.eval_metrics, paths.logprobs)
@@ -190,7 +195,7 @@ def test_every_data_path_in_dvc_yaml_is_one_of_flows_paths():
         for path in listed:
             path = os.path.normpath(os.path.join(base, path)).replace("${key}", KEY)
             if not path.startswith(("lmpipe/", "flows/")):
-                assert path in known, f"{pipeline}: stage {name} names {path}, which flows/paths.py does not"
+                assert path in known, f"{pipeline}: stage {name} names {path}, which lmpipe/paths.py does not"
 
 
 KEY = "some-model"

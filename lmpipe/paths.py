@@ -1,6 +1,7 @@
-"""Every path a stage reads or writes, written once, here. dvc.yaml is the map of which stage reads and writes
-which; tests/test_graph.py holds the two together: each data path in dvc.yaml (both pipelines) is one of these, and
-no other module of flows/ spells a path out."""
+"""Every path of the study's files, written once, here: what the stages read and write, and what the report and the
+README read back. dvc.yaml is the map of which stage reads and writes which; tests/test_graph.py holds the two
+together: each data path in dvc.yaml (all pipelines) is one of these, and no other module of flows/ or lmpipe/ spells
+a path out."""
 
 RAW = "data/raw"  # the corpus as fetched, with its manifest
 CLEAN = "data/clean"  # {train,valid,test}.txt
