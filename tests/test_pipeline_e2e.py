@@ -370,8 +370,9 @@ def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_ap
             trained.data.metrics)
         assert "system/cpu_utilization_percentage" in trained.data.metrics  # MLflow's system metrics
         assert trained.data.tags["lmpipe.output_sha256"] == sha256_tree(copy / f"models/{model}")
-        versions = client.search_model_versions(f"name = 'lmpipe-{model}'")
-        assert [v.run_id for v in versions] == [trained.info.run_id]
+        versions = client.search_model_versions(f"name = 'lmpipe-{model}'")  # registered where it was scored
+        assert [(v.run_id, v.tags["lmpipe.output_sha256"]) for v in versions] == [
+            (stages[f"score@{model}"].info.run_id, trained.data.tags["lmpipe.output_sha256"])]
         assert {"test_ppl", "test_word_ppl", "test_bpb", "test_loss", "valid_ppl", "tokens_per_sec",
                 "n_params"} <= set(trained.data.metrics)  # score@ logged into the model's own run
     study_artifacts = {a.path for a in client.list_artifacts(studies[0].info.run_id, "report")}
@@ -657,12 +658,12 @@ def test_a_params_typo_under_dvc_says_how_to_restore_and_the_fixed_rerun_does_no
     params = copy / "params.yaml"
     saved = params.read_text()
     typo = yaml.safe_load(saved)
-    typo["models"]["gru"]["budget"] = {"tokens": -5}
+    typo["models"]["gru"]["epochs"] = -5
     params.write_text(yaml.safe_dump(typo, sort_keys=False))
     failed = run(["dvc", "repro", "train@gru"], copy, env, check=False)
     assert failed.returncode != 0
     line = next(l for l in failed.stderr.splitlines() if l.startswith("error: "))
-    assert "models.gru.budget" in line and line.endswith(
+    assert "models.gru.epochs" in line and line.endswith(
         "(DVC removed this stage's outputs before it ran; `lmpipe restore train@gru` brings them back)"), line
     assert "Traceback" not in failed.stderr and failed.stderr.count(line) == 1  # said once
     assert not any(o.exists() for o in outputs)

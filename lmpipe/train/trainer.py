@@ -405,43 +405,52 @@ class Trainer:
     # ---------- the loop ----------
     def run(self, on_eval: Callable[[dict], None] | None = None,
             on_step: Callable[[int], None] | None = None) -> TrainResult:
-        """Resume, then train to the budget: each epoch, each batch one step; evaluate and checkpoint as due.
+        """Resume, then train to the budget (or the epochs' end, or early stopping), an epoch at a time.
         `on_eval(record)` gets each learning-curve point (main process only); `on_step(step)` is called after every
         optimiser step (tests interrupt a run from there)."""
-        self.on_eval = on_eval or (lambda record: None)
+        self.on_eval, self.on_step = on_eval or (lambda record: None), on_step or (lambda step: None)
         self._resume()
-        p, on_step = self.progress, on_step or (lambda step: None)
         with _StopRequest(active=self.ranks.world == 1) as stop:
             while not self._done():
-                plan = self._epoch_plan(p.epoch)
-                if p.index == 0:
-                    self.hidden = None  # each epoch starts its streams afresh
-                self.model.train()
-                clock = _Stopwatch(p)
-                with tqdm(total=len(plan), initial=p.index, desc=f"{self.name} epoch {p.epoch + 1}",
-                          disable=not self.progress_bar, leave=False) as bar:
-                    for x, y, context in self._batches(plan, p.index):
-                        loss, grad_norm = self._train_step(x, y, context)
-                        self._count(loss, grad_norm, x.numel())
-                        self._show(bar)
-                        due = self._eval_due(len(plan))
-                        if p.index == len(plan):  # the epoch is complete: the next starts with a fresh plan and state
-                            p.epoch, p.index = p.epoch + 1, 0
-                        # evaluation (keeps the best weights, checkpoints) or a plain checkpoint, outside the clock
-                        if due:
-                            with clock.paused():
-                                self._evaluate(len(plan))
-                            if self._done():
-                                break
-                        elif p.step % self.common.checkpoint_every == 0:
-                            with clock.paused():
-                                self._save()
-                        on_step(p.step)
-                        if stop.requested:
-                            with clock.paused():
-                                self._save()
-                            raise Interrupted(f"{self.name} interrupted at step {p.step}; checkpoint saved")
+                self._train_epoch(stop)
         return self._finish()
+
+    def _train_epoch(self, stop: _StopRequest) -> None:
+        """The current epoch from where the run stands: a step per batch, each followed by what is due (outside the
+        clock); a stop request is honoured after the step, with a checkpoint."""
+        p = self.progress
+        plan = self._epoch_plan(p.epoch)
+        if p.index == 0:
+            self.hidden = None  # each epoch starts its streams afresh
+        self.model.train()
+        clock = _Stopwatch(p)
+        with tqdm(total=len(plan), initial=p.index, desc=f"{self.name} epoch {p.epoch + 1}",
+                  disable=not self.progress_bar, leave=False) as bar:
+            for x, y, context in self._batches(plan, p.index):
+                self._count(*self._train_step(x, y, context), x.numel())
+                self._show(bar)
+                with clock.paused():
+                    if self._after_step(len(plan)) and self._done():
+                        return
+                self.on_step(p.step)
+                if stop.requested:
+                    with clock.paused():
+                        self._save()
+                    raise Interrupted(f"{self.name} interrupted at step {p.step}; checkpoint saved")
+
+    def _after_step(self, plan_length: int) -> bool:
+        """Whether an evaluation was due, and it ran (it keeps the best weights and checkpoints); else a plain
+        checkpoint every `checkpoint_every` steps. The epoch's last step rolls the run over to the next epoch first,
+        so a checkpoint taken there resumes at the next epoch's start."""
+        p = self.progress
+        due = self._eval_due(plan_length)
+        if p.index == plan_length:
+            p.epoch, p.index = p.epoch + 1, 0
+        if due:
+            self._evaluate(plan_length)
+        elif p.step % self.common.checkpoint_every == 0:
+            self._save()
+        return due
 
     def _train_step(self, x: torch.Tensor, y: torch.Tensor, context: torch.Tensor | None):
         """One optimiser step: forward (a recurrent model reads on from the state the last chunk left), the loss
