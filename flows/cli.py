@@ -237,6 +237,7 @@ def _restore(args) -> int:
     from dvc.repo import Repo
 
     from lmpipe.errors import first_line
+    from lmpipe.git import git, git_or_empty
 
     try:
         repo = Repo(".")
@@ -249,9 +250,9 @@ def _restore(args) -> int:
     if cached and subprocess.call(["dvc", "checkout", "--force", "--quiet", args.stage], env=env) != 0:
         raise LmpipeError(f"dvc checkout {args.stage} failed: its outputs are not in DVC's cache (re-run it: "
                           f"dvc repro -s {args.stage})")
-    known = subprocess.run(["git", "ls-files", "--", *tracked], capture_output=True, text=True).stdout.split()
-    if known and subprocess.call(["git", "checkout", "HEAD", "--", *tracked]) != 0:
-        raise LmpipeError(f"git checkout of {', '.join(tracked)} failed")
+    known = git_or_empty("ls-files", "--", *tracked).split() if tracked else []
+    if known:
+        git("checkout", "HEAD", "--", *tracked)  # a failure: one line, git's reason
     left = [t for t in tracked if not any(k == t or k.startswith(t.rstrip("/") + "/") for k in known)]
     print(f"restored {args.stage}: {', '.join(cached + [t for t in tracked if t not in left])}"
           + (f"; not in git, so not restored: {', '.join(left)} (dvc repro -s {args.stage} makes them)" if left else ""))

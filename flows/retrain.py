@@ -37,7 +37,7 @@ from lmpipe.compare import changed, compare_eval, comparison_markdown, describe,
 from lmpipe.config import check_overrides, load_params
 from lmpipe.corpus.sources import corpus_sha256, fetch_corpus
 from lmpipe.errors import ConfigError, LmpipeError
-from lmpipe.git import git
+from lmpipe.git import git, git_or_empty
 from lmpipe.params_file import edit_params
 
 DECISION, EXPERIMENT, COMPARISON = "lmpipe.retrain.decision", "lmpipe.retrain.experiment", "lmpipe.retrain.comparison"
@@ -161,7 +161,8 @@ def stop_group(process: subprocess.Popen) -> None:
 
 
 def git_identity() -> bool:
-    return subprocess.run(["git", "config", "user.email"], capture_output=True).returncode == 0
+    """Whether git has an author to commit as (a retrain that passes commits)."""
+    return bool(git_or_empty("config", "user.email"))
 
 
 RESUME = "run the same `lmpipe retrain` again: DVC's run cache restores every stage that finished"

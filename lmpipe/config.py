@@ -629,17 +629,25 @@ def describe_error(error: dict) -> str:
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
-    """Read and check params.yaml; raise ConfigError with a one-line message on any problem."""
+    """Read and check params.yaml; raise ConfigError with a one-line message on any problem. The same text is parsed
+    once per process (a stage's entry point checks it, then its flow reads it: one Params, frozen)."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: not found (run from the project root, or pass the params file)") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text (save it as UTF-8)") from None
+    return _parsed(str(path), text)
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(path: str, text: str) -> Params:
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: malformed YAML{yaml_error_place(exc)} (fix the syntax)") from None
-    return parse_params(raw, path)
+    return parse_params(raw, Path(path))
 
 
 def yaml_error_place(exc: yaml.YAMLError) -> str:
