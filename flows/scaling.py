@@ -47,9 +47,9 @@ def prepare_point(point: GridPoint, params: Params, data: TokenData) -> Job:
 
 
 @task(cache_policy=NO_CACHE)
-def train_point(point: GridPoint, job: Job, params: Params, data: TokenData, parent_id: str) -> dict:
+def train_point(point: GridPoint, job: Job, params: Params, parent_id: str) -> dict:
     """One run of the grid (or its row from an earlier, identical run)."""
-    settings, common = job.settings, job.common
+    settings, common, data = job.settings, job.common, job.data
     key = params_hash({"settings": settings.model_dump(mode="json"), "train": common.model_dump(mode="json"),
                        "code": code_version(), "data": data.fingerprint})
     done = WORK / "runs" / f"{point.name}-{key}.json"
@@ -99,7 +99,7 @@ def grid() -> str:
                        "code": code_version(), "data": data.fingerprint})
     with tracking.runs.run(params.tracking.experiment, f"scaling {key[:8]}", {"scaling": section},
                            tags={"lmpipe.role": "scaling"}, resume={"lmpipe.scaling": key}) as parent:
-        rows = [train_point(p, job, params, data, parent.info.run_id) for p, job in zip(points, jobs)]
+        rows = [train_point(p, job, params, parent.info.run_id) for p, job in zip(points, jobs)]
         write_text(RUNS, csv_text([{c: r[c] for c in COLUMNS} for r in rows]))  # timings: MLflow and the cache only
         write_json(GRID_MADE_WITH, made_with(params, data))
         tracking.log_metrics({"runs": len(rows), "grid_seconds": sum(r["wall_seconds"] for r in rows)})

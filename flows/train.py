@@ -70,7 +70,7 @@ def fit(job: Job, run_id: str):
 def train(model: str) -> dict:
     params = load_params(PARAMS_FILE)
     job = prepare(params, model, CKPT_ROOT, params_file=PARAMS_FILE)
-    outputs = Outputs(Path(paths.model_dir(model)), Path(paths.train_metrics(model)), Path(paths.curve(model)))
+    outputs = Outputs(paths.model_dir(model), paths.train_metrics(model), paths.curve(model))
     with stage_run(f"train@{model}", params, job.chosen, model=model) as run:
         result = fit(job, run.info.run_id)
         publish(run, result, outputs)

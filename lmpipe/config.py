@@ -116,18 +116,20 @@ class _OptimBase(_Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _decay_fraction_of_wsd(cls, data):
-        """decay_fraction belongs to the wsd schedule: given with another, it would do nothing."""
-        if not isinstance(data, dict):
-            return data
-        wsd = data.get("schedule", "cosine") == "wsd"
-        if not wsd and data.get("decay_fraction") is not None:
-            raise ValueError("decay_fraction is the wsd schedule's setting: remove it, or set schedule: wsd")
-        return {**data, "decay_fraction": 0.2} if wsd and data.get("decay_fraction") is None else data
+    def _wsd_decay_by_default(cls, data):
+        if isinstance(data, dict) and data.get("schedule", "cosine") == "wsd" and data.get("decay_fraction") is None:
+            return {**data, "decay_fraction": 0.2}
+        return data
+
+    @model_validator(mode="after")
+    def _states_only_what_applies(self):
+        _refuse_idle(self, {"decay_fraction": "decay_fraction is the wsd schedule's setting: remove it, or set "
+                                              "schedule: wsd"})
+        return self
 
     def stated_fields(self) -> set[str]:
         """The settings that do something for this optimiser and schedule."""
-        return set(type(self).model_fields) - (set() if self.schedule == "wsd" else {"decay_fraction"})
+        return optimiser_fields(self)
 
 
 class AdamParams(_OptimBase):
@@ -147,6 +149,22 @@ class SGDParams(_OptimBase):
 def _optimiser_kind(value) -> str:
     name = value.get("name", "adamw") if isinstance(value, dict) else getattr(value, "name", "adamw")
     return "sgd" if name == "sgd" else "adam"
+
+
+def optimiser_fields(raw) -> set[str]:
+    """The settings an `optim` entry (a dict or its model) takes: its type's (momentum and NT-ASGD are SGD's), and
+    decay_fraction with the wsd schedule only."""
+    cls = SGDParams if _optimiser_kind(raw) == "sgd" else AdamParams
+    schedule = raw.get("schedule", "cosine") if isinstance(raw, dict) else raw.schedule
+    return set(cls.model_fields) - (set() if schedule == "wsd" else {"decay_fraction"})
+
+
+def _refuse_idle(section: BaseModel, reasons: dict[str, str]) -> None:
+    """A setting given that would do nothing (not in the section's `stated_fields`) is refused, with its reason."""
+    idle = sorted(name for name in section.model_fields_set - section.stated_fields()
+                  if getattr(section, name) is not None)
+    if idle:
+        raise ValueError(reasons[idle[0]])
 
 
 # One type per optimiser: a model states only the settings its optimiser uses (momentum and NT-ASGD are SGD's)
@@ -219,29 +237,28 @@ class ModelParams(_Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _settings_that_apply(cls, data):
-        """Refuse a setting that would do nothing, and give the ones that apply their default."""
+    def _defaults_that_apply(cls, data):
+        """patience with epochs, variable_bptt on a recurrent family: their defaults, where they apply."""
         if not isinstance(data, dict):
             return data
         data = dict(data)
-        if data.get("epochs") is not None and data.get("budget") is not None:
-            raise ValueError("states both epochs and budget: a run's length is one of them (remove one)")
-        if data.get("epochs") is None and data.get("patience") is not None:
-            raise ValueError("patience stops a run of `epochs` early; a budget trains to its end (remove it)")
         if data.get("epochs") is not None and data.get("patience") is None:
             data["patience"] = 3
-        family = data.get("family")
-        if family in MODEL_CLASSES and is_recurrent(family):
-            data["variable_bptt"] = bool(data.get("variable_bptt") or False)
-        elif family in MODEL_CLASSES and data.get("variable_bptt") is not None:
-            raise ValueError(f"variable_bptt is a recurrent model's setting, not a {family}'s (remove it)")
+        if data.get("family") in MODEL_CLASSES and is_recurrent(data["family"]) and data.get("variable_bptt") is None:
+            data["variable_bptt"] = False
         return data
 
     @model_validator(mode="after")
-    def _arch_fits_family(self):
+    def _fits_family(self):
+        """A registered family; one run length at most, and no setting that would do nothing; an arch it takes."""
         if self.family not in MODEL_CLASSES:
             raise ValueError(f"family {self.family!r} is not registered (have: {', '.join(MODEL_CLASSES)}; "
                              "register yours in lmpipe/config.py MODEL_CLASSES)")
+        if self.epochs is not None and self.budget is not None:
+            raise ValueError("states both epochs and budget: a run's length is one of them (remove one)")
+        _refuse_idle(self, {
+            "patience": "patience stops a run of `epochs` early; a budget trains to its end (remove it)",
+            "variable_bptt": f"variable_bptt is a recurrent model's setting, not a {self.family}'s (remove it)"})
         allowed = arch_defaults(self.family)
         unknown = set(self.arch) - set(allowed)
         if unknown:
@@ -250,6 +267,11 @@ class ModelParams(_Section):
         if self.family == "transformer" and self.seq_len > self.arch.get("block_size", allowed["block_size"]):
             raise ValueError("seq_len must not exceed arch.block_size for a transformer")
         return self
+
+    @property
+    def length_stated(self) -> bool:
+        """Whether the entry states its run's length (epochs, or a budget of its own); else the study's budget."""
+        return self.epochs is not None or self.budget is not None
 
     def stated_fields(self) -> set[str]:
         """The settings that do something for this entry: what params.yaml states for it, and nothing else."""
@@ -456,7 +478,7 @@ class Params(_Section):
     @model_validator(mode="after")
     def _every_model_has_a_length(self):
         if self.study.budget is None:
-            lengthless = [name for name, entry in self.models.items() if entry.epochs is None and entry.budget is None]
+            lengthless = [name for name, entry in self.models.items() if not entry.length_stated]
             if lengthless:
                 raise ValueError(f"models.{lengthless[0]} states neither epochs nor budget, and study.budget is null: "
                                  "give the study a budget, or the model one of its own")
@@ -472,14 +494,14 @@ class Params(_Section):
     def model_settings(self, name: str) -> ModelParams:
         """models.<name> as it trains: at the study's budget unless the entry states epochs or a budget of its own."""
         entry = self.models[name]
-        if entry.budget is not None or entry.epochs is not None:
+        if entry.length_stated:
             return entry
         return entry.model_copy(update={"budget": self.study.budget})
 
     def budget_exceptions(self) -> list[str]:
         """The entries of `models` with a run length of their own (epochs or a budget): not compute-matched, whatever
         FLOPs they reach."""
-        return [name for name, entry in self.models.items() if entry.budget is not None or entry.epochs is not None]
+        return [name for name, entry in self.models.items() if entry.length_stated]
 
     def section(self, name: str) -> dict:
         """One params section as plain data, as DVC sees it (for logging and hashing)."""
@@ -515,14 +537,7 @@ def unstated_settings(raw: dict, model: type[BaseModel] = Params, where: str = "
 
 
 def _unstated_optim(raw, where: str) -> list[str]:
-    if not isinstance(raw, dict):
-        return []
-    cls = SGDParams if _optimiser_kind(raw) == "sgd" else AdamParams
-    try:
-        applying = cls.model_validate(raw).stated_fields()
-    except ValidationError:
-        applying = set(cls.model_fields)
-    return [f"{where}{name}" for name in cls.model_fields if name in applying and name not in raw]
+    return sorted(f"{where}{name}" for name in optimiser_fields(raw) - set(raw)) if isinstance(raw, dict) else []
 
 
 def _merge(old, new):
@@ -585,12 +600,10 @@ def with_overrides(base: ModelParams, overrides: dict, budget: dict | None = Non
         tree.pop("epochs", None), tree.pop("patience", None)
     elif "epochs" in overrides:
         tree.pop("budget", None)
-    optim = tree.get("optim", {})  # a run that changes the optimiser or schedule drops what only the old one used
-    if optim.get("schedule") != "wsd" and "optim.decay_fraction" not in overrides:
-        optim.pop("decay_fraction", None)
-    if optim.get("name") != "sgd":
-        for name in set(SGDParams.model_fields) - set(AdamParams.model_fields) - {k[6:] for k in overrides}:
-            optim.pop(name, None)
+    if "optim" in tree:  # a run that changes the optimiser or schedule drops what only the old one used
+        given = {key.removeprefix("optim.") for key in overrides if key.startswith("optim.")}
+        keep = optimiser_fields(tree["optim"]) | given
+        tree["optim"] = {k: v for k, v in tree["optim"].items() if k in keep}
     try:
         return ModelParams.model_validate(tree)
     except ValidationError as exc:
@@ -618,8 +631,9 @@ def describe_error(error: dict) -> str:
                    and p not in OPTIMISER_TAGS) or "(top level)"
     key = key.replace("validate_", "validate")
     if error["type"] == "extra_forbidden" and set(error["loc"]) & set(OPTIMISER_TAGS):
-        optimiser = "SGD" if "sgd" in error["loc"] else "adam, adamw and muon"
-        return f"'{key}' is not a setting of {optimiser} (remove it; momentum and nt_asgd are SGD's)"
+        if "sgd" in error["loc"]:
+            return f"'{key}' is not a setting of SGD (remove it or fix its spelling)"
+        return f"'{key}' is not a setting of adam, adamw and muon (remove it; momentum and nt_asgd are SGD's)"
     if error["type"] == "extra_forbidden":
         return f"unknown key '{key}' (remove it or fix its spelling)"
     message = error["msg"].removeprefix("Value error, ")

@@ -28,13 +28,18 @@ class Job:
     settings: ModelParams
     common: TrainParams
     data: TokenData
-    ckpt_dir: Path
+    ckpt_root: Path
     progress_bar: bool = False
 
     @property
     def chosen(self) -> dict:
         """The settings that define the run: its MLflow params and its checkpoint key."""
         return {"train": self.common.model_dump(mode="json"), "model": self.settings.model_dump(mode="json")}
+
+    @cached_property
+    def ckpt_dir(self) -> Path:
+        return checkpoint_dir(self.ckpt_root, self.name, self.chosen, self.data.fingerprint,
+                              distributed.launched().world)
 
     @cached_property
     def trainer(self) -> Trainer:
@@ -51,19 +56,16 @@ def prepare(params: Params, model: str, ckpt_root: str | Path, *, overrides: dic
     the seed; lmpipe.train.configure_run checks them), the token data, and the run's checkpoint folder under
     `ckpt_root`. A typo fails here, before any training."""
     settings, common = configure_run(params, model, overrides, budget, train, params_file)
-    data = data if data is not None else load_tokens()
-    chosen = {"train": common.model_dump(mode="json"), "model": settings.model_dump(mode="json")}
-    ckpt_dir = checkpoint_dir(ckpt_root, model, chosen, data.fingerprint, distributed.launched().world)
-    return Job(model, settings, common, data, ckpt_dir, progress_bar)
+    return Job(model, settings, common, data if data is not None else load_tokens(), Path(ckpt_root), progress_bar)
 
 
 @dataclass(frozen=True)
 class Outputs:
     """Where a trained model's files go: its folder (model.pt), its metrics (JSON) and its learning curve (CSV)."""
 
-    model_dir: Path
-    metrics: Path
-    curve: Path
+    model_dir: str | Path
+    metrics: str | Path
+    curve: str | Path
 
 
 def publish(run, result: TrainResult, out: Outputs | None = None) -> None:
@@ -79,8 +81,7 @@ def publish(run, result: TrainResult, out: Outputs | None = None) -> None:
     if run is None:
         return
     m, run_id = result.metrics, run.info.run_id
-    tracking.log_metrics({k: v for k, v in m.items() if isinstance(v, (int, float))}
-                         | {"train_tflops": m["train_flops"] / 1e12}, run_id=run_id)  # FLOPs, readable in the UI
+    tracking.log_metrics(m | {"train_tflops": m["train_flops"] / 1e12}, run_id=run_id)  # FLOPs, readable in the UI
     tracking.log_compare_axes(m["model"], m["n_params"], m["tokens_seen"], run_id=run_id)
     if out is not None:
         tracking.log_artifacts(out.curve, run_id=run_id)

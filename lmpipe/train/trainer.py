@@ -286,7 +286,7 @@ class Trainer:
         self.name, self.settings, self.common, self.data = name, settings, common, data
         self.ckpt_dir, self.device = Path(ckpt_dir), device
         self.ranks = distributed.launched()
-        if settings.budget is None and settings.epochs is None:
+        if not settings.length_stated:
             raise ConfigError(f"models.{name}: no run length: state its epochs or a budget (or give the study one)")
         if settings.batch_size % self.ranks.world:
             raise ConfigError(f"models.{name}.batch_size: {settings.batch_size} does not split over "
@@ -331,7 +331,7 @@ class Trainer:
 
     def _build_optimizer(self, asgd: bool) -> torch.optim.Optimizer:
         """The configured optimiser, or averaged SGD once NT-ASGD has switched (its rate is set at every step)."""
-        optim, params = self.settings.optim, self.model.parameters()  # OptimParams: one type per optimiser
+        optim, params = self.settings.optim, self.model.parameters()
         if asgd:
             return torch.optim.ASGD(params, lr=optim.lr, t0=0, lambd=0.0, weight_decay=optim.weight_decay)
         if optim.name == "sgd":
