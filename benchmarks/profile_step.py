@@ -73,7 +73,7 @@ def main() -> None:
             prof.__exit__(None, None, None)
 
     with tempfile.TemporaryDirectory() as ckpt:
-        device = setup_process(common, ckpt)
+        device = setup_process(common)
         trainer = Trainer(args.model, settings, common, data, ckpt, device, progress_bar=False)
         flops_per_step = trainer.flops_per_token * settings.batch_size * settings.seq_len
         trainer.run(on_step=on_step)

@@ -27,7 +27,9 @@ MODEL_STAGES = ("train", "score")  # the foreach stages over `models` in dvc.yam
 def score_stage(model: str) -> str:
     """The DVC stage that scores `model`: score@<model>, or score_ngram for the baseline (dvc.yaml)."""
     return "score_ngram" if model == "ngram" else f"score@{model}"
-CACHE_DIR = ".cache/lmpipe"
+# Resumable state (downloads, checkpoints, cached rows). A retrain's stages run in a temporary copy of the checkout
+# and are given the checkout's own folder (flows/retrain.py), so an interrupted retrain keeps its training.
+CACHE_DIR = os.environ.get("LMPIPE_CACHE_DIR", ".cache/lmpipe")
 
 
 def is_transient(task, task_run, state) -> bool:
@@ -116,8 +118,26 @@ def ran_before(stage: str) -> bool:
         return False
 
 
+def help_or_refuse(flow: Callable, takes_arguments: bool) -> None:
+    """`--help` prints what the stage does and starts nothing; a stage that reads params.yaml alone refuses an
+    argument in one line instead of ignoring it."""
+    argv = sys.argv[1:]
+    asked = bool({"-h", "--help"} & set(argv))
+    if not asked and (takes_arguments or not argv):
+        return
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    prog = f"python -m {spec.name}" if spec else Path(sys.argv[0]).name
+    if not asked:
+        fail(f"error: {prog} takes no arguments (got {' '.join(argv)}): it reads {PARAMS_FILE}; see {prog} --help")
+    doc = (sys.modules["__main__"].__doc__ or flow.description or flow.name).strip()
+    print(f"usage: {prog}{' [KEY=VALUE ...]' if takes_arguments else ''}\n\n{doc}")
+    sys.exit(0)
+
+
 def main(flow: Callable, **flow_kwargs) -> None:
-    """Run a stage flow as a script: check params first, then run; exit 1 with one line on a user error."""
+    """Run a stage flow as a script: check params first, then run; exit 1 with one line on a user error. `--help`
+    prints the stage's description and starts nothing."""
+    help_or_refuse(flow, takes_arguments=bool(flow_kwargs))
     try:
         params = load_params(PARAMS_FILE)
         tracking.store.check_store(params.tracking.timeout_seconds)
@@ -148,23 +168,16 @@ def main(flow: Callable, **flow_kwargs) -> None:
 
 
 def drop_removed(models: list[str], lock_file: str | Path = "dvc.lock") -> list[Path]:
-    """What a model no longer in params.yaml left behind, gone as `dvc remove` would take it: the outputs of its
-    train@ and score@ stages (the model folder, its metrics, curve, scores and log-probabilities), their entries in
-    dvc.lock and the cached outputs' lines in .gitignore. DVC keeps the outputs of a stage it no longer has, and a stale curve, metrics file or model
-    would otherwise stay in `dvc plots show`, the report, git and `dvc status`. The model stays in DVC's cache.
-    Every stage that covers all models (evaluate, combine, audit, report) calls it first: the first of them to run removes
-    them, before DVC records the `models/` and `metrics/eval/` folders as dependencies of any of them."""
+    """What a model no longer in params.yaml left behind, gone as `dvc remove` would take it: the outputs that
+    dvc.lock records for its train@ and score@ stages (the model folder, its metrics, curve, scores and
+    log-probabilities), their entries in dvc.lock, the cached outputs' lines in .gitignore and its registered
+    model's aliases (tracking.registry.retire); nothing else, so a file of the user's beside them stays. DVC keeps the outputs of a stage it no longer has, and a stale curve,
+    metrics file or model would otherwise stay in `dvc plots show`, the report, git and `dvc status`. The model stays
+    in DVC's cache. Every stage that covers all models (evaluate, combine, audit, report) calls it first: the first
+    of them to run removes them, before DVC records the `models/` and `metrics/eval/` folders as dependencies."""
     from dvc.utils.serialize import modify_yaml
 
-    from lmpipe.paths import CURVES, EVAL_MODELS, LOGPROBS, TRAIN_METRICS
-
-    kept = {*models, "ngram"}  # score_ngram writes beside the models' scores
-    beside = {TRAIN_METRICS: ".json", CURVES: ".csv", EVAL_MODELS: ".json", LOGPROBS: ".npz"}  # one file per model
-    gone = [path for folder, suffix in beside.items() for path in sorted(Path(folder).glob(f"*{suffix}"))
-            if path.stem not in kept]
-    for path in gone:
-        path.unlink()
-        forget_ignored(path)
+    gone: list[Path] = []
     if not Path(lock_file).exists():
         return gone
     with modify_yaml(lock_file) as lock:  # DVC's own reader and writer: the file keeps its form
@@ -173,15 +186,19 @@ def drop_removed(models: list[str], lock_file: str | Path = "dvc.lock") -> list[
         for name in stale:
             for out in lock["stages"][name].get("outs", []):
                 path = Path(out["path"])
-                if path.is_dir():
+                if path.is_dir() and not path.is_symlink():
                     shutil.rmtree(path)
-                elif path.exists():
+                elif path.exists() or path.is_symlink():
                     path.unlink()
                 else:
                     continue
                 gone.append(path)
                 forget_ignored(path)
             del lock["stages"][name]
+    if stale:
+        from lmpipe.tracking.registry import retire
+
+        retire(sorted({name.partition("@")[2] for name in stale}))
     return gone
 
 

@@ -5,6 +5,10 @@ test's title and which words it kept or dropped, with their training counts), pl
 word2vec text format, keyed by the word as listed). Each model's MLflow run gets weat_<test>_d/_p.
 """
 
+from lmpipe.blas import pin_kernel
+
+pin_kernel()  # before NumPy loads: the same BLAS kernels, so the same bytes, on every CPU of a kind
+
 from pathlib import Path
 
 import numpy as np

@@ -4,10 +4,11 @@ never import it; the pipeline itself is `dvc repro`."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import signal
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -103,7 +104,8 @@ def _ui(args) -> int:
                *([] if args.access_log else ["--uvicorn-opts", "--no-access-log"])]  # quiet: the links stay in view
     env = {**this_environment(), "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     print(f"starting the MLflow UI over {uri} ...", flush=True)
-    process = subprocess.Popen(command, env=env)
+    process = subprocess.Popen(command, env=env, start_new_session=True)  # its own group: stopped whole, below
+    signal.signal(signal.SIGTERM, interrupt)  # a service manager's stop: as Ctrl-C
     try:
         deadline = time.monotonic() + 180
         while not server.healthy(base) and process.poll() is None and time.monotonic() < deadline:
@@ -122,14 +124,17 @@ def _ui(args) -> int:
                   + (", ".join(f"{m} v{v.version}" for m, v in crowned.items()) or "none yet (run the study)"),
                   flush=True)
         return process.wait()
-    except KeyboardInterrupt:
-        return process.wait()  # the terminal's Ctrl-C reached the UI too: it stops by itself
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the server (its own process group) stops below
+        return 0
     except Exception as exc:  # the store failed us (e.g. locked by a running study): one line, and the UI goes too
         raise LmpipeError(f"the MLflow store {uri} did not answer as expected: {first_line(str(exc))}") from None
     finally:
-        if process.poll() is None:
-            process.terminate()
-            process.wait()
+        server.stop_group(process)
+
+
+def interrupt(signum, frame) -> None:
+    """SIGTERM handler: stop as Ctrl-C stops (KeyboardInterrupt), so every `finally` runs."""
+    raise KeyboardInterrupt
 
 
 def _sweep_args(p):
@@ -206,8 +211,12 @@ def _check_params(args) -> int:
     import yaml
 
     from lmpipe.config import load_params, unstated_settings
+    from lmpipe.preflight import input_problems, output_problems
 
     params = load_params(args.file)
+    problems = input_problems(params, args.file) + output_problems(params)
+    if problems:
+        raise LmpipeError("; ".join(problems))
     if args.store:  # what every stage needs before DVC removes its outputs: the tracking store answers
         from lmpipe.tracking.store import check_store, tracking_uri
 
@@ -229,12 +238,17 @@ def _restore_args(p):
 @command("restore", _restore_args, help="bring back a stage's outputs that DVC removed before a run that failed "
                                         "(from DVC's cache, and git for metrics and plots)")
 def _restore(args) -> int:
-    """A stage's outputs as its last completed run left them (dvc.lock): DVC's cache holds the cached ones, git the
-    ones DVC leaves to git (`cache: false`, e.g. metrics and plots). `dvc checkout` alone restores only the first."""
+    """A stage's outputs from one source, never a mix: the run dvc.lock records, when that run is committed (DVC's
+    cache holds its cached outputs, git the ones DVC leaves to git, `cache: false`: metrics, plots); else the commit's
+    run (HEAD's dvc.lock entry for the stage, which the workspace's dvc.lock then records again): an uncommitted
+    run's metrics were never in git, so its model cannot come back with them. `dvc checkout` alone restores only
+    the cached outputs, as the workspace's dvc.lock records them."""
     import os
 
+    import yaml
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
+    from dvc.utils.serialize import modify_yaml
 
     from lmpipe.errors import first_line
     from lmpipe.git import git, git_or_empty
@@ -246,6 +260,20 @@ def _restore(args) -> int:
         raise LmpipeError(f"{args.stage}: not a stage of this project ({first_line(str(exc))}); see: dvc stage list") from None
     cached = [os.path.relpath(o.fs_path, repo.root_dir) for s in stages for o in s.outs if o.use_cache]
     tracked = [os.path.relpath(o.fs_path, repo.root_dir) for s in stages for o in s.outs if not o.use_cache]
+    source = "the run dvc.lock records"
+    if tracked:  # outputs in two places: they must come from the same run
+        lock_file = os.path.relpath(stages[0].dvcfile.path, repo.root_dir).removesuffix(".yaml") + ".lock"
+        names = [s.name for s in stages]
+        ours = (yaml.safe_load(open(lock_file, encoding="utf-8")) if os.path.exists(lock_file) else {}) or {}
+        head = yaml.safe_load(git_or_empty("show", f"HEAD:{lock_file}") or "{}") or {}
+        committed = {n: head.get("stages", {}).get(n) for n in names}
+        if any(entry is None for entry in committed.values()):
+            raise LmpipeError(f"{args.stage}: no committed run of it (HEAD's {lock_file} has none), so its "
+                              f"{', '.join(tracked)} are in no git commit: make them with dvc repro -s {args.stage}")
+        if any(ours.get("stages", {}).get(n) != entry for n, entry in committed.items()):
+            with modify_yaml(lock_file) as lock:  # DVC's own reader and writer: the file keeps its form
+                lock.setdefault("stages", {}).update(committed)
+            source = f"the commit (HEAD): the run {lock_file} recorded since was not committed, and its metrics never were"
     env = this_environment()
     if cached and subprocess.call(["dvc", "checkout", "--force", "--quiet", args.stage], env=env) != 0:
         raise LmpipeError(f"dvc checkout {args.stage} failed: its outputs are not in DVC's cache (re-run it: "
@@ -254,7 +282,7 @@ def _restore(args) -> int:
     if known:
         git("checkout", "HEAD", "--", *tracked)  # a failure: one line, git's reason
     left = [t for t in tracked if not any(k == t or k.startswith(t.rstrip("/") + "/") for k in known)]
-    print(f"restored {args.stage}: {', '.join(cached + [t for t in tracked if t not in left])}"
+    print(f"restored {args.stage} from {source}: {', '.join(cached + [t for t in tracked if t not in left])}"
           + (f"; not in git, so not restored: {', '.join(left)} (dvc repro -s {args.stage} makes them)" if left else ""))
     return 0
 
@@ -427,16 +455,36 @@ def _schedule(args) -> int:
     print(f"serving deployment 'retrain/{args.name}' on {when} via {os.environ['PREFECT_API_URL']}"
           f" (one retrain at a time, a firing during one is cancelled; each may run {timeout:g} s; Ctrl-C stops it)",
           flush=True)
-    # Prefect 3.8's runner stops on SIGTERM through a coroutine it never awaits; the shutdown is clean all the same
-    warnings.filterwarnings("ignore", message="coroutine 'Runner.astop' was never awaited")
+    from prefect.runner import Runner
+
+    runner = Runner(name=args.name, pause_on_shutdown=True)  # what Flow.serve builds
+    runner.add_flow(retrain.with_options(timeout_seconds=timeout), name=args.name, cron=args.cron,
+                    interval=args.interval, paused=False, concurrency_limit=ConcurrencyLimitConfig(
+                        limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW))
+    # Prefect's own SIGTERM handler stops polling but leaves a running retrain training: SIGTERM (systemd,
+    # supervisord, Docker) does what Ctrl-C does instead, which stops the retrain, its DVC run and its copy
+    runner.handle_sigterm = as_ctrl_c
     try:
-        retrain.with_options(timeout_seconds=timeout).serve(
-            name=args.name, cron=args.cron, interval=args.interval, print_starting_message=False,
-            global_limit=ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW))
-    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (the runner exits 0 after pausing the schedule)
+        asyncio.run(runner.start())
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM through as_ctrl_c
         pass
     print(f"stopped serving 'retrain/{args.name}'", flush=True)
     return 0
+
+
+def as_ctrl_c(signum=None, frame=None) -> None:
+    """SIGTERM as the terminal's Ctrl-C: SIGINT to the other processes of this one's group (a retrain Prefect runs),
+    then KeyboardInterrupt here."""
+    import psutil
+
+    group = os.getpgrp()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if os.getpgid(child.pid) == group:
+                child.send_signal(signal.SIGINT)
+        except (psutil.Error, ProcessLookupError):
+            continue
+    raise KeyboardInterrupt
 
 
 def positive_seconds(text: str) -> float:

@@ -29,6 +29,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from lmpipe import paths
+from flows import server
 from flows._stage import CACHE_DIR, PARAMS_FILE, main
 from flows.progress import STARTED  # DVC's line as it starts a stage
 from flows.study import stage_env, dvc, one_study
@@ -47,6 +48,42 @@ REGRESSED, COMMIT = "lmpipe.retrain.regressed", "lmpipe.retrain.commit"
 def uncommitted() -> list[str]:
     """Tracked files changed but not committed: a retrain commits on top of HEAD, so it starts from a clean one."""
     return [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()]
+
+
+def reproduction_outputs() -> set[str]:
+    """The tracked files `dvc repro` itself writes: dvc.lock and every output git holds (`cache: false`)."""
+    from dvc.repo import Repo
+
+    with Repo() as repo:
+        return {"dvc.lock", *(str(out.fs_path.removeprefix(repo.root_dir + os.sep)) for stage in repo.index.stages
+                              for out in stage.outs if not out.use_cache)}
+
+
+def refusal(dirty: list[str]) -> str:
+    """Why a retrain does not start on a changed tree, and the command that fixes it."""
+    files = " ".join(dirty)
+    written = reproduction_outputs()
+    if all(any(f == w or f.startswith(w + "/") for w in written) for f in dirty):
+        return (f"uncommitted changes to {files}, all of them what `dvc repro` writes (a study reproduced here whose "
+                f"numbers rounded otherwise, or a run left uncommitted): keep them with `git commit -m 'Study "
+                f"reproduced here' -- {files}`, or drop them with `git checkout -- {files}`; a retrain commits its "
+                "outcome on top of HEAD")
+    shown = ", ".join(dirty[:4]) + (f" and {len(dirty) - 4} more" if len(dirty) > 4 else "")
+    return (f"uncommitted changes to {shown}: a retrain commits its outcome on top of HEAD; commit or stash them "
+            "first")
+
+
+def pause_this_schedule() -> str:
+    """Pause the deployment this retrain runs under, if any, so that it fails once, not at every firing; the words
+    that say so. `lmpipe schedule` resumes it when it starts again."""
+    from prefect import runtime
+    from prefect.client.orchestration import get_client
+
+    if not runtime.deployment.id:
+        return ""
+    with get_client(sync_client=True) as client:
+        client.pause_deployment(runtime.deployment.id)
+    return f"; the schedule '{runtime.deployment.name}' is paused until then (start `lmpipe schedule` again)"
 
 
 def fetched_sha256(corpus) -> str | None:
@@ -121,6 +158,9 @@ def run_experiment(name: str, sets: list[str], env: dict) -> None:
     """`dvc exp run --temp`, saying as it goes which stage runs and each model's epochs. Stopped (Ctrl-C, SIGTERM,
     the flow's timeout), it stops DVC and the stage it runs and removes the temporary copy DVC leaves behind."""
     log = get_run_logger()
+    for left in sorted(experiment_scratch()):  # under the study lock: no retrain runs, so a killed one left these
+        shutil.rmtree(left, ignore_errors=True) if left.is_dir() else left.unlink(missing_ok=True)
+        log.warning("removed %s, which a retrain stopped by force (SIGKILL) left behind", left)
     scratch = experiment_scratch()
     command = ["dvc", "exp", "run", "--temp", "--name", name, *[a for s in sets for a in ("-S", s)]]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -135,8 +175,8 @@ def run_experiment(name: str, sets: list[str], env: dict) -> None:
                 if said := progress(line):
                     log.info("retrain %s: %s", name, said)
         code = process.wait()
-    except BaseException:
-        stop_group(process)
+    except BaseException:  # SIGINT to DVC and its stage (each closes its runs and keeps its checkpoint)
+        server.stop_group(process, signal.SIGINT, patience=60)
         raise
     finally:
         if process.returncode != 0:  # a finished run cleans up after itself; a stopped or failed one may not
@@ -145,19 +185,6 @@ def run_experiment(name: str, sets: list[str], env: dict) -> None:
     if code != 0:
         reason = next((line for line in reversed(tail) if line.startswith(("ERROR", "error"))), tail[-1] if tail else "")
         raise LmpipeError(f"dvc exp run failed (exit {code}): {reason}")
-
-
-def stop_group(process: subprocess.Popen) -> None:
-    """SIGINT to DVC and its stage (each closes its runs and keeps its checkpoint), then SIGKILL after 60 s."""
-    for sig, patience in ((signal.SIGINT, 60), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(process.pid, sig)
-            process.wait(timeout=patience)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def git_identity() -> bool:
@@ -179,8 +206,7 @@ def retrain(overrides: list[str] | None = None) -> dict:
     with one_study():
         dirty = uncommitted()
         if dirty:
-            raise LmpipeError(f"uncommitted changes to {', '.join(dirty[:4])}: a retrain commits its outcome on "
-                              "top of HEAD; commit or stash them first")
+            raise LmpipeError(refusal(dirty) + pause_this_schedule())
         parent = tracking.runs.start_study_run(params.tracking.experiment, PARAMS_FILE, "retrain")
         try:
             outcome = gated_retrain(params, parent, list(overrides or []))
@@ -197,7 +223,7 @@ def gated_retrain(params, parent: str, sets: list[str]) -> dict:
     """The retrain's steps: refetch, `dvc exp run --temp`, the gate, then apply or refuse. Returns the outcome with
     the closing line to say (`said`); a regression is an LmpipeError naming the models."""
     limit, log = params.retrain.max_regression, get_run_logger()
-    env = stage_env(parent)
+    env = {**stage_env(parent), "LMPIPE_CACHE_DIR": str(Path(CACHE_DIR).resolve())}  # checkpoints outlive the copy
     log.info("retrain: fetching the corpus source again")
     pinned = fetched_sha256(params.corpus)
     if pinned != corpus_sha256(paths.RAW):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -55,6 +56,21 @@ def on_running_server() -> Iterator[str | None]:
         yield url
 
 
+def server_env(port: int) -> dict:
+    """The environment of the project's Prefect server: no telemetry, and trust only its own pages. Prefect allows
+    every origin by default (CORS `*`) with no login, so any web page the user visits could create flow runs of a
+    served deployment (a retrain with arbitrary overrides); here only the server's own UI origin may call it from a
+    browser. Another page's JSON call needs a preflight, which the server refuses, and a body it may send without one
+    (text/plain) is not JSON to Prefect's API, which refuses it. Prefect's own clients send no Origin: unaffected."""
+    origin = f"http://{HOST}:{port}"
+    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_UI_ENABLED": os.environ.get("PREFECT_UI_ENABLED", "true"),
+           "PREFECT_UI_API_URL": f"{origin}/api",  # the UI reads this server, not 4200's
+           "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": origin}
+    env.pop("PREFECT_API_URL", None)
+    return env
+
+
 def start(port: int = PORT, log_dir: str | Path = ".cache/lmpipe", timeout: float = 120) -> tuple[str, subprocess.Popen | None]:
     """Start `prefect server start` in the background (unless one already answers) and wait until healthy."""
     url = api_url(port)
@@ -64,9 +80,7 @@ def start(port: int = PORT, log_dir: str | Path = ".cache/lmpipe", timeout: floa
         raise LmpipeError(f"{HOST}:{port} is taken by another program (choose another: lmpipe server --port N)")
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_ENABLED": os.environ.get("PREFECT_UI_ENABLED", "true"),
-           "PREFECT_UI_API_URL": url}  # the UI reads this server, not 4200's
-    env.pop("PREFECT_API_URL", None)
+    env = server_env(port)
     with open(log_dir / f"prefect-server-{port}.log", "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)],
@@ -103,8 +117,6 @@ def stop(port: int = PORT, log_dir: str | Path = ".cache/lmpipe") -> bool:
     pid_file = Path(log_dir) / f"prefect-server-{port}.pid"
     if not pid_file.exists():
         return False
-    import signal
-
     pid = int(pid_file.read_text())
     pid_file.unlink()
     if not started_here(pid):
@@ -114,6 +126,23 @@ def stop(port: int = PORT, log_dir: str | Path = ".cache/lmpipe") -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def stop_group(process: subprocess.Popen, first: int = signal.SIGTERM, patience: float = 3.0) -> None:
+    """Stop a child started with its own process group (`start_new_session=True`), every process in it: `first`,
+    then SIGKILL when it has not exited within `patience` seconds."""
+    for sig, wait in ((first, patience), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # what outlived its leader (a server's workers)
 
 
 def started_here(pid: int, root: Path | None = None) -> bool:

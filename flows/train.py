@@ -23,7 +23,9 @@ from lmpipe import paths
 from flows._stage import CACHE_DIR, PARAMS_FILE, main, stage_run
 from lmpipe import checkpoints, distributed, tracking
 from lmpipe.config import load_params
+from lmpipe.evaluate import evaluate_lm
 from lmpipe.train.job import Job, Outputs, prepare, publish
+from lmpipe.train.trainer import TrainResult
 
 CKPT_ROOT = Path(CACHE_DIR) / "ckpt"
 CURVE_COLUMNS = ("epoch", "tokens", "flops", "train_loss", "valid_bpb", "valid_ppl", "lr", "tokens_per_sec")
@@ -42,8 +44,9 @@ def artifact_key(model: str) -> str:
 
 
 @task(cache_policy=NO_CACHE)  # its inputs (token streams) are not worth hashing; DVC decides what re-runs
-def fit(job: Job, run_id: str):
-    """The training loop, its curve live in the model's MLflow run and a line per evaluation in the log."""
+def fit(job: Job, run_id: str, branches: list[Job] = ()):
+    """The training loop, its curve live in the model's MLflow run and a line per evaluation in the log; it saves
+    each branch's state at the branch's decay start."""
     elapsed, logged, logger, trainer = [], set(), get_run_logger(), job.trainer
 
     def on_eval(record):
@@ -54,7 +57,7 @@ def fit(job: Job, run_id: str):
                              trainer.total_steps / trainer.steps_per_epoch)
         logger.info(line)  # the console and the flow run's page in the Prefect UI
 
-    result = trainer.run(on_eval=on_eval)
+    result = job.run(on_eval=on_eval, branches=branches)
     for record in result.history:  # points trained before a resume: the whole curve on this run too
         if record["step"] not in logged:
             tracking.log_evaluation(record, run_id)
@@ -66,17 +69,41 @@ def fit(job: Job, run_id: str):
     return result
 
 
+@task(cache_policy=NO_CACHE)
+def anneal(job: Job, result: TrainResult, branches: list[Job], run_id: str) -> list[dict]:
+    """Each branch's decay from the state the run saved for it, then every budget's annealed model scored: a record
+    (budget, FLOPs, valid and test bpb) per budget, the run itself last. Test as the score stage scores it."""
+    logger, records = get_run_logger(), []
+    for branch, budget in [*((b, b.settings.budget.flops) for b in branches), (None, job.settings.budget.flops)]:
+        done = branch.trainer.run() if branch is not None else result
+        test = evaluate_lm(done.model.eval(), job.data, job.common.eval_chunk)["test"]
+        records.append({"budget_flops": budget, "train_flops": done.metrics["train_flops"],
+                        "tokens_seen": done.metrics["tokens_seen"], "valid_bpb": done.metrics["valid_bpb"],
+                        "test_bpb": test["bpb"]})
+        logger.info(f"{job.name} annealed at {budget:.2e} FLOPs: valid bpb {done.metrics['valid_bpb']:.4f}, "
+                    f"test bpb {test['bpb']:.4f}")
+        step = int(budget / 1e9)  # GFLOPs: the MLflow chart's x axis
+        tracking.log_metrics({"annealed_valid_bpb": records[-1]["valid_bpb"],
+                              "annealed_test_bpb": records[-1]["test_bpb"]}, run_id=run_id, step=step)
+    return records
+
+
 @flow(name="train", flow_run_name="train@{model}")
 def train(model: str) -> dict:
     params = load_params(PARAMS_FILE)
     job = prepare(params, model, CKPT_ROOT, params_file=PARAMS_FILE)
+    on_study_budget = params.study.budget is not None and job.settings.budget == params.study.budget
+    branches = [job.branch(flops) for flops in params.study.branch_budgets] if on_study_budget else []
     outputs = Outputs(paths.model_dir(model), paths.train_metrics(model), paths.curve(model))
     with stage_run(f"train@{model}", params, job.chosen, model=model) as run:
-        result = fit(job, run.info.run_id)
+        result = fit(job, run.info.run_id, branches)
+        if branches:
+            result.metrics["budgets"] = anneal(job, result, branches, run.info.run_id)
         publish(run, result, outputs)
         tracking.mark_output(outputs.model_dir)  # evaluate, score and audit find this run from the model's files
         tracking.carry_results(params.tracking.experiment, outputs.model_dir, run.info.run_id)
-    checkpoints.discard(job.ckpt_dir)  # every output is written: only now may the training go
+    for done in [job, *branches]:  # every output is written: only now may the training go
+        checkpoints.discard(done.ckpt_dir)
     return result.metrics
 
 

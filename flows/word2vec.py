@@ -1,5 +1,9 @@
 """word2vec stage: a gensim Word2Vec of the training split, the audit's classic reference embedding."""
 
+from lmpipe.blas import pin_kernel
+
+pin_kernel()  # before NumPy loads: the same BLAS kernels, so the same bytes, on every CPU of a kind
+
 import zlib
 
 from prefect import flow, task

@@ -3,33 +3,33 @@
 A run's folder is `<root>/<model>-<key>` (12 hex digits; `-x<N>` under N processes), keyed by everything that
 determines the run, so only the very same run resumes. Checkpoints outlive the training loop: the entry point
 discards them only after every output (model, metrics, curve, MLflow run) is written, so a failure after the last
-optimizer step never costs the training. Pruning touches only folders inside `root` that match the key pattern.
+optimizer step never costs the training. Pruning deletes only folders that lmpipe marked as its own when it made
+them (`MARK`, naming the model): a user's folder beside them survives whatever its name.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
-import re
 import shutil
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
 
+from lmpipe.codebase import code_hash
+
 KEEP = 3  # unfinished runs kept per model; older ones (abandoned configurations) are deleted
-_KEY = r"[0-9a-f]{12}(-x[0-9]+)?"
+MARK = "lmpipe-checkpoints.json"  # written into every run folder lmpipe makes: what pruning may delete
 
 
+@lru_cache(maxsize=1)
 def code_version() -> str:
-    """A hash of the training code (the loop, the optimisers, FLOP counting, distribution and the models): changed
-    code never resumes an old run."""
-    here = Path(__file__).parent
-    code = [here / name for name in ("train/trainer.py", "optim.py", "distributed.py", "flops.py")]
-    digest = hashlib.sha256()
-    for path in [*code, *sorted((here / "models").glob("*.py"))]:
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
+    """A hash of the training code: every project file that `lmpipe.train.job` imports, directly or not, less the
+    plumbing (lmpipe.codebase, the same walk that checks the DVC deps). Changed code never resumes an old run, and
+    the seeds' and the grid's cached rows of the old code are not reused."""
+    return code_hash()
 
 
 def checkpoint_dir(root: str | Path, model: str, chosen: dict, fingerprint: str, world: int = 1) -> Path:
@@ -41,16 +41,31 @@ def checkpoint_dir(root: str | Path, model: str, chosen: dict, fingerprint: str,
     return Path(root) / (f"{model}-{key}" + ("" if world == 1 else f"-x{world}"))
 
 
-def prune(keep_dir: str | Path, keep: int = KEEP) -> list[Path]:
-    """Delete all but the newest `keep` run folders of `keep_dir`'s model (`keep_dir` itself always stays).
-    Only siblings named exactly `<model>-<key>` count: nothing else in the root, and nothing outside it."""
+def make_dir(ckpt_dir: str | Path, model: str) -> Path:
+    """Create the run folder, marked as lmpipe's (the model's name in `MARK`), so pruning can tell it from a user's."""
+    ckpt_dir = Path(ckpt_dir)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    if not (ckpt_dir / MARK).exists():
+        (ckpt_dir / MARK).write_text(json.dumps({"written_by": "lmpipe", "model": model}))
+    return ckpt_dir
+
+
+def _marked_for(folder: Path) -> str | None:
+    """The model a run folder lmpipe made belongs to; None for any folder it did not make."""
+    try:
+        return json.loads((folder / MARK).read_text()).get("model")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def prune(keep_dir: str | Path, model: str, keep: int = KEEP) -> list[Path]:
+    """Delete all but the newest `keep` run folders of `model` beside `keep_dir` (`keep_dir` itself always stays).
+    Only folders that lmpipe marked as runs of this model count: nothing else in the root, and nothing outside it."""
     keep_dir = Path(keep_dir)
-    match = re.fullmatch(rf"(.+)-{_KEY}", keep_dir.name)
-    if match is None or not keep_dir.parent.is_dir():
+    if not keep_dir.parent.is_dir():
         return []
-    mine = re.compile(rf"{re.escape(match.group(1))}-{_KEY}")
     others = [d for d in keep_dir.parent.iterdir()
-              if d.is_dir() and not d.is_symlink() and d != keep_dir and mine.fullmatch(d.name)]
+              if d.is_dir() and not d.is_symlink() and d != keep_dir and _marked_for(d) == model]
     gone = sorted(others, key=lambda d: d.stat().st_mtime, reverse=True)[keep - 1:]
     for old in gone:
         shutil.rmtree(old, ignore_errors=True)

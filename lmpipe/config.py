@@ -411,12 +411,24 @@ class StudyParams(_Section):
     budget: Optional[Budget] = Field(None, description="every model's training FLOPs; an entry of "
                                      "`models` with a budget of its own is an exception, marked 'not compute-matched' "
                                      "in the report; null: each model by its own epochs or budget, no equal compute")
+    branches: list[float] = Field([], description="divisors k of the budget: each model on the study's budget also "
+                                  "gives its annealed result at C/k, by a decay branch from its stable phase (wsd; "
+                                  "Hägele et al. 2024), e.g. [16, 8, 4, 2]; [] for none")
 
     @model_validator(mode="after")
     def _compute(self):
         if self.budget is not None and self.budget.flops is None:
             raise ValueError("budget must be {flops: F}: the study compares the families at equal training compute")
+        if self.branches and self.budget is None:
+            raise ValueError("branches divide the study's budget: set study.budget, or branches: []")
+        if any(k <= 1 for k in self.branches) or len(set(self.branches)) < len(self.branches):
+            raise ValueError(f"branches {self.branches}: each a divisor above 1 (C/k is a smaller budget), once")
         return self
+
+    @property
+    def branch_budgets(self) -> list[float]:
+        """The smaller budgets C/k, smallest first."""
+        return sorted(self.budget.flops / k for k in self.branches) if self.budget is not None else []
 
     @property
     def flops(self) -> float | None:

@@ -69,7 +69,7 @@ def disk_full(exc: BaseException, dest: Path | None = None):
                     "resumes from its checkpoint)")
 
 
-OUT_MARK = "lmpipe-output.json"  # written into every folder a user names with --out: lmpipe may replace that folder
+OUT_MARK = "lmpipe-output.json"  # written into every folder a user names with --out: which files there are lmpipe's
 
 
 def check_out_dir(dest: str | os.PathLike, command: str) -> None:
@@ -81,10 +81,36 @@ def check_out_dir(dest: str | os.PathLike, command: str) -> None:
     if dest.exists() and not dest.is_dir():
         raise LmpipeError(f"{command} --out {dest}: is a file; name a new or empty folder")
     if dest.is_dir() and any(dest.iterdir()) and not (dest / OUT_MARK).is_file():
-        raise LmpipeError(f"{command} --out {dest}: the folder holds files that lmpipe did not write, and --out "
-                          "replaces the whole folder; name a new or empty folder")
+        raise LmpipeError(f"{command} --out {dest}: the folder holds files that lmpipe did not write (and no "
+                          f"{OUT_MARK}); name a new or empty folder")
     if holds_working_directory(dest):
         raise LmpipeError(f"{command} --out {dest}: is the working directory or a folder above it; name a new folder")
+
+
+@contextlib.contextmanager
+def out_dir(dest: str | os.PathLike, mark: dict) -> Iterator[Path]:
+    """Yield an empty staging folder beside the user's --out folder `dest`; on success, move each file staged there
+    into `dest` (each replaced atomically), remove the files an earlier --out listed in OUT_MARK and this one did not
+    write, and write OUT_MARK (`mark` plus the file list) last. Nothing else in `dest` is touched: a file the user
+    put there, before or during the run, stays."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
+    try:
+        yield staged
+        try:
+            before = set(json.loads((dest / OUT_MARK).read_text()).get("files", []))
+        except (OSError, ValueError, AttributeError):
+            before = set()
+        names = sorted(p.name for p in staged.iterdir())
+        for name in names:
+            os.replace(staged / name, dest / name)
+        for name in sorted(before - set(names)):
+            if Path(name).name == name:  # a plain name of this folder, never a path elsewhere
+                (dest / name).unlink(missing_ok=True)
+        write_json(dest / OUT_MARK, {**mark, "files": names})
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
 
 
 def holds_working_directory(path: Path) -> bool:

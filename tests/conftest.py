@@ -29,32 +29,24 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory):
     """One `prefect server` for the whole suite (an ephemeral server per stage process costs ~12 s)."""
-    from flows.server import healthy
+    from flows import server
 
     home = tmp_path_factory.mktemp("prefect-home")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "false"}
-    env.pop("PREFECT_API_URL", None)
-    log = open(home / "server.log", "wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-    )
-    deadline = time.monotonic() + 180
-    while not healthy(url):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"prefect server did not start: {(home / 'server.log').read_text()[-2000:]}")
-        time.sleep(0.5)
+    saved = dict(os.environ)
+    os.environ.update(PREFECT_HOME=str(home), PREFECT_UI_ENABLED="false")  # for the server alone: the project's settings
+    try:
+        url, process = server.start(free_port(), log_dir=home, timeout=180)
+    except Exception as exc:
+        pytest.fail(f"prefect server did not start: {exc}")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
     yield url
     process.terminate()
     try:
         process.wait(timeout=20)
     except subprocess.TimeoutExpired:
         process.kill()
-    log.close()
 
 
 @pytest.fixture(scope="session")

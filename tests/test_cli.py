@@ -131,3 +131,62 @@ def test_the_mlflow_ui_is_quiet_while_a_browser_loads_it(tmp_path):
         rest, _ = ui.communicate(timeout=60)
     said = "".join(lines) + rest
     assert "HTTP/1.1" not in said and "GET /" not in said, said[-2000:]
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_the_mlflow_ui_stops_its_server_when_told(tmp_path, signum):
+    """SIGTERM (a service manager's stop) or SIGINT to `lmpipe ui` itself, not to its group: the MLflow server it
+    started stops with it and the port is free within 3 s."""
+    import os
+    import shutil
+    import signal
+    import time
+
+    from flows.server import port_free
+    from tests.conftest import free_port
+
+    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
+    port = free_port()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        lines, deadline = [], time.monotonic() + 180
+        while not any("champions" in line for line in lines) and time.monotonic() < deadline:
+            lines.append(ui.stdout.readline())
+        assert not port_free(port), "".join(lines)
+        ui.send_signal(getattr(signal, signum))
+        ui.wait(timeout=10)
+        deadline = time.monotonic() + 3
+        while not port_free(port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert port_free(port)
+    finally:
+        os.killpg(ui.pid, signal.SIGKILL) if ui.poll() is None else None
+        ui.communicate(timeout=30)
+
+
+@pytest.mark.parametrize("module", ["flows.study", "flows.retrain", "flows.audit", "flows.word2vec", "flows.train",
+                                    "flows.seeds", "flows.report"])
+def test_every_stage_module_prints_help_and_starts_nothing(module, tmp_path):
+    """`python -m flows.<stage> --help` in a folder with no params.yaml and no Prefect server reachable: the help, exit
+    0, no flow run (one would fail on the dead server address, or on the missing params.yaml)."""
+    import os
+
+    env = {**os.environ, "PREFECT_API_URL": "http://127.0.0.1:9/api", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage:")
+    assert "flow run" not in done.stderr.lower() and not list(tmp_path.iterdir())
+
+
+def test_a_stage_that_reads_params_alone_refuses_an_argument_in_one_line(tmp_path):
+    import os
+
+    env = {**os.environ, "PREFECT_API_URL": "http://127.0.0.1:9/api", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "flows.combine", "--model", "gru"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("error: python -m flows.combine takes no arguments (got --model gru): it reads "
+                                   "params.yaml; see python -m flows.combine --help")

@@ -241,3 +241,14 @@ def test_a_setting_that_would_do_nothing_is_refused_in_one_line(entry, message):
     assert (sgd.name, sgd.nt_asgd, sgd.nonmono, sgd.decay_fraction) == ("sgd", True, 5, None)
     with pytest.raises(ConfigError, match=r"study: budget must be \{flops: F\}: the study compares the families"):
         parse_params({"study": {"budget": {"tokens": 1000}}})
+
+
+def test_branches_divide_the_study_budget():
+    from lmpipe.config import StudyParams
+
+    study = StudyParams.model_validate({"budget": {"flops": 3e13}, "branches": [2, 16, 4, 8]})
+    assert study.branch_budgets == [3e13 / 16, 3e13 / 8, 3e13 / 4, 3e13 / 2]
+    for bad, why in (({"branches": [2]}, "set study.budget"), ({"budget": {"flops": 1e12}, "branches": [1]}, "above 1"),
+                     ({"budget": {"flops": 1e12}, "branches": [2, 2]}, "once")):
+        with pytest.raises(ValueError, match=why):
+            StudyParams.model_validate(bad)

@@ -13,25 +13,18 @@ from pathlib import Path
 
 import pytest
 import yaml
+from lmpipe import codebase
 from lmpipe.config import Params, unstated_settings
 from tests.conftest import ROOT
 
 PIPELINES = ("dvc.yaml", "scaling/dvc.yaml", "seeds/dvc.yaml")
-PACKAGES = ("lmpipe", "flows")
-# Plumbing that cannot change any output, declared once: where runs are recorded, how errors read, the stage harness, the Prefect server probe, where tasks run (local threads or a cluster: the same results), the
-# packages' import-time setup and telemetry switch, the process's memory settings (speed, never numbers); and config.py, the typed reading of
-# params.yaml, whose defaults cannot reach an output because params.yaml states every setting
-# (test_params_yaml_states_every_setting).
-PLUMBING = {"lmpipe/tracking/__init__.py", "lmpipe/tracking/store.py", "lmpipe/tracking/runs.py",
-            "lmpipe/tracking/registry.py", "lmpipe/errors.py", "lmpipe/__init__.py", "flows/__init__.py",
-            "flows/_stage.py", "flows/server.py", "flows/runners.py", "lmpipe/config.py", "lmpipe/process.py",
-            "lmpipe/telemetry.py"}
-# Modules whose function-level imports build MLflow side outputs only (tracking.registry.log_lm: the registered model's
-# serving code; tracking.runs.git_commit: the commit a run is tagged with), which DVC does not version: only their
-# module-level imports are followed.
-SIDE_OUTPUTS = {"lmpipe/tracking/registry.py", "lmpipe/tracking/runs.py"}
+# The walk and the plumbing are lmpipe.codebase's, the same that keys checkpoints (code_version). config.py, the
+# typed reading of params.yaml, is plumbing for DVC alone: its defaults cannot reach an output because params.yaml
+# states every setting (test_params_yaml_states_every_setting); a checkpoint's key still hashes it.
+PLUMBING = codebase.PLUMBING | {"lmpipe/config.py"}
 # Params sections that say where and how a stage runs, not what it computes.
 PLUMBING_PARAMS = {"tracking", "orchestration"}
+module_file, closure = codebase.module_file, codebase.closure
 
 
 def stages() -> list[tuple[str, str, dict]]:
@@ -41,52 +34,6 @@ def stages() -> list[tuple[str, str, dict]]:
         for name, stage in yaml.safe_load((ROOT / pipeline).read_text())["stages"].items():
             out.append((pipeline, name, stage.get("do", stage)))
     return out
-
-
-def module_file(dotted: str) -> Path | None:
-    """The project file of a dotted module name (a package's __init__.py), or None outside the project."""
-    if dotted.split(".")[0] not in PACKAGES:
-        return None
-    base = ROOT / Path(*dotted.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.is_file():
-            return path
-    return None
-
-
-def imports_of(path: Path) -> set[Path]:
-    """Project files that `path` imports, the packages on the way included (importing a.b runs a/__init__.py)."""
-    found = set()
-
-    def add(dotted: str) -> None:
-        parts = dotted.split(".")
-        for i in range(1, len(parts) + 1):
-            file = module_file(".".join(parts[:i]))
-            if file is not None:
-                found.add(file)
-
-    tree = ast.parse(path.read_text())
-    top_level_only = path.relative_to(ROOT).as_posix() in SIDE_OUTPUTS
-    for node in (tree.body if top_level_only else ast.walk(tree)):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                add(alias.name)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            add(node.module)
-            for alias in node.names:  # `from lmpipe import tracking`: a submodule
-                if module_file(f"{node.module}.{alias.name}"):
-                    add(f"{node.module}.{alias.name}")
-    return found
-
-
-def closure(start: Path) -> set[Path]:
-    seen, todo = set(), [start]
-    while todo:
-        path = todo.pop()
-        if path not in seen:
-            seen.add(path)
-            todo.extend(imports_of(path) - seen)
-    return seen
 
 
 def command_module(stage: dict) -> Path:

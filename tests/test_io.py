@@ -87,3 +87,32 @@ def test_out_accepts_a_new_or_empty_folder_or_lmpipes_own_result(tmp_path):
     (tmp_path / "earlier" / "model.pt").write_text("x")
     for ok in ("new", "empty", "earlier"):
         check_out_dir(tmp_path / ok, "python -m lmpipe.train")
+
+
+def test_out_replaces_only_the_files_lmpipe_wrote_there(tmp_path):
+    """--out writes its files into the user's folder one by one: a file the user put there, before or during the
+    run, survives; a file an earlier --out wrote and this one did not is removed; the mark lists what is lmpipe's."""
+    import json
+
+    from lmpipe.io import OUT_MARK, out_dir
+
+    dest = tmp_path / "result"
+    with out_dir(dest, {"model": "gru"}) as staged:
+        (staged / "model.pt").write_text("1")
+        (staged / "old-only.csv").write_text("1")
+    assert json.loads((dest / OUT_MARK).read_text()) == {"model": "gru", "files": ["model.pt", "old-only.csv"]}
+    (dest / "notes.txt").write_text("mine")
+    with out_dir(dest, {"model": "gru"}) as staged:
+        (staged / "model.pt").write_text("2")
+        (dest / "during.txt").write_text("mine too")  # written by the user while the run trains
+    assert sorted(p.name for p in dest.iterdir()) == ["during.txt", OUT_MARK, "model.pt", "notes.txt"]
+    assert (dest / "model.pt").read_text() == "2" and (dest / "notes.txt").read_text() == "mine"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folder left
+    try:
+        with out_dir(dest, {"model": "gru"}) as staged:
+            (staged / "model.pt").write_text("3")
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    assert (dest / "model.pt").read_text() == "2"  # a failed run changes nothing
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

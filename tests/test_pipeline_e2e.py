@@ -668,13 +668,37 @@ def test_a_params_typo_under_dvc_says_how_to_restore_and_the_fixed_rerun_does_no
     assert "Traceback" not in failed.stderr and failed.stderr.count(line) == 1  # said once
     assert not any(o.exists() for o in outputs)
     restored = run(["lmpipe", "restore", "train@gru"], copy, env)
-    assert restored.stdout.strip() == "restored train@gru: models/gru, metrics/train/gru.json, plots/train/gru.csv"
+    assert restored.stdout.strip() == ("restored train@gru from the run dvc.lock records: models/gru, "
+                                       "metrics/train/gru.json, plots/train/gru.csv")
     assert {o: sha256_tree(o) for o in outputs} == before
     params.write_text(saved)
     rerun = run(["dvc", "repro", "train@gru"], copy, env)
     assert "Running stage 'train@gru'" not in rerun.stdout and " epoch " not in rerun.stdout + rerun.stderr
     assert {o: sha256_tree(o) for o in outputs} == before
     assert run(["git", "status", "--porcelain"], copy, env).stdout == ""
+
+
+def test_restore_after_an_uncommitted_run_gives_the_commits_model_with_the_commits_metrics(committed):
+    """A run DVC recorded but nobody committed, then a failed run that removed its outputs: the model cannot come back
+    from that run with its metrics (they were never in git), so the commit's pair comes back, and the line says so."""
+    copy, env = committed
+    outputs = [copy / "models/gru", copy / "metrics/train/gru.json", copy / "plots/train/gru.csv"]
+    before = {o: sha256_tree(o) for o in outputs}
+    params = copy / "params.yaml"
+    other = yaml.safe_load(params.read_text())
+    other["models"]["gru"]["arch"]["emb"] = 8
+    params.write_text(yaml.safe_dump(other, sort_keys=False))
+    run(["dvc", "repro", "train@gru"], copy, env)  # another model, uncommitted
+    assert sha256_tree(copy / "models/gru") != before[copy / "models/gru"]
+    for o in outputs:  # what DVC does before it runs the stage again
+        shutil.rmtree(o) if o.is_dir() else o.unlink()
+    restored = run(["lmpipe", "restore", "train@gru"], copy, env)
+    assert restored.stdout.strip().startswith("restored train@gru from the commit (HEAD): the run dvc.lock recorded "
+                                              "since was not committed"), restored.stdout
+    assert {o: sha256_tree(o) for o in outputs} == before  # model and metrics of one run: the commit's
+    assert run(["dvc", "status", "train@gru"], copy, env).stdout.strip() != "Data and pipelines are up to date."  # params changed
+    params.write_text(run(["git", "show", "HEAD:params.yaml"], copy, env).stdout)
+    assert run(["git", "status", "--porcelain"], copy, env).stdout == ""  # dvc.lock records the commit's run again
 
 
 def test_ctrl_c_stops_a_training_stage_in_one_line_and_its_run_ends_killed(scratch):  # its own copy: it edits params.yaml
@@ -916,9 +940,13 @@ def test_an_added_model_is_evaluated_audited_and_reported_and_removing_it_leaves
         "metrics/eval/grusmall.json", "metrics/models/grusmall.json", "metrics/train/grusmall.json",
         "plots/train/grusmall.csv"]  # the model and its log-probabilities are DVC's, ignored by git
 
+    users = {"plots/train/my_baseline.csv": "epoch,valid_bpb\n1,9\n", "metrics/eval/my_notes.json": "{}"}
+    for name, text in users.items():  # a user's files beside the outputs, named after no model
+        (copy / name).write_text(text)
     params.write_text(original)
     removed = run(["dvc", "repro"], copy, env)
     assert ran_stages(removed.stdout) == {"evaluate", "combine", "audit", "report"}
+    assert all((copy / name).read_text() == text for name, text in users.items())  # only what dvc.lock recorded went
     assert json.loads((copy / "metrics/eval.json").read_text())["models"] == before["models"]  # the same numbers
     assert "grusmall" not in json.loads((copy / "metrics/weat.json").read_text())["models"]
     assert "grusmall" not in (copy / "reports/study.md").read_text()
@@ -927,8 +955,11 @@ def test_an_added_model_is_evaluated_audited_and_reported_and_removing_it_leaves
     assert all_status(copy, env) == status_before
     for leftover in ("models/grusmall", "data/logprobs/grusmall.npz"):  # as `dvc remove` leaves it
         assert not (copy / leftover).exists(), leftover
+    registered = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}").get_registered_model("lmpipe-grusmall")
+    assert not registered.aliases and "lmpipe.retired" in registered.tags  # no champion of a model the study dropped
     changed = run(["git", "status", "--porcelain", "--untracked-files=all"], copy, env).stdout.splitlines()
-    assert [line for line in changed if not line[3:].startswith(("reports/", "mlruns/"))] == []  # no trace left
+    assert [line for line in changed if not line[3:].startswith(("reports/", "mlruns/")) and line[3:] not in users] \
+        == []  # no trace left
     assert (copy / "dvc.lock").read_text().startswith("schema: '2.0'")
 
 
@@ -1175,3 +1206,149 @@ def test_ctrl_c_stops_a_retrain_removes_its_copy_and_says_how_to_resume(committe
     assert workspace(copy) == before
     newest = retrain_runs(copy)[0]
     assert newest.info.status == "KILLED" and newest.data.tags["lmpipe.retrain.decision"] == "interrupted"
+
+
+def test_changed_training_code_starts_afresh_and_equals_a_clean_run_of_the_new_code(scratch):
+    """The probe: a run killed after its first checkpoint, then a real change to lmpipe/muon.py (the GRU's
+    optimiser), then the stage again: it starts from step 0 (the old code's checkpoint is not resumed) and gives the
+    model a clean run of the new code gives, byte for byte."""
+    import signal
+    import time
+
+    copy, env = scratch
+    params = yaml.safe_load((copy / "params.yaml").read_text())
+    params["train"]["checkpoint_every"] = 4
+    params["models"]["gru"] = stated({"gru": {**params["models"]["gru"], "max_steps_per_epoch": 40,
+                                              "optim": {"name": "muon", "lr": 0.02}}})["gru"]
+    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    ckpts = copy / ".cache/lmpipe/ckpt"
+    started = time.time()
+    stage = subprocess.Popen([sys.executable, "-m", "flows.train", "--model", "gru"], cwd=copy, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 300
+    while not any(p.stat().st_mtime >= started for p in ckpts.glob("gru-*/last.pt")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stage.send_signal(signal.SIGINT)
+    stage.communicate(timeout=60)
+    (old,) = [p.parent for p in ckpts.glob("gru-*/last.pt")]
+    killed_at = old.joinpath("last.pt").stat().st_mtime
+    muon = copy / "lmpipe/muon.py"
+    source = muon.read_text()
+    assert "for _ in range(steps):" in source
+    muon.write_text(source.replace("for _ in range(steps):", "for _ in range(steps - 1):"))  # one Newton-Schulz step less
+    new_code = run([sys.executable, "-m", "flows.train", "--model", "gru"], copy, env)
+    assert "resuming gru" not in new_code.stderr + new_code.stdout  # from step 0
+    assert old.joinpath("last.pt").stat().st_mtime == killed_at  # the old code's run, untouched
+    first = (copy / "models/gru/model.pt").read_bytes()
+    shutil.rmtree(ckpts)
+    run([sys.executable, "-m", "flows.train", "--model", "gru"], copy, env)  # a clean run of the new code
+    assert (copy / "models/gru/model.pt").read_bytes() == first
+
+
+def test_sigterm_stops_a_scheduled_retrain_as_ctrl_c_does(committed, prefect_api):
+    """What systemd, supervisord and Docker send: SIGTERM to `lmpipe schedule` alone while its retrain trains. It exits
+    within 30 s, leaves no temporary copy, and no MLflow run or Prefect flow run stays RUNNING."""
+    import signal
+    import time
+
+    copy, env = committed
+    params = copy / "params.yaml"
+    endless = yaml.safe_load(params.read_text())
+    endless["models"]["gru"]["epochs"] = 100000
+    endless["models"]["gru"]["patience"] = 100000
+    endless["models"]["gru"]["max_steps_per_epoch"] = None
+    params.write_text(yaml.safe_dump(endless, sort_keys=False))
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    run(git + ["commit", "-qam", "a long gru"], copy, env)  # the retrain needs a clean tree; DVC then retrains gru
+    log = open(copy / "schedule.log", "wb")
+    serve = subprocess.Popen(["lmpipe", "schedule", "--interval", "15", "--name", "e2e-sigterm"], cwd=copy, env=env,
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and not list((copy / ".dvc/tmp/exps").glob("standalone/tmp*/.cache/lmpipe/ckpt/gru-*/last.pt")) \
+                and not list((copy / ".cache/lmpipe/ckpt").glob("gru-*/last.pt")):
+            assert serve.poll() is None, (copy / "schedule.log").read_text()[-3000:]
+            time.sleep(1)
+        assert time.monotonic() < deadline, (copy / "schedule.log").read_text()[-3000:]
+        asked = time.monotonic()
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=30)
+        assert time.monotonic() - asked <= 30
+    finally:
+        if serve.poll() is None:
+            stop(serve)
+        log.close()
+    said = (copy / "schedule.log").read_text()
+    assert "stopped serving 'retrain/e2e-sigterm'" in said, said[-3000:]
+    time.sleep(2)  # what the stopped processes said on their way out reaches the stores
+    assert not list((copy / ".dvc/tmp/exps").glob("standalone/tmp*")), said[-3000:]
+    assert retrain_runs(copy)[0].info.status == "KILLED"
+    client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
+    running = client.search_runs([client.get_experiment_by_name("lmpipe").experiment_id], "attributes.status = 'RUNNING'")
+    assert not running, [r.data.tags.get("lmpipe.stage") for r in running]
+    runs = requests.post(f"{prefect_api}/flow_runs/filter", timeout=10, json={
+        "deployments": {"name": {"any_": ["e2e-sigterm"]}}}).json()
+    assert runs and not [r for r in runs if r["state_type"] in ("RUNNING", "PENDING")], [r["state"] for r in runs]
+    for deployment in requests.post(f"{prefect_api}/deployments/filter", timeout=10,
+                                    json={"deployments": {"name": {"any_": ["e2e-sigterm"]}}}).json():
+        requests.delete(f"{prefect_api}/deployments/{deployment['id']}", timeout=10)
+
+
+def test_a_schedule_on_a_tree_a_reproduction_changed_fails_once_and_says_how_to_fix_it(committed, prefect_api):
+    """A reproduction on another CPU left dvc.lock and metrics/weat.json changed: the first firing fails with the
+    command that fixes it, in its Prefect state message and in `lmpipe schedule`'s output, and the schedule pauses
+    instead of failing at every firing."""
+    import time
+
+    copy, env = committed
+    for name in ("dvc.lock", "metrics/weat.json"):
+        (copy / name).write_text((copy / name).read_text() + "\n")
+    log = open(copy / "schedule.log", "wb")
+    serve = subprocess.Popen(["lmpipe", "schedule", "--interval", "10", "--name", "e2e-dirty"], cwd=copy, env=env,
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline, failed = time.monotonic() + 300, []
+        while not failed and time.monotonic() < deadline:
+            runs = requests.post(f"{prefect_api}/flow_runs/filter", timeout=10, json={
+                "deployments": {"name": {"any_": ["e2e-dirty"]}}}).json()
+            failed = [r for r in runs if r["state_type"] == "FAILED"]
+            time.sleep(2)
+        assert failed, (copy / "schedule.log").read_text()[-3000:]
+        time.sleep(25)  # two more intervals: a paused schedule fires no more
+        runs = requests.post(f"{prefect_api}/flow_runs/filter", timeout=10, json={
+            "deployments": {"name": {"any_": ["e2e-dirty"]}}}).json()
+        (deployment,) = requests.post(f"{prefect_api}/deployments/filter", timeout=10,
+                                      json={"deployments": {"name": {"any_": ["e2e-dirty"]}}}).json()
+    finally:
+        stop(serve)
+        log.close()
+    assert [r["state_type"] for r in runs if r["state_type"] in ("FAILED", "COMPLETED", "RUNNING")] == ["FAILED"]
+    assert deployment["paused"]
+    message = failed[0]["state"]["message"]
+    assert "`git checkout -- dvc.lock metrics/weat.json`" in message and "is paused" in message, message
+    assert "`git checkout -- dvc.lock metrics/weat.json`" in (copy / "schedule.log").read_text()
+    requests.delete(f"{prefect_api}/deployments/{deployment['id']}", timeout=10)
+
+
+def test_the_train_stage_gives_each_branch_budget_as_its_standalone_run(scratch):
+    """study.branches: the train stage also gives the model's annealed result at C/k, one record per budget, the run at
+    C last; the branch at C/2 is the run `python -m lmpipe.train --budget` gives at C/2, to the last digit."""
+    copy, env = scratch
+    params = yaml.safe_load((copy / "params.yaml").read_text())
+    flops = 3e9
+    params["study"] = {"budget": {"flops": flops}, "branches": [4, 2]}
+    gru = {k: v for k, v in params["models"]["gru"].items() if k not in ("epochs", "patience", "max_steps_per_epoch")}
+    params["models"]["gru"] = stated({"gru": {**gru, "optim": {"name": "adamw", "lr": 0.003, "schedule": "wsd",
+                                                               "decay_fraction": 0.25}}})["gru"]
+    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    run([sys.executable, "-m", "flows.train", "--model", "gru"], copy, env)
+    budgets = json.loads((copy / "metrics/train/gru.json").read_text())["budgets"]
+    assert [r["budget_flops"] for r in budgets] == [flops / 4, flops / 2, flops]
+    assert all(abs(r["train_flops"] / r["budget_flops"] - 1) < 0.01 for r in budgets), budgets
+    assert budgets[-1]["valid_bpb"] == json.loads((copy / "metrics/train/gru.json").read_text())["valid_bpb"]
+    assert budgets[0]["test_bpb"] > budgets[-1]["test_bpb"]  # more compute, lower loss
+    assert not list((copy / ".cache/lmpipe/ckpt").glob("gru*"))  # every branch's checkpoints discarded too
+    run([sys.executable, "-m", "lmpipe.train", "--model", "gru", "--budget", f"{{flops: {flops / 2}}}", "--out", "half"],
+        copy, env)
+    assert json.loads((copy / "half/metrics.json").read_text())["valid_bpb"] == budgets[1]["valid_bpb"]

@@ -104,8 +104,11 @@ def test_dvc_plots_page_draws_offline():
 
 
 def test_a_removed_models_leftovers_never_reach_the_report(tmp_path, monkeypatch):
-    """DVC keeps the outputs of a stage it no longer has: the report stage deletes a removed model's curve and
-    training metrics, and reads only params.yaml's models."""
+    """DVC keeps the outputs of a stage it no longer has: the joining stages delete what dvc.lock records of a removed
+    model's stages, and nothing else (a user's own files beside them stay); the report reads only params.yaml's
+    models."""
+    import yaml
+
     from flows.report import drop_removed
 
     fixture_study(tmp_path)
@@ -117,14 +120,28 @@ def test_a_removed_models_leftovers_never_reach_the_report(tmp_path, monkeypatch
     for name in ("nplm", "ngram", "lstm"):  # what score@<model> and score_ngram write
         write(tmp_path / f"metrics/eval/{name}.json", {})
         write(tmp_path / f"data/logprobs/{name}.npz", "")
+    (tmp_path / "models/nplm").mkdir(parents=True)
+    write(tmp_path / "models/nplm/model.pt", "")
     write(tmp_path / "data/logprobs/.gitignore", "/ngram.npz\n/lstm.npz\n/nplm.npz\n")
+    users = ["plots/train/my_baseline.csv", "metrics/eval/my_notes.json", "metrics/train/old.json"]
+    for name in users:
+        write(tmp_path / name, "mine")
+    outs = {"train@nplm": ["models/nplm", "metrics/train/nplm.json", "plots/train/nplm.csv"],
+            "score@nplm": ["metrics/eval/nplm.json", "data/logprobs/nplm.npz"],
+            "score@lstm": ["metrics/eval/lstm.json", "data/logprobs/lstm.npz"]}
+    lock = {"schema": "2.0", "stages": {stage: {"cmd": "x", "outs": [{"path": p, "md5": "0"} for p in paths]}
+                                        for stage, paths in outs.items()}}
+    write(tmp_path / "dvc.lock", yaml.safe_dump(lock))
     monkeypatch.chdir(tmp_path)
     gone = drop_removed(["lstm", "transformer"])
     assert sorted(p.as_posix() for p in gone) == ["data/logprobs/nplm.npz", "metrics/eval/nplm.json",
-                                                  "metrics/train/nplm.json", "plots/train/nplm.csv"]
+                                                  "metrics/train/nplm.json", "models/nplm", "plots/train/nplm.csv"]
     assert (tmp_path / "data/logprobs/.gitignore").read_text() == "/ngram.npz\n/lstm.npz\n"
-    assert sorted(p.name for p in (tmp_path / "metrics/eval").iterdir()) == ["lstm.json", "ngram.json"]
-    assert sorted(p.name for p in (tmp_path / "plots/train").iterdir()) == ["lstm.csv", "transformer.csv"]
+    assert sorted(p.name for p in (tmp_path / "metrics/eval").iterdir()) == ["lstm.json", "my_notes.json", "ngram.json"]
+    assert sorted(p.name for p in (tmp_path / "plots/train").iterdir()) == ["lstm.csv", "my_baseline.csv",
+                                                                            "transformer.csv"]
+    assert all((tmp_path / name).read_text() == "mine" for name in users)
+    assert set(yaml.safe_load((tmp_path / "dvc.lock").read_text())["stages"]) == {"score@lstm"}
 
 
 def test_an_evaluation_that_does_not_cover_the_models_is_refused_in_one_line(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lmpipe.config import ModelParams, TrainParams
-from lmpipe.errors import Interrupted
+from lmpipe.errors import ConfigError, Interrupted
 from lmpipe.evaluate import evaluate_lm
 from lmpipe.checkpoints import checkpoint_dir, discard, prune
 from lmpipe.splits import Split, TokenData
@@ -201,28 +201,38 @@ def test_unreadable_checkpoint_starts_afresh_with_one_line(tmp_path, capsys):
 
 
 def test_pruning_keeps_the_newest_runs_of_the_model_and_touches_nothing_else(tmp_path):
-    """Only `<model>-<12 hex>` folders inside the root are the project's: a sibling sharing the prefix (another
-    project's `lmpipe-x`, a `gru-notes` folder) survives, and nothing outside the root is looked at."""
+    """Only folders lmpipe marked as runs of the model are its: a user's folder whose name looks like a run's
+    (`gru-202611270900`, a timestamp), another model's runs and anything outside the root survive."""
     import os
 
+    from lmpipe.checkpoints import make_dir
+
     root = tmp_path / "ckpt"
-    root.mkdir()
-    runs = [root / f"gru-{i:012x}" for i in range(6)]
+    runs = [make_dir(root / f"gru-{i:012x}", "gru") for i in range(6)]
     for i, run in enumerate(runs):
-        run.mkdir()
         os.utime(run, (i, i))
-    strangers = [root / "gru-notes", root / "gru-0000000000zz", root / "gru-small-000000000001", root / "lstm-0",
-                 tmp_path / "gru-000000000009", tmp_path / "lmpipe-x"]
+    strangers = [root / "gru-202611270900", root / "gru-notes", root / "gru-0000000000zz", tmp_path / "gru-000000000009",
+                 make_dir(root / "lstm-000000000001", "lstm")]
     for path in strangers:
-        path.mkdir()
-    keep = root / "gru-ffffffffffff"
-    prune(keep)
+        path.mkdir(exist_ok=True)
+    (root / "gru-202611270900" / "mine.txt").write_text("a user's folder, named like a run")
+    keep = make_dir(root / "gru-ffffffffffff", "gru")
+    assert sorted(p.name for p in prune(keep, "gru")) == [f"gru-{i:012x}" for i in range(4)]
     left = {p.name for p in root.iterdir()}
-    assert left == {"gru-000000000004", "gru-000000000005", "gru-notes", "gru-0000000000zz", "gru-small-000000000001",
-                    "lstm-0"}
+    assert left == {"gru-000000000004", "gru-000000000005", "gru-ffffffffffff", "gru-202611270900", "gru-notes",
+                    "gru-0000000000zz", "lstm-000000000001"}
     assert all(path.exists() for path in strangers)
-    prune(tmp_path / "lmpipe-y")  # a folder name without a key: prunes nothing
-    assert (tmp_path / "lmpipe-x").exists()
+    assert prune(tmp_path / "lmpipe-y", "lmpipe") == []  # a root of strangers: prunes nothing
+
+
+def test_a_training_run_marks_its_checkpoint_folder_as_its_own(tmp_path):
+    import json
+
+    from lmpipe.checkpoints import MARK
+
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path, "nplm", on_step=kill_at(8))
+    assert json.loads((tmp_path / "nplm" / MARK).read_text())["model"] == "nplm"
 
 
 def test_a_checkpoint_that_loads_but_does_not_fit_is_set_aside_and_training_restarts(tmp_path, capsys):
@@ -397,3 +407,41 @@ def test_every_run_outside_the_stages_is_set_up_by_one_function():
         configure_run(params, "gru", train={"seed": "x"})
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         parse_assignments(["optim.lr"])
+
+
+def test_a_decay_branch_is_the_standalone_run_of_its_budget_bit_for_bit(tmp_path):
+    """Under wsd the run at budget B is the run at C up to B's decay start: a branch resumes a copy of C's state
+    there and decays to B. Its weights and curve equal B's run from scratch, and the run at C is unchanged by it."""
+    from lmpipe.config import Budget
+
+    wsd = {"name": "muon", "lr": 3e-3, "warmup_steps": 5, "schedule": "wsd", "decay_fraction": 0.25}
+    big, small = (revised(SETTINGS["modern"], budget={"tokens": n}, optim=wsd) for n in (9000, 3000))
+    main = Trainer("modern", big, COMMON, synthetic_data(), tmp_path / "main", setup_process(COMMON), progress_bar=False)
+    start = main.decay_start(Budget(tokens=3000))
+    assert 5 < start < main.total_steps // 3
+    branched = main.run(branches={start: tmp_path / "branch"})
+    steps = []
+    branch = Trainer("modern", small, COMMON, synthetic_data(), tmp_path / "branch", setup_process(COMMON),
+                     progress_bar=False).run(on_step=steps.append)
+    assert steps[0] == start + 1  # it trained its decay alone
+    alone = train(tmp_path / "alone", "modern", settings=small)
+    unbranched = train(tmp_path / "unbranched", "modern", settings=big)
+    for (ours, theirs) in ((branch, alone), (branched, unbranched)):
+        assert drop_timings(ours.history) == drop_timings(theirs.history)
+        for (key, a), (_, b) in zip(ours.model.state_dict().items(), theirs.model.state_dict().items()):
+            assert torch.equal(a, b), key
+    assert branch.metrics["tokens_seen"] == alone.metrics["tokens_seen"] >= 3000
+
+
+def test_a_branch_needs_wsd_and_a_smaller_budget(tmp_path):
+    from lmpipe.config import Budget
+
+    cosine = Trainer("modern", revised(SETTINGS["modern"], budget={"tokens": 9000}), COMMON, synthetic_data(),
+                     tmp_path / "c", setup_process(COMMON), progress_bar=False)
+    with pytest.raises(ConfigError, match="wsd schedule"):
+        cosine.decay_start(Budget(tokens=3000))
+    wsd = {"name": "muon", "lr": 3e-3, "warmup_steps": 5, "schedule": "wsd", "decay_fraction": 0.25}
+    run = Trainer("modern", revised(SETTINGS["modern"], budget={"tokens": 9000}, optim=wsd), COMMON, synthetic_data(),
+                  tmp_path / "w", setup_process(COMMON), progress_bar=False)
+    with pytest.raises(ConfigError, match="not smaller"):
+        run.decay_start(Budget(tokens=9000))

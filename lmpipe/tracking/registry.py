@@ -117,6 +117,31 @@ def name_aliases(client, registered_name: str, version: str) -> None:
         client.set_registered_model_alias(registered_name, CHAMPION, version)
 
 
+def retire(models) -> list[str]:
+    """Models removed from the study: their registered models lose the `champion` and `challenger` aliases (no
+    `models:/lmpipe-<model>@champion` points at a model the study no longer has) and are tagged as retired; their
+    versions stay, to load by number. The names of those that had an alias. Nothing inside an experiment (a
+    retrain's copy), whose outcome only a passing gate applies."""
+    from mlflow.exceptions import MlflowException
+
+    if experiment_tags():
+        return []
+    client, retired = tracker().client, []
+    for model in models:
+        name = f"lmpipe-{model}"
+        try:
+            aliases = client.get_registered_model(name).aliases
+        except MlflowException:
+            continue  # never registered
+        for alias in (CHAMPION, CHALLENGER):
+            if alias in aliases:
+                client.delete_registered_model_alias(name, alias)
+        client.set_registered_model_tag(name, "lmpipe.retired", "removed from params.yaml's models")
+        if aliases:
+            retired.append(model)
+    return retired
+
+
 def champion_versions(models) -> dict:
     """{model: its champion ModelVersion}, for the models that have one (the n-gram is never registered)."""
     from mlflow.exceptions import MlflowException

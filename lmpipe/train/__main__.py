@@ -15,7 +15,7 @@ from lmpipe import checkpoints, distributed
 from lmpipe.config import load_params, parse_assignments
 from lmpipe.errors import Interrupted, LmpipeError
 from lmpipe.evaluate import evaluate_lm
-from lmpipe.io import OUT_MARK, atomic_path, check_out_dir, write_json
+from lmpipe.io import OUT_MARK, check_out_dir, out_dir
 from lmpipe.train.job import Outputs, prepare, publish
 
 
@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (train.compile)")
     parser.add_argument("--score", action="store_true", help="score valid and test as the evaluate stage does")
     parser.add_argument("--out", help="a new or empty folder for model.pt, metrics.json and curve.csv, or one an "
-                                      f"earlier --out wrote (it holds {OUT_MARK}; replaced whole) (default: none)")
+                                      f"earlier --out wrote (it holds {OUT_MARK}, which lists lmpipe's files there; only those are "
+                                      "replaced) (default: none)")
     parser.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")
     parser.add_argument("--checkpoints", default=".cache/lmpipe/ckpt", help="root of the resumable checkpoints")
     args = parser.parse_args(argv)
@@ -60,11 +61,12 @@ def main(argv: list[str] | None = None) -> None:
         distributed.leave(ranks)
     if not ranks.main:
         return
-    if args.out:  # one folder, whole or not at all
-        with atomic_path(args.out) as tmp:
-            publish(None, result, Outputs(tmp, tmp / "metrics.json", tmp / "curve.csv"))
-            write_json(tmp / OUT_MARK, {"written_by": "python -m lmpipe.train", "model": args.model, "set": args.set,
-                                        "processes": ranks.world})
+    if args.out:  # lmpipe's files only: anything else in the folder stays
+        with out_dir(args.out, {"written_by": "python -m lmpipe.train", "model": args.model, "set": args.set,
+                                "processes": ranks.world}) as tmp:
+            publish(None, result, Outputs(tmp / "model", tmp / "metrics.json", tmp / "curve.csv"))
+            (tmp / "model" / "model.pt").rename(tmp / "model.pt")
+            (tmp / "model").rmdir()
     if args.score:
         scores = evaluate_lm(result.model.eval(), job.data, params.evaluate.chunk)
         print(json.dumps({"model": args.model, "set": args.set, "seed": job.common.seed, "valid_bpb": scores["valid"]["bpb"],

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from lmpipe import distributed, tracking
-from lmpipe.checkpoints import checkpoint_dir
-from lmpipe.config import ModelParams, Params, TrainParams
+from lmpipe import checkpoints, distributed, tracking
+from lmpipe.checkpoints import checkpoint_dir, prune
+from lmpipe.config import ModelParams, Params, TrainParams, with_overrides
 from lmpipe.io import atomic_path, csv_text, without_timings, write_json, write_text
 from lmpipe.models import save_model
 from lmpipe.splits import TokenData, load_tokens
@@ -44,9 +44,26 @@ class Job:
     @cached_property
     def trainer(self) -> Trainer:
         """Built on first use, right after the process setup that seeds its initial weights: a caller that finds
-        the run's result cached never builds one."""
-        return Trainer(self.name, self.settings, self.common, self.data, self.ckpt_dir,
-                       setup_process(self.common, self.ckpt_dir), progress_bar=self.progress_bar)
+        the run's result cached never builds one. Older runs' checkpoints of the model (abandoned settings) go first."""
+        if distributed.launched().main:
+            prune(self.ckpt_dir, self.name)
+        return Trainer(self.name, self.settings, self.common, self.data, self.ckpt_dir, setup_process(self.common),
+                       progress_bar=self.progress_bar)
+
+    def branch(self, flops: float) -> Job:
+        """The run of this one's settings at the smaller budget of `flops` training FLOPs: a run of its own (its
+        settings, checkpoint folder, result), which a decay branch of this run gives without training its stable
+        phase again (`run(branches=...)`; Hägele et al. 2024)."""
+        return Job(f"{self.name}@{flops:.3g}", with_overrides(self.settings, {}, {"flops": flops}), self.common,
+                   self.data, self.ckpt_root, self.progress_bar)
+
+    def run(self, on_eval=None, branches: list[Job] = ()) -> TrainResult:
+        """Train (resuming where a checkpoint is). Each of `branches` (`branch`) gets this run's state at the step
+        where its own decay starts, as its checkpoint: its `run()` then resumes there and decays to its budget, and
+        ends exactly as its run from scratch would."""
+        points = {self.trainer.decay_start(b.settings.budget): checkpoints.make_dir(b.ckpt_dir, b.name)
+                  for b in branches}
+        return self.trainer.run(on_eval=on_eval, branches=points)
 
 
 def prepare(params: Params, model: str, ckpt_root: str | Path, *, overrides: dict | None = None,

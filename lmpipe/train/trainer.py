@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -31,7 +32,7 @@ from tqdm.auto import tqdm
 
 from lmpipe import checkpoints, distributed
 from lmpipe.checkpoints import Checkpoint, checkpoint_dir
-from lmpipe.config import ModelParams, OptimParams, Params, TrainParams, describe_error, with_overrides
+from lmpipe.config import Budget, ModelParams, OptimParams, Params, TrainParams, describe_error, with_overrides
 from lmpipe.errors import ConfigError, Interrupted
 from lmpipe.evaluate import perplexities, stream_nll
 from lmpipe.optim import MuonAdamW
@@ -234,15 +235,13 @@ def _averaged(model, optimizer, active: bool):
             p.data.copy_(value)
 
 
-def setup_process(common: TrainParams, ckpt_dir: str | Path | None = None) -> torch.device:
+def setup_process(common: TrainParams) -> torch.device:
     """Process-wide setup, once per training run, by its entry point: freed memory kept in the process, the
-    device and its threads, the DDP group under torchrun, torch's global RNG seeded from `train.seed`, and (given the
-    run's checkpoint folder) the pruning of its model's older runs' checkpoints. The Trainer built next draws the
-    model's initial weights, then its dropout masks, from that RNG: build it right after this call."""
+    device and its threads, the DDP group under torchrun, and torch's global RNG seeded from `train.seed`. The
+    Trainer built next draws the model's initial weights, then its dropout masks, from that RNG: build it right
+    after this call."""
     keep_freed_memory()
     ranks = distributed.launched()
-    if ckpt_dir is not None and ranks.main:
-        checkpoints.prune(ckpt_dir)
     device = pick_device(common.device, ranks.local)
     configure_device(device, common.threads or (max(1, (os.cpu_count() or 1) // ranks.local_world)
                                                 if ranks.world > 1 else 0))
@@ -353,11 +352,12 @@ class Trainer:
             plan = plan[: self.settings.max_steps_per_epoch]
         return plan
 
-    def _total_steps(self) -> int:
+    def _total_steps(self, budget: Budget | None = None) -> int:
         """The run's length in optimiser steps, which the schedule anneals to: the steps of its epochs, or of the
         epoch plans (pure functions of seed and epoch) until its budget's tokens or FLOPs are seen - exact under
-        variable BPTT too, where steps differ in length (counting seq_len-long steps would end a budget short)."""
-        budget = self.settings.budget
+        variable BPTT too, where steps differ in length (counting seq_len-long steps would end a budget short).
+        Given `budget`, the length a run of that budget would have, with these settings otherwise."""
+        budget = budget or self.settings.budget
         if budget is None:
             return sum(len(self._epoch_plan(epoch)) for epoch in range(self.settings.epochs))
         tokens = budget.tokens if budget.tokens is not None else budget.flops / self.flops_per_token
@@ -402,13 +402,30 @@ class Trainer:
             windows = self._to_device(self.train_tokens[torch.from_numpy(offsets[self.rows])[:, None] + span])
             yield windows[:, context:-1], windows[:, context + 1:], (windows[:, :context] if context > 0 else None)
 
+    def decay_start(self, budget: Budget) -> int:
+        """The steps a run of the smaller `budget` (these settings otherwise) takes before its decay begins. Under
+        `wsd` the two runs are the same up to there, step for step: the same batches, the same rate (warmup, then
+        flat), the same evaluations. So that run's decay can branch from this one (Hägele et al. 2024)."""
+        optim = self.settings.optim
+        if optim.schedule != "wsd" or self.settings.budget is None:
+            raise ConfigError(f"models.{self.name}: decay branches need a budget and the wsd schedule "
+                              f"(have {optim.schedule}{'' if self.settings.budget else ', no budget'})")
+        total = self._total_steps(budget)
+        start = total - max(1, round(optim.decay_fraction * total))
+        if total >= self.total_steps or start > self.total_steps - max(1, round(optim.decay_fraction * self.total_steps)):
+            raise ConfigError(f"models.{self.name}: a branch of {budget} is not smaller than the run it branches from")
+        return start
+
     # ---------- the loop ----------
     def run(self, on_eval: Callable[[dict], None] | None = None,
-            on_step: Callable[[int], None] | None = None) -> TrainResult:
+            on_step: Callable[[int], None] | None = None, branches: dict[int, Path] | None = None) -> TrainResult:
         """Resume, then train to the budget (or the epochs' end, or early stopping), an epoch at a time.
         `on_eval(record)` gets each learning-curve point (main process only); `on_step(step)` is called after every
-        optimiser step (tests interrupt a run from there)."""
+        optimiser step (tests interrupt a run from there). `branches` maps a step count to a checkpoint folder: once
+        that many steps are done (and what is due after the step), the run's whole state is saved there as a
+        checkpoint, from which the run of a smaller budget whose decay starts there resumes (`decay_start`)."""
         self.on_eval, self.on_step = on_eval or (lambda record: None), on_step or (lambda step: None)
+        self.branches = dict(branches or {})
         self._resume()
         with _StopRequest(active=self.ranks.world == 1) as stop:
             while not self._done():
@@ -446,10 +463,11 @@ class Trainer:
         due = self._eval_due(plan_length)
         if p.index == plan_length:
             p.epoch, p.index = p.epoch + 1, 0
+        branch = self.branches.get(p.step)
         if due:
-            self._evaluate(plan_length)
-        elif p.step % self.common.checkpoint_every == 0:
-            self._save()
+            self._evaluate(plan_length, branch)
+        elif p.step % self.common.checkpoint_every == 0 or branch:
+            self._save(branch)
         return due
 
     def _train_step(self, x: torch.Tensor, y: torch.Tensor, context: torch.Tensor | None):
@@ -509,7 +527,7 @@ class Trainer:
         self.model.train()
         return perplexities(nll, n, split.words, split.bytes)
 
-    def _evaluate(self, plan_length: int) -> None:
+    def _evaluate(self, plan_length: int, branch: Path | None = None) -> None:
         """Validate, record a learning-curve point, keep the best weights, adapt the schedule, checkpoint."""
         p = self.progress
         valid = self._valid()
@@ -529,7 +547,7 @@ class Trainer:
         if improved:
             p.best_loss, p.best_epoch, p.bad_evals = valid["loss"], record["epoch"], 0
             with _averaged(self.model, self.optimizer, p.asgd):
-                self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+                checkpoints.make_dir(self.ckpt_dir, self.name)
                 if self.ranks.main:
                     torch.save(self.model.state_dict(), checkpoints.best_path(self.ckpt_dir))
         else:
@@ -538,7 +556,7 @@ class Trainer:
         if self.ranks.main:
             self.on_eval(record)  # before the sums reset: a crash here repeats this point on resume
         p.reset_sums(self.device)
-        self._save()
+        self._save(branch)
 
     def _adapt(self, improved: bool) -> None:
         """NT-ASGD: start averaging once validation stops improving; else the plateau schedule halves the rate."""
@@ -552,10 +570,19 @@ class Trainer:
             p.base_lr *= 0.5
 
     # ---------- checkpoints ----------
-    def _save(self) -> None:
+    def _save(self, branch: Path | None = None) -> None:
+        """The resumable checkpoint; given a `branch` folder, a copy of the run's state there first (with the best
+        weights so far), so that a checkpoint of this run past the branch point means the branch is saved."""
         cuda_rng = torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None
-        Checkpoint(self.model.state_dict(), self.optimizer.state_dict(), vars(self.progress), torch.get_rng_state(),
-                   cuda_rng, self.hidden).save(checkpoints.last_path(self.ckpt_dir, self.ranks.rank))
+        state = Checkpoint(self.model.state_dict(), self.optimizer.state_dict(), vars(self.progress),
+                           torch.get_rng_state(), cuda_rng, self.hidden)
+        if branch is not None:  # a folder its branch's run made (and marked)
+            branch.mkdir(parents=True, exist_ok=True)
+            if self.ranks.main and checkpoints.best_path(self.ckpt_dir).exists():
+                shutil.copyfile(checkpoints.best_path(self.ckpt_dir), checkpoints.best_path(branch))
+            state.save(checkpoints.last_path(branch, self.ranks.rank))
+        checkpoints.make_dir(self.ckpt_dir, self.name)
+        state.save(checkpoints.last_path(self.ckpt_dir, self.ranks.rank))
 
     def _resume(self) -> None:
         path = checkpoints.last_path(self.ckpt_dir, self.ranks.rank)

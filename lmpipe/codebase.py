@@ -1,0 +1,89 @@
+"""Which project files a module runs: its import closure, read with `ast` (nothing is imported).
+
+One walk for two readers, so they cannot disagree: the stage graph's test (every file a stage imports is in its DVC
+deps) and `checkpoints.code_version` (the training code's hash, in every checkpoint folder's key and in the seeds'
+and the scaling grid's cache keys). A hand-kept list of files would miss the next module someone adds.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("lmpipe", "flows")
+# Plumbing that cannot change any output, declared once: where runs are recorded, how errors read, the stage harness,
+# the Prefect server probe, where tasks run (local threads or a cluster: the same results), the packages'
+# import-time setup and telemetry switch, the process's memory settings (speed, never numbers).
+PLUMBING = frozenset({
+    "lmpipe/tracking/__init__.py", "lmpipe/tracking/store.py", "lmpipe/tracking/runs.py",
+    "lmpipe/tracking/registry.py", "lmpipe/errors.py", "lmpipe/__init__.py", "flows/__init__.py",
+    "flows/_stage.py", "flows/server.py", "flows/runners.py", "lmpipe/process.py", "lmpipe/telemetry.py"})
+# Modules whose function-level imports build MLflow side outputs only (tracking.registry.log_lm: the registered model's
+# serving code; tracking.runs.git_commit: the commit a run is tagged with), which DVC does not version: only their
+# module-level imports are followed.
+SIDE_OUTPUTS = frozenset({"lmpipe/tracking/registry.py", "lmpipe/tracking/runs.py"})
+TRAINING_ENTRY = "lmpipe.train.job"  # what every training entry point calls: prepare, the Trainer, publish
+
+
+def module_file(dotted: str, root: Path = ROOT) -> Path | None:
+    """The project file of a dotted module name (a package's __init__.py), or None outside the project."""
+    if dotted.split(".")[0] not in PACKAGES:
+        return None
+    base = root / Path(*dotted.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def imports_of(path: Path, root: Path = ROOT) -> set[Path]:
+    """Project files that `path` imports, function-level imports and the packages on the way included (importing
+    a.b runs a/__init__.py)."""
+    found = set()
+
+    def add(dotted: str) -> None:
+        parts = dotted.split(".")
+        for i in range(1, len(parts) + 1):
+            file = module_file(".".join(parts[:i]), root)
+            if file is not None:
+                found.add(file)
+
+    tree = ast.parse(path.read_text())
+    top_level_only = path.relative_to(root).as_posix() in SIDE_OUTPUTS
+    for node in (tree.body if top_level_only else ast.walk(tree)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            add(node.module)
+            for alias in node.names:  # `from lmpipe import tracking`: a submodule
+                if module_file(f"{node.module}.{alias.name}", root):
+                    add(f"{node.module}.{alias.name}")
+    return found
+
+
+def closure(start: Path, root: Path = ROOT) -> set[Path]:
+    """`start` and every project file it imports, directly or through other project files."""
+    seen, todo = set(), [start]
+    while todo:
+        path = todo.pop()
+        if path not in seen:
+            seen.add(path)
+            todo.extend(imports_of(path, root) - seen)
+    return seen
+
+
+def code_files(module: str = TRAINING_ENTRY, root: Path = ROOT) -> list[str]:
+    """The files (relative, sorted) whose code decides what `module` computes: its closure less the plumbing."""
+    files = {p.relative_to(root).as_posix() for p in closure(module_file(module, root), root)}
+    return sorted(files - PLUMBING)
+
+
+def code_hash(module: str = TRAINING_ENTRY, root: Path = ROOT) -> str:
+    """12 hex digits over the names and bytes of `code_files(module)`: any edit to any of them changes it."""
+    digest = hashlib.sha256()
+    for name in code_files(module, root):
+        digest.update(name.encode() + b"\0" + (root / name).read_bytes() + b"\0")
+    return digest.hexdigest()[:12]

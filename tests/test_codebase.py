@@ -1,0 +1,61 @@
+"""One definition of a run's code: the import closure of the training entry keys checkpoints and cached rows, and
+the train stage's DVC deps hold every file of it."""
+
+from __future__ import annotations
+
+import shutil
+
+import yaml
+
+from lmpipe import codebase
+from lmpipe.checkpoints import code_version
+from tests.conftest import ROOT
+
+
+def copy_of_the_packages(tmp_path):
+    for package in codebase.PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def test_an_edit_to_any_file_of_the_training_code_changes_the_key_and_others_do_not(tmp_path):
+    root = copy_of_the_packages(tmp_path)
+    files = codebase.code_files(root=root)
+    assert {"lmpipe/muon.py", "lmpipe/evaluate.py", "lmpipe/perplexity.py", "lmpipe/splits.py", "lmpipe/config.py",
+            "lmpipe/train/job.py", "lmpipe/train/trainer.py", "lmpipe/models/rnn.py"} <= set(files)
+    base = codebase.code_hash(root=root)
+    assert base == code_version()  # the copy is byte for byte the project
+    for name in files:
+        path = root / name
+        before = path.read_bytes()
+        path.write_bytes(before + b"\nEDITED = 1\n")
+        assert codebase.code_hash(root=root) != base, f"an edit to {name} left the code key unchanged"
+        path.write_bytes(before)
+    outside = ["lmpipe/serving.py", "lmpipe/report.py", "lmpipe/tracking/runs.py", "flows/train.py"]
+    assert not set(outside) & set(files)
+    for name in outside:
+        (root / name).write_text((root / name).read_text() + "\nEDITED = 1\n")
+    assert codebase.code_hash(root=root) == base
+
+
+def test_a_new_module_the_training_code_imports_joins_the_key(tmp_path):
+    """No list to forget: a module added and imported by the trainer is hashed from then on."""
+    root = copy_of_the_packages(tmp_path)
+    base = codebase.code_hash(root=root)
+    (root / "lmpipe/newpart.py").write_text("SCALE = 1.0\n")
+    assert codebase.code_hash(root=root) == base  # not imported yet
+    trainer = root / "lmpipe/train/trainer.py"
+    trainer.write_text("from lmpipe.newpart import SCALE\n" + trainer.read_text())
+    changed = codebase.code_hash(root=root)
+    assert "lmpipe/newpart.py" in codebase.code_files(root=root)
+    (root / "lmpipe/newpart.py").write_text("SCALE = 2.0\n")
+    assert codebase.code_hash(root=root) not in (base, changed)
+
+
+def test_the_train_stage_depends_on_every_file_of_the_training_code():
+    """DVC re-runs a train stage exactly when its checkpoint key changes: the deps cover the key's files (config.py
+    aside: params.yaml states every setting, tests/test_graph.py)."""
+    deps = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["train"]["do"]["deps"]
+    missing = [f for f in codebase.code_files() if f != "lmpipe/config.py"
+               and not any(f == d or f.startswith(d.rstrip("/") + "/") for d in deps)]
+    assert not missing, f"dvc.yaml train@: {missing} key checkpoints but are not deps"
