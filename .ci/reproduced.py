@@ -11,6 +11,10 @@ match bit for bit. The same machine type reproduces the neural models bit for bi
 amplifies that like a change of seed (the transformer moved 0.030 bpb between two bf16 CPUs with the same code),
 so a neural model within SEED_SPREAD_BPB passes with a loud "NOT bit for bit" line, as long as the models still
 rank as committed (models within TIE_BPB of each other are a tie). Anything else fails.
+
+The WEAT audit (metrics/weat.json) follows the same rule: a model's effect sizes must match bit for bit when its
+numbers did (word2vec's too: its kernels are pinned per instruction set, lmpipe/blas.py), and otherwise may move
+within WEAT_SPREAD, said loudly (another embedding gives other associations, as another seed does).
 """
 
 import itertools
@@ -21,6 +25,7 @@ from pathlib import Path
 
 SEED_SPREAD_BPB = 0.05  # 3x the largest seed sd measured: the transformer's 0.017 (seeds/seeds.csv)
 TIE_BPB = 0.01  # two models committed closer than this (2-5x their seed sds) may change places on another CPU
+WEAT_SPREAD = 0.5  # effect size d (in pooled sds) a model whose numbers moved may move by: about its seed spread
 
 
 def read(path: Path) -> dict:
@@ -56,19 +61,48 @@ def verdict(model: str, old: dict, new: dict, precisions: list) -> tuple[bool, s
     return False, f"{model}: NOT REPRODUCED: bpb {change}, beyond {SEED_SPREAD_BPB} ({trained})"
 
 
+def effect_sizes(metrics: Path, model: str) -> dict:
+    """{test: effect size} of `model` in metrics/weat.json (None where a test did not run)."""
+    return {test: row.get("effect_size") for test, row in
+            read(metrics / "weat.json").get("models", {}).get(model, {}).items()}
+
+
+def weat_verdict(model: str, old: dict, new: dict, exact_numbers: bool) -> tuple[bool, str]:
+    """(passes, one line) for one model's WEAT effect sizes; `exact_numbers`: its bpb figures were bit for bit."""
+    if old == new:
+        return True, f"{model}: WEAT reproduced bit for bit"
+    if set(old) != set(new) or any((old[t] is None) != (new[t] is None) for t in old):
+        return False, f"WEAT {model}: NOT REPRODUCED: other tests ran ({sorted(old)} vs {sorted(new)})"
+    moved = max(abs(new[t] - old[t]) for t in old if old[t] is not None)
+    if exact_numbers:
+        return False, f"WEAT {model}: NOT REPRODUCED: effect sizes moved by up to {moved:.2e} though its numbers are bit for bit"
+    if moved <= WEAT_SPREAD:
+        return True, f"WEAT {model}: NOT bit for bit, effect sizes within {WEAT_SPREAD} (up to {moved:.2e}): another CPU?"
+    return False, f"WEAT {model}: NOT REPRODUCED: effect sizes moved by up to {moved:.2e}, beyond {WEAT_SPREAD}"
+
+
+def judged(old, new, exact: bool, say) -> bool:
+    """`exact`: whether old equals new, silently; else `say()`'s verdict, its line printed (errors to stderr)."""
+    if exact:
+        return old == new
+    ok, line = say()
+    print(line, file=sys.stdout if ok else sys.stderr)
+    return ok
+
+
 def main(committed: Path, fresh: Path, only: list[str] | None = None, exact: bool = False) -> int:
     """0 when the study reproduced (`exact`: bit for bit, every model), else 1."""
     models = sorted(m for m in read(committed / "eval.json")["models"] if not only or m in only)
     passed, ranks = True, []
+    audited = sorted(m for m in read(committed / "weat.json").get("models", {}) if not only or m in only)
+    for model in audited:  # the embeddings: word2vec, trained apart, is exact whenever every model is
+        same = all(numbers(committed, m) == numbers(fresh, m) for m in (models if model == "word2vec" else [model]))
+        old, new = effect_sizes(committed, model), effect_sizes(fresh, model)
+        passed &= judged(old, new, exact, lambda: weat_verdict(model, old, new, same))
     for model in models:
         precisions = [read(d / "train" / f"{model}.json").get("precision") for d in (committed, fresh)]
         old, new = numbers(committed, model), numbers(fresh, model)
-        if exact:
-            passed &= old == new
-            continue
-        ok, line = verdict(model, old, new, precisions)
-        print(line, file=sys.stdout if ok else sys.stderr)
-        passed &= ok
+        passed &= judged(old, new, exact, lambda: verdict(model, old, new, precisions))
         ranks.append((old["eval test"], new["eval test"], model))
     before, after = ([m for *_, m in sorted(ranks, key=lambda r: (r[i], r[2]))] for i in (0, 1))
     swapped = [f"{a} and {b}" for (old_a, new_a, a), (old_b, new_b, b) in itertools.combinations(ranks, 2)

@@ -56,6 +56,22 @@ def on_running_server() -> Iterator[str | None]:
         yield url
 
 
+APP = "flows.server:trusted_app"  # what `start` serves
+TRUSTED_HOSTS = [HOST, "localhost"]
+
+
+def trusted_app():
+    """Prefect's server app (API, UI, background services), answering only requests addressed to this machine's
+    loopback names: a page on another site that resolves its own name to 127.0.0.1 (DNS rebinding) sends its own
+    Host header and is refused (400) before Prefect sees it. Prefect has no such setting of its own."""
+    from prefect.server.api.server import create_app
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+    app = create_app(final=True)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=TRUSTED_HOSTS)
+    return app
+
+
 def server_env(port: int) -> dict:
     """The environment of the project's Prefect server: no telemetry, and trust only its own pages. Prefect allows
     every origin by default (CORS `*`) with no login, so any web page the user visits could create flow runs of a
@@ -72,7 +88,9 @@ def server_env(port: int) -> dict:
 
 
 def start(port: int = PORT, log_dir: str | Path = ".cache/lmpipe", timeout: float = 120) -> tuple[str, subprocess.Popen | None]:
-    """Start `prefect server start` in the background (unless one already answers) and wait until healthy."""
+    """Start the project's Prefect server in the background (unless one already answers) and wait until healthy:
+    Prefect's own app (API, UI and its services, as `prefect server start` runs it) behind `trusted_app`'s host
+    check."""
     url = api_url(port)
     if healthy(url):
         return url, None
@@ -83,7 +101,8 @@ def start(port: int = PORT, log_dir: str | Path = ".cache/lmpipe", timeout: floa
     env = server_env(port)
     with open(log_dir / f"prefect-server-{port}.log", "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)],
+            [sys.executable, "-m", "uvicorn", "--factory", APP, "--host", HOST, "--port", str(port),
+             "--log-level", "warning", "--no-access-log"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
         )
     deadline = time.monotonic() + timeout
@@ -146,8 +165,9 @@ def stop_group(process: subprocess.Popen, first: int = signal.SIGTERM, patience:
 
 
 def started_here(pid: int, root: Path | None = None) -> bool:
-    """Whether `pid` is a `prefect server` whose working directory is this checkout (Linux /proc; where /proc is
-    missing, the pid file is trusted)."""
+    """Whether `pid` is the project's Prefect server (`start`'s command, or a `prefect server` an older version
+    started) whose working directory is this checkout (Linux /proc; where /proc is missing, the pid file is
+    trusted)."""
     if not Path("/proc/self").exists():
         return True
     proc = Path(f"/proc/{pid}")
@@ -156,4 +176,5 @@ def started_here(pid: int, root: Path | None = None) -> bool:
         cwd = proc.joinpath("cwd").resolve(strict=True)
     except OSError:
         return False
-    return b"prefect" in b" ".join(command) and b"server" in command and cwd == (root or Path.cwd()).resolve()
+    ours = APP.encode() in command or (b"prefect" in b" ".join(command) and b"server" in command)
+    return ours and cwd == (root or Path.cwd()).resolve()

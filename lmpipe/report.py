@@ -18,6 +18,7 @@ import markdown  # noqa: E402
 
 from lmpipe import paths  # noqa: E402
 from lmpipe import seeds as seed_spread  # noqa: E402
+from lmpipe.compute_curves import annealed, section as compute_section  # noqa: E402
 from lmpipe.compare import BASELINE, CACHE, MATCHED, best_model, vs_baseline, without_cache  # noqa: E402
 from lmpipe.io import atomic_path, csv_text, write_text  # noqa: E402
 from lmpipe.results import load_results, read_json, si  # noqa: E402
@@ -32,10 +33,16 @@ def _curves(plots_dir: Path) -> dict[str, list[dict]]:
     return curves
 
 
-def compute_curves_csv(curves: dict[str, list[dict]]) -> str:
-    """Every model's validation points against the training FLOPs spent, one CSV with a `model` column."""
-    return csv_text([{"model": name, "flops": r["flops"], "valid_bpb": r["valid_bpb"]}
-                     for name, rows in curves.items() for r in rows if "flops" in r]) or "model,flops,valid_bpb\n"
+def compute_curves_csv(curves: dict[str, list[dict]], points: dict[str, list[dict]] | None = None) -> str:
+    """Every model's validation bpb against the training FLOPs spent, one CSV with a `model` column: its annealed
+    results at each budget where it has them (`points`, lmpipe.compute_curves.annealed), else its learning curve's
+    mid-run points."""
+    points = points or {}
+    rows = [{"model": name, "flops": r["train_flops"], "valid_bpb": r["valid_bpb"]}
+            for name, records in points.items() for r in records]
+    rows += [{"model": name, "flops": r["flops"], "valid_bpb": r["valid_bpb"]}
+             for name, records in curves.items() if name not in points for r in records if "flops" in r]
+    return csv_text(rows) or "model,flops,valid_bpb\n"
 
 
 def _times_power_of_ten(x: float, _position=None) -> str:
@@ -362,7 +369,8 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     curves = _curves(root / paths.CURVES)
     if models is not None:
         curves = {name: rows for name, rows in curves.items() if name in models}
-    write_text(root / paths.COMPUTE_CURVES, compute_curves_csv(curves))
+    points = annealed(trained)
+    write_text(root / paths.COMPUTE_CURVES, compute_curves_csv(curves, points))
     lines = ["# lmpipe study", ""]
     if made_from:
         lines += [f"Made by the code of {made_from}, from the settings in `params.yaml` (`dvc params diff` compares).",
@@ -382,6 +390,10 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
         spreads, stale = results.spreads, results.stale
         families = {name: t.get("family", "") for name, t in trained.items()}
         lines += _seeds_section(spreads, stale, label, unmatched, families, results.scaling, budget_flops) + [""]
+    if points:
+        sds = {name: s.bpb_sd for name, s in results.spreads.items() if s.bpb_sd is not None}
+        ngram = evaluation["models"].get(BASELINE, {}).get("test", {}).get("bpb") if evaluation else None
+        lines += compute_section(points, sds, (label, ngram) if ngram else None, figures / "compute.png") + [""]
     if curves:
         baseline = evaluation["models"].get(BASELINE, {}).get("valid", {}).get("bpb") if evaluation else None
         learning_curves_figure(curves, baseline, figures / "learning_curves.png", label)

@@ -79,3 +79,27 @@ def test_exact_asks_for_every_number_bit_for_bit(tmp_path):
     assert reproduced.main(committed, metrics(tmp_path, "same"), exact=True) == 0
     assert reproduced.main(committed, metrics(tmp_path, "close", {"gru": 1.975}), exact=True) == 1
     assert reproduced.main(committed, metrics(tmp_path, "ngram-only", {"gru": 1.975}), ["ngram"], exact=True) == 0
+
+
+def test_weat_must_match_where_the_numbers_did_and_may_move_loudly_where_they_did_not(tmp_path, capsys):
+    committed = metrics(tmp_path, "committed")
+    weat = {"gru": {"weat7": {"effect_size": 0.8}, "weat1": {"effect_size": None}},
+            "word2vec": {"weat7": {"effect_size": 0.3}, "weat1": {"effect_size": None}}}
+    (committed / "weat.json").write_text(json.dumps({"models": weat}))
+
+    def fresh(name, gru_bpb=None, gru_d=0.8, w2v_d=0.3):
+        folder = metrics(tmp_path, name, {"gru": gru_bpb} if gru_bpb else None)
+        rows = json.loads(json.dumps(weat))
+        rows["gru"]["weat7"]["effect_size"], rows["word2vec"]["weat7"]["effect_size"] = gru_d, w2v_d
+        (folder / "weat.json").write_text(json.dumps({"models": rows}))
+        return folder
+
+    assert reproduced.main(committed, fresh("same")) == 0
+    assert reproduced.main(committed, fresh("same-exact"), exact=True) == 0
+    assert reproduced.main(committed, fresh("w2v", w2v_d=0.3 + 4e-5)) == 1  # every model exact: word2vec must be too
+    assert "WEAT word2vec: NOT REPRODUCED" in capsys.readouterr().err
+    assert reproduced.main(committed, fresh("w2v-exact", w2v_d=0.3 + 4e-5), exact=True) == 1
+    assert reproduced.main(committed, fresh("moved", gru_bpb=1.975, gru_d=0.9, w2v_d=0.3 + 4e-5)) == 0
+    assert "WEAT gru: NOT bit for bit, effect sizes within 0.5" in capsys.readouterr().out
+    assert reproduced.main(committed, fresh("far", gru_bpb=1.975, gru_d=1.6)) == 1
+    assert "WEAT gru: NOT REPRODUCED: effect sizes moved by up to 8.00e-01" in capsys.readouterr().err

@@ -103,14 +103,11 @@ def test_a_port_whose_last_server_just_stopped_is_free():
     assert port_free(port)
 
 
-def test_the_mlflow_ui_is_quiet_while_a_browser_loads_it(tmp_path):
-    """No line per request: the printed links stay in view (--access-log brings them back)."""
+def started_ui(tmp_path, until: str) -> tuple[subprocess.Popen, int, list[str]]:
+    """`lmpipe ui` on a fresh store in `tmp_path`, in its own process group, read until a line holding `until`."""
     import os
     import shutil
-    import signal
     import time
-
-    import requests
 
     from tests.conftest import free_port
 
@@ -119,10 +116,21 @@ def test_the_mlflow_ui_is_quiet_while_a_browser_loads_it(tmp_path):
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=tmp_path, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines, deadline = [], time.monotonic() + 180
+    while not any(until in line for line in lines) and time.monotonic() < deadline and ui.poll() is None:
+        lines.append(ui.stdout.readline())
+    return ui, port, lines
+
+
+def test_the_mlflow_ui_is_quiet_while_a_browser_loads_it(tmp_path):
+    """No line per request: the printed links stay in view (--access-log brings them back)."""
+    import os
+    import signal
+
+    import requests
+
+    ui, port, lines = started_ui(tmp_path, "every tested run so far")
     try:
-        lines, deadline = [], time.monotonic() + 180
-        while not any("every tested run so far" in line for line in lines) and time.monotonic() < deadline:
-            lines.append(ui.stdout.readline())
         assert any("every tested run so far" in line for line in lines), "".join(lines)
         for path in ("/", "/health", "/static-files/favicon.ico", "/ajax-api/2.0/mlflow/experiments/search") * 5:
             requests.get(f"http://127.0.0.1:{port}{path}", timeout=30)
@@ -138,22 +146,13 @@ def test_the_mlflow_ui_stops_its_server_when_told(tmp_path, signum):
     """SIGTERM (a service manager's stop) or SIGINT to `lmpipe ui` itself, not to its group: the MLflow server it
     started stops with it and the port is free within 3 s."""
     import os
-    import shutil
     import signal
     import time
 
     from flows.server import port_free
-    from tests.conftest import free_port
 
-    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
-    port = free_port()
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=tmp_path, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    ui, port, lines = started_ui(tmp_path, "champions")
     try:
-        lines, deadline = [], time.monotonic() + 180
-        while not any("champions" in line for line in lines) and time.monotonic() < deadline:
-            lines.append(ui.stdout.readline())
         assert not port_free(port), "".join(lines)
         ui.send_signal(getattr(signal, signum))
         ui.wait(timeout=10)
@@ -162,7 +161,8 @@ def test_the_mlflow_ui_stops_its_server_when_told(tmp_path, signum):
             time.sleep(0.1)
         assert port_free(port)
     finally:
-        os.killpg(ui.pid, signal.SIGKILL) if ui.poll() is None else None
+        if ui.poll() is None:
+            os.killpg(ui.pid, signal.SIGKILL)
         ui.communicate(timeout=30)
 
 

@@ -64,8 +64,8 @@ TINY = {
 }
 
 
-def run(args, cwd, env, check=True):
-    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+def run(args, cwd, env, check=True, timeout=600):
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if check and done.returncode != 0:
         raise AssertionError(f"{args} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return done
@@ -113,7 +113,7 @@ def project(tmp_path_factory, prefect_api):
     run(["git", "init", "-q"], copy, env)
     run(git + ["add", "-A"], copy, env)
     run(git + ["commit", "-qm", "copy"], copy, env)
-    first = run(["dvc", "repro"], copy, env)
+    first = run(["dvc", "repro"], copy, env, timeout=1800)  # every stage: ~10 min on a 2-core CPU without native bf16
     return copy, env, first
 
 

@@ -33,3 +33,12 @@ def test_a_cross_origin_request_is_refused_and_the_projects_clients_still_work(p
     done = subprocess.run([sys.executable, "-c", flow], cwd=ROOT, capture_output=True, text=True, timeout=180,
                           env={**os.environ, "PREFECT_API_URL": prefect_api})
     assert done.returncode == 0 and done.stdout.strip().endswith("42"), done.stderr[-2000:]
+
+
+def test_a_request_addressed_to_another_host_is_refused(prefect_api):
+    """DNS rebinding: a page of another site whose name resolves to 127.0.0.1 calls the server as its own origin,
+    with its own name in the Host header."""
+    forged = requests.post(f"{prefect_api}/flows/filter", json={}, headers={"Host": "evil.example:4200"}, timeout=10)
+    assert forged.status_code == 400
+    assert requests.post(f"{prefect_api}/flows/filter", json={}, timeout=10).status_code == 200
+    assert requests.get(f"{prefect_api}/health", headers={"Host": "localhost"}, timeout=10).status_code == 200

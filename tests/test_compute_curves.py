@@ -1,0 +1,83 @@
+"""The report's "As compute grows": fitted curves recover known exponents, crossings and the ranking at each budget
+come out where the numbers put them, and the report and compute.csv use the annealed points."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+
+from lmpipe.compute_curves import annealed, crossing, crossing_interval, fit_curve, lead_sentence, ranking
+from lmpipe.report import build_report
+from tests.test_report import fixture_study
+
+C = 3e13
+BUDGETS = [C / 16, C / 8, C / 4, C / 2, C]
+NOISE = np.array([0.002, -0.001, 0.0015, -0.002, 0.001])  # fixed, so the fits are exact to test against
+
+
+def law(e, a, alpha):
+    return [e + a * (b / C) ** -alpha + n for b, n in zip(BUDGETS, NOISE)]
+
+
+# the transformer falls faster: behind the LSTM at C/16, ahead at C (they cross between C/2 and C)
+TRUTH = {"transformer": (1.6, 0.35, 0.5), "lstm": (1.85, 0.12, 0.3), "gru": (1.87, 0.12, 0.3)}
+
+
+def points() -> dict:
+    return {name: [{"budget_flops": b, "train_flops": b * 1.0002, "tokens_seen": 1, "valid_bpb": y + 0.2,
+                    "test_bpb": y} for b, y in zip(BUDGETS, law(*truth))] for name, truth in TRUTH.items()}
+
+
+def test_the_fit_recovers_each_exponent_within_its_interval():
+    for name, (e, a, alpha) in TRUTH.items():
+        rows = points()[name]
+        curve = fit_curve([r["train_flops"] for r in rows], [r["test_bpb"] for r in rows])
+        assert abs(curve.alpha - alpha) < 0.05, (name, curve)
+        assert curve.alpha_interval[0] < alpha < curve.alpha_interval[1]
+    assert fit_curve(BUDGETS[:3], [2.0, 1.9, 1.8]) is None  # three points do not pin three parameters
+
+
+def test_crossings_are_found_where_the_curves_meet_and_not_elsewhere():
+    fits = {name: fit_curve([r["train_flops"] for r in rows], [r["test_bpb"] for r in rows])
+            for name, rows in points().items()}
+    at = crossing(fits["transformer"], fits["lstm"], C / 32, 2 * C)
+    exact = next(x for x in np.geomspace(C / 2, C, 2000) if 1.6 + 0.35 * (x / C) ** -0.5 < 1.85 + 0.12 * (x / C) ** -0.3)
+    assert C / 2 < at < C and abs(math.log(at / exact)) < 0.05
+    band = crossing_interval(fits["transformer"], fits["lstm"], C / 32, 2 * C)
+    assert band[0] <= at <= band[1]
+    assert crossing(fits["lstm"], fits["gru"], C / 32, 2 * C) is None  # parallel, 0.02 apart
+
+
+def test_the_ranking_marks_real_gaps_and_the_lead_sentence_says_which_way_it_moves():
+    lines = ranking(points(), {"transformer": 0.002, "lstm": 0.001, "gru": 0.004})
+    assert lines[0].startswith("- 1.88e+12 FLOPs: lstm ") and "< gru" in lines[0] and lines[0].endswith(
+        f"< transformer {law(*TRUTH['transformer'])[0]:.3f}")
+    assert lines[-1].startswith("- 3.00e+13 FLOPs: transformer ")
+    sentence = lead_sentence(points())
+    assert sentence.startswith("The transformer's lead over the best recurrent model grows: -0.")
+    assert "over lstm at 1.88e+12 FLOPs" in sentence and "over lstm at 3.00e+13" in sentence
+
+
+def test_the_report_draws_the_annealed_points_where_a_model_has_them(tmp_path):
+    fixture_study(tmp_path)
+    for name in ("lstm", "transformer"):
+        path = tmp_path / f"metrics/train/{name}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "budgets": points()[name]}))
+    md = build_report(tmp_path, tmp_path / "reports", label="KN-5").read_text()
+    section = md[md.index("## As compute grows"):md.index("## Learning curves")]
+    assert "- transformer: alpha 0.50 [" in section and "- lstm and transformer cross at 2.6" in section
+    assert "- 1.88e+12 FLOPs: lstm 2.128, transformer 3.002" in section  # no seed sd here: no verdict on the gap
+    assert "The transformer's lead over the best recurrent model grows" in section
+    assert (tmp_path / "reports/figures/compute.png").stat().st_size > 1000
+    with open(tmp_path / "plots/compute.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(float(r["flops"]) for r in rows if r["model"] == "lstm") == [b * 1.0002 for b in BUDGETS]
+
+
+def test_without_branches_the_report_has_no_such_section(tmp_path):
+    fixture_study(tmp_path)
+    assert annealed({"lstm": {"train_flops": 1}}) == {}
+    assert "As compute grows" not in build_report(tmp_path, tmp_path / "reports", label="KN-5").read_text()
