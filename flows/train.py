@@ -13,6 +13,7 @@ tracked flow and the others train alongside it untracked (DDP in lmpipe.train), 
 """
 
 import argparse
+import time
 from pathlib import Path
 
 from prefect import flow, get_run_logger, task
@@ -75,13 +76,16 @@ def anneal(job: Job, result: TrainResult, branches: list[Job], run_id: str) -> l
     (budget, FLOPs, valid and test bpb) per budget, the run itself last. Test as the score stage scores it."""
     logger, records = get_run_logger(), []
     for branch, budget in [*((b, b.settings.budget.flops) for b in branches), (None, job.settings.budget.flops)]:
+        started = time.perf_counter()
         done = branch.trainer.run() if branch is not None else result
+        took = time.perf_counter() - started
         test = evaluate_lm(done.model.eval(), job.data, job.common.eval_chunk)["test"]
         records.append({"budget_flops": budget, "train_flops": done.metrics["train_flops"],
                         "tokens_seen": done.metrics["tokens_seen"], "valid_bpb": done.metrics["valid_bpb"],
                         "test_bpb": test["bpb"]})
+        trained = f"; its decay took {took:.0f} s" if branch is not None else ""
         logger.info(f"{job.name} annealed at {budget:.2e} FLOPs: valid bpb {done.metrics['valid_bpb']:.4f}, "
-                    f"test bpb {test['bpb']:.4f}")
+                    f"test bpb {test['bpb']:.4f}{trained}")
         step = int(budget / 1e9)  # GFLOPs: the MLflow chart's x axis
         tracking.log_metrics({"annealed_valid_bpb": records[-1]["valid_bpb"],
                               "annealed_test_bpb": records[-1]["test_bpb"]}, run_id=run_id, step=step)
