@@ -303,7 +303,15 @@ def tuning_markdown(sweeps_dir: str | Path) -> str:
              "(TPE seeded from the trial number; a space of choices only is a grid, every point once), for a fixed",
              "budget of tokens or training FLOPs - never seconds - so a sweep re-runs to the same trials. Hyperband",
              "stops trials whose validation bits per byte (bpb) trail at an evaluation, where the space allows it.",
-             "A winner retrained with other seeds at the same budget says how much of a margin is noise.", ""]
+             "A winner retrained with other seeds at the same budget says how much of a margin is noise.", "",
+             "**One set of settings per family, at every budget.** Each family's settings were chosen at the study's "
+             "budget C (the equal-compute sweeps below) and are used unchanged at the smaller budgets C/k that the "
+             "study's decay branches give (`study.branches`): a branch is its run up to its decay start, so it "
+             "cannot have settings of its own. What that may cost the smaller budgets: a width chosen for C is "
+             "likely too wide for C/16 (the NPLM at C was 0.14 bpb better at half its width: an optimum moves "
+             "with compute), and a rate tuned for a long stable phase may not be the best for a short one. So "
+             "an annealed point below C is an upper bound on that family's best loss at that budget; the scaling "
+             "grid (`lmpipe scaling`), which sizes each run for its budget, gives the other side.", ""]
     outcomes = sweep_outcomes(sweeps_dir)
     for space_file in dict.fromkeys(file for _, file in outcomes):
         spaces = yaml.safe_load(space_file.read_text()) or {} if space_file.exists() else {}
