@@ -154,12 +154,20 @@ def progress(line: str) -> str | None:
     return None
 
 
+def remove_leftovers() -> list[Path]:
+    """Remove what `dvc exp run --temp` left in .dvc/tmp/exps/: called under the study lock, when no retrain runs,
+    so anything there is a killed retrain's (its copy and run info); the paths removed."""
+    found = sorted(experiment_scratch())
+    for left in found:
+        shutil.rmtree(left, ignore_errors=True) if left.is_dir() else left.unlink(missing_ok=True)
+    return found
+
+
 def run_experiment(name: str, sets: list[str], env: dict) -> None:
     """`dvc exp run --temp`, saying as it goes which stage runs and each model's epochs. Stopped (Ctrl-C, SIGTERM,
     the flow's timeout), it stops DVC and the stage it runs and removes the temporary copy DVC leaves behind."""
     log = get_run_logger()
-    for left in sorted(experiment_scratch()):  # under the study lock: no retrain runs, so a killed one left these
-        shutil.rmtree(left, ignore_errors=True) if left.is_dir() else left.unlink(missing_ok=True)
+    for left in remove_leftovers():
         log.warning("removed %s, which a retrain stopped by force (SIGKILL) left behind", left)
     scratch = experiment_scratch()
     command = ["dvc", "exp", "run", "--temp", "--name", name, *[a for s in sets for a in ("-S", s)]]
