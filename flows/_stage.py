@@ -171,9 +171,9 @@ def drop_removed(models: list[str], lock_file: str | Path = "dvc.lock") -> list[
     """What a model no longer in params.yaml left behind, gone as `dvc remove` would take it: the outputs that
     dvc.lock records for its train@ and score@ stages (the model folder, its metrics, curve, scores and
     log-probabilities), their entries in dvc.lock, the cached outputs' lines in .gitignore and its registered
-    model's aliases (tracking.registry.retire); nothing else, so a file of the user's beside them stays. DVC keeps the outputs of a stage it no longer has, and a stale curve,
-    metrics file or model would otherwise stay in `dvc plots show`, the report, git and `dvc status`. The model stays
-    in DVC's cache. Every stage that covers all models (evaluate, combine, audit, report) calls it first: the first
+    model's aliases (tracking.registry.retire); nothing else, so a file of the user's beside them stays. DVC keeps
+    the outputs of a stage it no longer has, and a stale curve, metrics file or model would otherwise stay in `dvc
+    plots show`, the report, git and `dvc status`. The model stays in DVC's cache. Every stage that covers all models (evaluate, combine, audit, report) calls it first: the first
     of them to run removes them, before DVC records the `models/` and `metrics/eval/` folders as dependencies."""
     from dvc.utils.serialize import modify_yaml
 

@@ -64,9 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:  # lmpipe's files only: anything else in the folder stays
         with out_dir(args.out, {"written_by": "python -m lmpipe.train", "model": args.model, "set": args.set,
                                 "processes": ranks.world}) as tmp:
-            publish(None, result, Outputs(tmp / "model", tmp / "metrics.json", tmp / "curve.csv"))
-            (tmp / "model" / "model.pt").rename(tmp / "model.pt")
-            (tmp / "model").rmdir()
+            publish(None, result, Outputs(tmp, tmp / "metrics.json", tmp / "curve.csv"))  # model.pt first, into it
     if args.score:
         scores = evaluate_lm(result.model.eval(), job.data, params.evaluate.chunk)
         print(json.dumps({"model": args.model, "set": args.set, "seed": job.common.seed, "valid_bpb": scores["valid"]["bpb"],

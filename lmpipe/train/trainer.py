@@ -410,11 +410,13 @@ class Trainer:
         if optim.schedule != "wsd" or self.settings.budget is None:
             raise ConfigError(f"models.{self.name}: decay branches need a budget and the wsd schedule "
                               f"(have {optim.schedule}{'' if self.settings.budget else ', no budget'})")
+        def start(total: int) -> int:  # the step the wsd schedule of a run of `total` steps starts its decay
+            return total - max(1, round(optim.decay_fraction * total))
+
         total = self._total_steps(budget)
-        start = total - max(1, round(optim.decay_fraction * total))
-        if total >= self.total_steps or start > self.total_steps - max(1, round(optim.decay_fraction * self.total_steps)):
+        if total >= self.total_steps or start(total) > start(self.total_steps):
             raise ConfigError(f"models.{self.name}: a branch of {budget} is not smaller than the run it branches from")
-        return start
+        return start(total)
 
     # ---------- the loop ----------
     def run(self, on_eval: Callable[[dict], None] | None = None,
