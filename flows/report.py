@@ -30,20 +30,16 @@ def headline(models: dict, unmatched: list[str] = ()) -> dict:
     return out
 
 
-CODE = ("lmpipe", "flows", "dvc.yaml", "params.yaml")  # what decides the study's outputs
-
-
-def made_from() -> str:
-    """'commit 1a2b3c4 of 2026-11-26': the last commit that changed the code or settings, and what has changed in
-    them since, if anything. A function of the code, not of today or of later commits (outputs, docs): a study
-    reproduced from any later clone writes the same line."""
-    from lmpipe.git import git_or_empty as git
-
-    line = git("log", "-1", "--format=commit %h of %cs", "--", *CODE)
-    if not line:
-        return "code outside git"
-    changed = sorted({path.split()[-1].split("/")[0] for path in git("status", "--porcelain", "--", *CODE).splitlines()})
-    return line + (f", with uncommitted changes in {', '.join(changed)}" if changed else "")
+def made_from(params_file: str | Path = PARAMS_FILE) -> str:
+    """What the numbers were made from, by content: params.yaml's digest (the one MLflow's study key carries) and the
+    corpus's. Not the code's commit, which goes on every MLflow run (`mlflow.source.git.commit`): a code change that
+    leaves the numbers as they were then leaves the report as it was too."""
+    digest = tracking.runs.study_key(params_file).params_digest
+    corpus = json.loads(Path(paths.CORPUS_METRICS).read_text()) if Path(paths.CORPUS_METRICS).exists() else {}
+    line = f"the settings in `params.yaml` (sha256 `{digest}`; `dvc params diff` compares)"
+    if train := corpus.get("sha256", {}).get("train.txt"):
+        line += f" and the corpus `{corpus['source']}` (train.txt sha256 `{train[:12]}`)"
+    return line
 
 
 def describe(name: str, result: dict, trained: dict) -> str:

@@ -355,7 +355,7 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     `models` (params.yaml's) limits the per-model files read, so a removed model's leftovers never show;
     `experiment` names the `dvc exp run` that made them, so its report never passes for the study's; `study_seed`
     (train.seed) picks the study's own run out of seeds/seeds.csv; `label` names the n-gram baseline; `made_from`
-    names the code (commit and date) at the top; `budget_flops` (study.budget) is the compute every neural model
+    names the settings and data at the top; `budget_flops` (study.budget) is the compute every neural model
     should have had, `budget_exceptions` the models with epochs or a budget of their own: a model that had other compute is
     marked and left out of the verdicts."""
     root, out_dir = Path(root), Path(out_dir)
@@ -373,8 +373,7 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     write_text(root / paths.COMPUTE_CURVES, compute_curves_csv(curves, points))
     lines = ["# lmpipe study", ""]
     if made_from:
-        lines += [f"Made by the code of {made_from}, from the settings in `params.yaml` (`dvc params diff` compares).",
-                  ""]
+        lines += [f"Made from {made_from}. Each MLflow run of the study names the code's commit.", ""]
     if experiment:
         lines += [f"**Experiment `{experiment}`** (`dvc exp run`): these are its results, not the study's committed "
                   "ones (`dvc exp show` compares them).", ""]

@@ -78,6 +78,8 @@ def params_read(path: Path) -> set[str]:
 @pytest.mark.parametrize("pipeline,name,stage", stages(), ids=[f"{p}:{n}" for p, n, _ in stages()])
 def test_every_params_section_read_is_a_params_dependency(pipeline, name, stage):
     declared = [p if isinstance(p, str) else next(iter(p)) for p in stage.get("params", [])]
+    if {"params.yaml": None} in stage.get("params", []):  # the whole file
+        return
     declared = [re.sub(r"\.\$\{key\}$", "", p) for p in declared]  # a foreach stage reads its own entry
     read = set().union(*(params_read(p) for p in closure(command_module(stage))))
     unread = sorted(r for r in read if r.split(".")[0] not in PLUMBING_PARAMS

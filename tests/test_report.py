@@ -215,3 +215,19 @@ def test_a_model_off_the_study_budget_is_marked_and_left_out_of_the_verdicts(tmp
     md = build_report(tmp_path, tmp_path / "reports", label="KN-5", budget_flops=3.4e13,
                       budget_exceptions=["transformer"]).read_text()
     assert "| transformer (not compute-matched) |" in md and "Best model: **lstm**" in md
+
+
+def test_the_report_names_settings_and_data_not_the_code_commit(tmp_path, monkeypatch):
+    """A code change that leaves the numbers as they were leaves the report's header as it was; a settings change
+    moves it."""
+    from flows.report import made_from
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics/corpus.json").write_text(json.dumps({"source": "enwiki-sample",
+                                                               "sha256": {"train.txt": "ab" * 32}}))
+    (tmp_path / "params.yaml").write_text("train:\n  seed: 0\n")
+    first = made_from("params.yaml")
+    assert "`enwiki-sample` (train.txt sha256 `abababababab`)" in first and "commit" not in first
+    (tmp_path / "params.yaml").write_text("train:\n  seed: 1\n")
+    assert made_from("params.yaml") != first
