@@ -393,8 +393,10 @@ def _generate(args) -> int:
 
 
 def _serve_args(p):
-    p.add_argument("--model", required=True, help="an entry of params.yaml's `models`, e.g. gru")
-    p.add_argument("--alias", default="champion", help="registry alias or version number (default: champion)")
+    p.add_argument("--model", required=True, help="a model's name (gru), or its registry URI as `generate` takes it: "
+                                                   "models:/lmpipe-gru@champion (or /<version>)")
+    p.add_argument("--alias", default="champion", help="registry alias or version number, for a name (default: "
+                                                       "champion)")
     p.add_argument("--port", type=int, default=5001, help="port on 127.0.0.1 (default: 5001)")
 
 
@@ -402,9 +404,9 @@ def _serve_args(p):
                                     "requests checked and bounded)")
 def _serve(args) -> int:
     """A registered model over HTTP on 127.0.0.1, in this process: requests checked and bounded (lmpipe.serve_app)."""
-    from lmpipe.serve_app import serve
+    from lmpipe.serve_app import named, serve
 
-    return serve(args.model, args.alias, args.port)
+    return serve(*named(args.model, args.alias), args.port)
 
 
 def check_cron(cron: str) -> None:

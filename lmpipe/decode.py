@@ -1,4 +1,5 @@
-"""Decoding for every model through one interface: `next_token_distribution(context) -> probabilities`.
+"""Decoding for every model through one interface: `next_token_distribution(context) -> probabilities`, which a
+neural model computes incrementally (`Contexts`: its state carried, one step a new token).
 
 Greedy, beam search (batched beams, length normalisation, end-of-line handling), and sampling with
 temperature, top-k, top-p (nucleus) or locally typical filtering. Sampling is seeded. Given the tokenizer's
@@ -54,6 +55,42 @@ def distributions(model, contexts: Sequence[Sequence[int]]) -> np.ndarray:
     return np.stack([model.next_token_distribution(c) for c in contexts])
 
 
+class Contexts:
+    """Next-token probabilities (`probs`, one row a context) of equally long contexts that grow a token at a time.
+
+    A neural model reads the contexts once, then steps its carried state (hidden states, a key/value cache, the last
+    window) by one token: linear time in the tokens generated. A model without a state (the n-gram) is asked again
+    with the whole context. Both give what `distributions` gives for the grown contexts.
+    """
+
+    def __init__(self, model, contexts: Sequence[Sequence[int]]):
+        self.model, self.incremental = model, hasattr(model, "start_decoding")  # every neural model (StreamLM)
+        if self.incremental:
+            self._eval = model.training
+            model.eval()
+            logits, self.state = model.start_decoding(contexts)
+            self.probs = model.probabilities(logits)
+        else:
+            self.contexts = [list(c) for c in contexts]
+            self.probs = distributions(model, self.contexts)
+
+    def advance(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> None:
+        """Context rows[i] (by default i) grown by tokens[i] becomes context i."""
+        if not self.incremental:
+            grown = self.contexts if rows is None else [self.contexts[r] for r in rows]
+            self.contexts = [c + [t] for c, t in zip(grown, tokens)]
+            self.probs = distributions(self.model, self.contexts)
+            return
+        device = next(self.model.parameters()).device
+        picks = None if rows is None else torch.tensor(list(rows), device=device)
+        logits, self.state = self.model.step_decoding(self.state, torch.tensor(list(tokens), device=device), picks)
+        self.probs = self.model.probabilities(logits)
+
+    def close(self) -> None:
+        if self.incremental:
+            self.model.train(self._eval)
+
+
 def _temper(p: np.ndarray, temperature: float) -> np.ndarray:
     if temperature == 1.0:
         return p
@@ -63,7 +100,8 @@ def _temper(p: np.ndarray, temperature: float) -> np.ndarray:
 
 
 def filter_top_k(p: np.ndarray, k: int) -> np.ndarray:
-    keep = np.argsort(-p, kind="stable")[:k]
+    """The k most likely tokens (ties: the lower ids), renormalised."""
+    keep = _most_likely(p, k)
     out = np.zeros_like(p)
     out[keep] = p[keep]
     return out / out.sum()
@@ -77,6 +115,17 @@ def filter_top_p(p: np.ndarray, top_p: float) -> np.ndarray:
     out = np.zeros_like(p)
     out[order[:n]] = p[order[:n]]
     return out / out.sum()
+
+
+def _most_likely(p: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k most likely tokens, most likely first, ties by id: the head of a stable sort of -p, found
+    by partitioning first (a step of decoding sorts k, not the vocabulary)."""
+    if k >= len(p):
+        return np.argsort(-p, kind="stable")
+    kth = np.partition(p, len(p) - k)[len(p) - k]
+    above = np.flatnonzero(p > kth)
+    head = np.concatenate([above, np.flatnonzero(p == kth)[: k - len(above)]])
+    return head[np.argsort(-p[head], kind="stable")]
 
 
 def filter_typical(p: np.ndarray, mass: float) -> np.ndarray:
@@ -100,6 +149,8 @@ def _pick(p: np.ndarray, settings: DecodeSettings, rng: np.random.Generator) -> 
         p = filter_top_p(p, settings.top_p)
     elif settings.strategy == "typical":
         p = filter_typical(p, settings.typical_p)
+    else:  # plain sampling: a float32 softmax sums to 1 only within ~1e-7, which NumPy's choice refuses
+        p = p / p.sum()
     return int(rng.choice(len(p), p=p))
 
 
@@ -111,17 +162,20 @@ def generate(model, prompt: Sequence[int], settings: DecodeSettings, boundary: i
     if settings.strategy == "beam":
         return beam_search(model, prompt, settings, boundary, guard)
     rng = np.random.default_rng(settings.seed)
-    context, new = list(prompt), []
+    contexts, new = Contexts(model, [prompt]), []
     state = guard.state_after(prompt) if guard else 0
-    for _ in range(settings.max_new_tokens):
-        p = distributions(model, [context])[0]
-        token = _pick(guard.restrict(p, state) if guard else p, settings, rng)
-        new.append(token)
-        context.append(token)
-        if guard:
-            state = int(guard.successor[state, token])
-        if settings.stop_at_boundary and token == boundary:
-            break
+    try:
+        for step in range(settings.max_new_tokens):
+            p = contexts.probs[0]
+            token = _pick(guard.restrict(p, state) if guard else p, settings, rng)
+            new.append(token)
+            if guard:
+                state = int(guard.successor[state, token])
+            if settings.stop_at_boundary and token == boundary or step == settings.max_new_tokens - 1:
+                break
+            contexts.advance([token])
+    finally:
+        contexts.close()
     return guard.whole(new, guard.state_after(prompt)) if guard else new
 
 
@@ -147,28 +201,34 @@ def beam_search(model, prompt: Sequence[int], settings: DecodeSettings, boundary
     finished: list[tuple[float, list[int]]] = []
     norm = lambda score, seq: score / max(len(seq), 1) ** settings.length_penalty  # noqa: E731
     start = guard.state_after(prompt) if guard else 0
-    for _ in range(settings.max_new_tokens):
-        logp = np.log(np.maximum(distributions(model, [list(prompt) + seq for _, seq in beams]), 1e-300))
-        if guard:  # each beam's text so far decides which tokens may follow it
-            states = [guard.state_after(seq, start) for _, seq in beams]
-            logp = np.where(guard.allowed[states], logp, -np.inf)
-        scores = np.array([s for s, _ in beams])[:, None] + logp  # (beams, V)
-        flat = np.argsort(-scores, axis=None, kind="stable")[: 2 * settings.beam_size]
-        candidates = []
-        for index in flat:
-            b, token = divmod(int(index), logp.shape[1])
-            if not np.isfinite(scores[b, token]):  # only tokens the guard ruled out are left
+    contexts = Contexts(model, [prompt])
+    try:
+        for step in range(settings.max_new_tokens):
+            logp = np.log(np.maximum(contexts.probs, 1e-300))
+            if guard:  # each beam's text so far decides which tokens may follow it
+                states = [guard.state_after(seq, start) for _, seq in beams]
+                logp = np.where(guard.allowed[states], logp, -np.inf)
+            scores = np.array([s for s, _ in beams])[:, None] + logp  # (beams, V)
+            flat = np.argsort(-scores, axis=None, kind="stable")[: 2 * settings.beam_size]
+            candidates, rows = [], []
+            for index in flat:
+                b, token = divmod(int(index), logp.shape[1])
+                if not np.isfinite(scores[b, token]):  # only tokens the guard ruled out are left
+                    break
+                seq = beams[b][1] + [token]
+                if settings.stop_at_boundary and token == boundary:
+                    finished.append((float(scores[b, token]), seq))
+                else:
+                    candidates.append((float(scores[b, token]), seq))
+                    rows.append(b)
+                if len(candidates) == settings.beam_size:
+                    break
+            beams = candidates
+            if not beams or step == settings.max_new_tokens - 1:
                 break
-            seq = beams[b][1] + [token]
-            if settings.stop_at_boundary and token == boundary:
-                finished.append((float(scores[b, token]), seq))
-            else:
-                candidates.append((float(scores[b, token]), seq))
-            if len(candidates) == settings.beam_size:
-                break
-        beams = candidates
-        if not beams:
-            break
+            contexts.advance([seq[-1] for _, seq in beams], rows)  # each beam's state, reordered, one step on
+    finally:
+        contexts.close()
     pool = finished + beams
     best = max(pool, key=lambda item: norm(*item))[1]
     return guard.whole(best, start) if guard else best

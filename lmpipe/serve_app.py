@@ -5,9 +5,10 @@ scoring protocol, so MLflow clients keep working: POST /invocations with {"input
 {...}} (or dataframe_records, dataframe_split) answers {"predictions": [{"continuation": ...}]}; GET /ping and
 /health answer 200, /version names the model. Before any model work a request must say it is JSON (else 415), its
 body is read to at most MAX_BODY_BYTES whatever its Content-Length says (413 past it), and
-`lmpipe.serving.check_request` checks it (400, or 413 over a limit). Every refusal is one line that names the field
-and the limit and never quotes the input. The model runs on one daemon thread, one request at a time: the server
-keeps answering (and refusing) meanwhile, and SIGTERM or Ctrl-C stop it within seconds, no traceback.
+`lmpipe.serving.check_request` checks it (400, or 413 over a limit, its work included). Every refusal is one line
+that names the field and the limit and never quotes the input. The model runs on one daemon thread, one request at a
+time: the server keeps answering meanwhile, refuses at once (503, Retry-After) a request that would wait more than
+MAX_WAIT_S for it, and stops within seconds on SIGTERM or Ctrl-C, no traceback.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import queue
+import re
 import signal
 import socket
 import sys
@@ -31,11 +34,25 @@ from lmpipe.serving import MAX_BODY_BYTES, BadRequest, check_request
 HOST = "127.0.0.1"
 GRACE_S = 2  # a stopping server waits this long for a running generation, then drops it
 MAX_CONNECTIONS = 64  # open connections and requests at once (each holds at most MAX_BODY_BYTES); 503 past it
+MAX_WAIT_S = 5.0  # a request that would wait longer for the model is refused at once: 503 with Retry-After
+CALIBRATION_STEPS = 16  # new tokens of the generation that measures the model's first seconds a step
 
 
 def model_uri(model: str, alias: str) -> str:
     """models:/lmpipe-<model>/<version> for a number, else models:/lmpipe-<model>@<alias>."""
     return f"models:/lmpipe-{model}" + (f"/{alias}" if alias.isdigit() else f"@{alias}")
+
+
+def named(model: str, alias: str) -> tuple[str, str]:
+    """(model, alias) of `--model` given as a name (gru, with `alias`) or as the registry URI `lmpipe generate` takes:
+    models:/lmpipe-gru@champion, or models:/lmpipe-gru/3 for a version."""
+    if not model.startswith("models:/"):
+        return model, alias
+    match = re.fullmatch(r"models:/lmpipe-([\w.-]+?)(?:@([\w.-]+)|/(\d+))", model)
+    if not match:
+        raise LmpipeError(f"--model {model}: a registered model is models:/lmpipe-<name>@<alias> or "
+                          "models:/lmpipe-<name>/<version>, or give its name alone (gru)")
+    return match[1], match[2] or match[3]
 
 
 def resolve(model: str, alias: str) -> tuple[str, str]:
@@ -88,22 +105,44 @@ def load(uri: str):
 
 class Worker:
     """Runs the model's work on one daemon thread, one call at a time: the event loop stays free to answer, and a
-    stopping process does not wait for a generation to end."""
+    stopping process does not wait for a generation to end. It knows how long its queue will take (the steps of
+    work queued, lmpipe.serving.work, at the seconds a step it measures), so a request that would wait too long is
+    refused at once rather than left to time out."""
 
-    def __init__(self):
+    def __init__(self, seconds: float, steps: float):
+        """`seconds` for `steps` of work: the first measure of the model's rate."""
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.busy = False
+        self._lock = threading.Lock()
+        self._queued = 0  # steps of the jobs not started yet
+        self._running_until = 0.0  # when the running job should end (time.monotonic)
+        self._seconds, self._steps = seconds, steps  # measured time and work, older requests fading
         threading.Thread(target=self._work, name="lmpipe-serve-model", daemon=True).start()
 
-    async def run(self, fn: Callable, *args):
+    @property
+    def seconds_per_step(self) -> float:
+        return self._seconds / self._steps
+
+    def wait(self) -> float:
+        """Seconds a request sent now would wait before the model starts on it."""
+        with self._lock:
+            return self._queued * self.seconds_per_step + max(0.0, self._running_until - time.monotonic())
+
+    async def run(self, fn: Callable, *args, steps: int = 0):
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-        self.jobs.put((fn, args, loop, done))
+        with self._lock:
+            self._queued += steps
+        self.jobs.put((fn, args, steps, loop, done))
         return await done
 
     def _work(self) -> None:
         while True:
-            fn, args, loop, done = self.jobs.get()
+            fn, args, steps, loop, done = self.jobs.get()
+            start = time.monotonic()
+            with self._lock:
+                self._queued -= steps
+                self._running_until = start + steps * self.seconds_per_step
             if done.cancelled():  # its request is gone (a stopping server)
                 continue
             self.busy = True
@@ -113,6 +152,9 @@ class Worker:
                 outcome = (None, exc)
             finally:
                 self.busy = False
+                with self._lock:  # the rate, weighted by work: the large requests that make queues decide it
+                    self._running_until = 0.0
+                    self._seconds, self._steps = 0.8 * self._seconds + time.monotonic() - start, 0.8 * self._steps + steps
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
                 loop.call_soon_threadsafe(_settle, done, *outcome)
 
@@ -145,19 +187,24 @@ async def read_body(request) -> bytes:
     return b"".join(chunks)
 
 
-def build_app(pyfunc, about: dict, say: Callable[[str], None] = lambda line: None):
+def build_app(pyfunc, about: dict, say: Callable[[str], None] = lambda line: None, max_wait_s: float = MAX_WAIT_S):
     """The ASGI app answering MLflow's scoring protocol with `pyfunc` (a loaded TextGenerator); `about` is /version's
-    answer, `say` takes one short line per scoring request (the access log)."""
+    answer, `say` takes one short line per scoring request (the access log). A request that would wait more than
+    `max_wait_s` for the model is refused at once: 503, with Retry-After."""
     import pandas as pd
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.responses import JSONResponse, PlainTextResponse
     from starlette.routing import Route
 
-    generator, worker = pyfunc.unwrap_python_model(), Worker()
+    generator = pyfunc.unwrap_python_model()
 
     def predict(prompts: list[str], params: dict) -> list[str]:
         return pyfunc.predict(pd.DataFrame({"prompt": prompts}), params=params)["continuation"].tolist()
+
+    start = time.monotonic()  # the first rate: a short generation, which also warms the model up
+    predict(["The"], {"strategy": "greedy", "max_new_tokens": CALIBRATION_STEPS})
+    worker = Worker(time.monotonic() - start, CALIBRATION_STEPS)
 
     async def invocations(request):
         start = time.monotonic()
@@ -172,12 +219,20 @@ def build_app(pyfunc, about: dict, say: Callable[[str], None] = lambda line: Non
                 raise BadRequest(f"the body is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
             except (ValueError, RecursionError) as exc:  # not UTF-8, a number of over 4300 digits, nested too deep
                 raise BadRequest(f"the body is not JSON that can be read ({type(exc).__name__})") from None
-            prompts, params = check_request(body, generator.count_tokens, generator.defaults)
+            prompts, params, steps = check_request(body, generator.count_tokens, generator.defaults)
         except BadRequest as exc:
             say(f"POST /invocations {exc.status} in {time.monotonic() - start:.2f} s: {exc}")
             return refusal(exc.status, str(exc))
+        wait = worker.wait()
+        if wait > max_wait_s:
+            retry = math.ceil(wait)
+            say(f"POST /invocations 503 in {time.monotonic() - start:.2f} s: busy for about {retry} s")
+            busy = refusal(503, f"the model is busy for about {retry} s more (work queued before this request): "
+                                f"retry after {retry} s")
+            busy.headers["Retry-After"] = str(retry)
+            return busy
         try:
-            continuations = await worker.run(predict, prompts, params)
+            continuations = await worker.run(predict, prompts, params, steps=steps)
         except asyncio.CancelledError:  # the server stops: the generation is dropped
             return refusal(503, "the server is stopping")
         except Exception as exc:

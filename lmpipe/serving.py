@@ -23,14 +23,18 @@ from lmpipe.config import STRATEGIES
 from lmpipe.errors import ConfigError
 from lmpipe.decode import DecodeSettings, continuation
 
-# A request's limits, checked before any model work (`check_request`; README, "Operate it"). Generation reads the
-# prompt again for every new token, and a recurrent model's logits over a prompt of n tokens take n x vocab floats:
-# a 1 MB prompt (~250k tokens) took 40 s and 8.7 GB for one new token. The worst request these limits allow reads
-# 16 prompts of 4096 tokens 1024 times, in bounded memory (one prompt's logits: 4096 x 8192 floats, 128 MiB).
+# A request's limits, checked before any model work (`check_request`; README, "Operate it"): a 1 MB prompt (~250k
+# tokens) once took 40 s and 8.7 GB for one new token. Generation reads a prompt once and steps the model's state a
+# token at a time (lmpipe.decode.Contexts), in memory bounded by the prompt (a recurrent state, a window's keys).
 MAX_PROMPTS = 16  # prompts a request may hold
 MAX_PROMPT_TOKENS = 4096  # tokens of one prompt (with the study's tokenizer)
 MAX_PROMPT_BYTES = 32 * 1024  # UTF-8 bytes of one prompt, checked before it is tokenized: 8 bytes a token
 MAX_BODY_BYTES = 1024 * 1024  # bytes of a request's body: 16 such prompts with room for JSON's \u escapes
+# A request's work, in steps of generation: each new token of each prompt (of each beam) is one step of the model's
+# carried state, and a prompt is read once, in one pass, about 64 of its tokens to a step. The budget keeps the
+# costliest request these limits allow near 10 s on the 2-core machine (benchmarks/serve.py; README, "Operate it").
+PROMPT_TOKENS_PER_STEP = 64
+MAX_WORK = 2048
 REQUEST_PARAMS = ("strategy", "max_new_tokens", "seed")
 INPUT_FORMATS = ("inputs", "dataframe_records", "dataframe_split")  # MLflow's scoring protocol, one column: prompt
 
@@ -103,11 +107,25 @@ def check_prompts(prompts, count_tokens: Callable[[str], int] | None = None, fie
             raise BadRequest(f"prompt {i} is not valid Unicode (it holds a lone surrogate)") from None
         if size > MAX_PROMPT_BYTES:
             raise BadRequest(f"prompt {i} has {size} bytes: at most {MAX_PROMPT_BYTES} (UTF-8) a prompt", 413)
-    for i, prompt in enumerate(prompts if count_tokens else (), 1):
-        tokens = count_tokens(prompt)
-        if tokens > MAX_PROMPT_TOKENS:
-            raise BadRequest(f"prompt {i} has {tokens} tokens: at most {MAX_PROMPT_TOKENS} a prompt", 413)
+    if count_tokens:
+        prompt_tokens(prompts, count_tokens)
     return prompts
+
+
+def prompt_tokens(prompts: list[str], count_tokens: Callable[[str], int]) -> list[int]:
+    """The tokens of each prompt, each within MAX_PROMPT_TOKENS (else a BadRequest, 413)."""
+    counts = []
+    for i, prompt in enumerate(prompts, 1):
+        counts.append(count_tokens(prompt))
+        if counts[-1] > MAX_PROMPT_TOKENS:
+            raise BadRequest(f"prompt {i} has {counts[-1]} tokens: at most {MAX_PROMPT_TOKENS} a prompt", 413)
+    return counts
+
+
+def work(counts: list[int], settings: DecodeSettings) -> int:
+    """The steps of generation prompts of `counts` tokens ask for under `settings` (see MAX_WORK)."""
+    beams = settings.beam_size if settings.strategy == "beam" else 1
+    return sum(-(-n // PROMPT_TOKENS_PER_STEP) + settings.max_new_tokens * beams for n in counts)
 
 
 SHAPES = {"inputs": '{"prompt": [strings]}', "dataframe_records": '[{"prompt": string}, ...]',
@@ -146,10 +164,11 @@ def _prompts_of(form: str, value) -> list:
 
 
 def check_request(body, count_tokens: Callable[[str], int], defaults: DecodeSettings | None = None
-                  ) -> tuple[list[str], dict]:
-    """(prompts, params) of a parsed MLflow scoring request (POST /invocations), or a BadRequest of one line: exactly
-    one of INPUT_FORMATS holding 1 to MAX_PROMPTS string prompts within the limits above, and `params` with known
-    settings only (`request_settings`). Every check is cheap; the tokens are counted last, of checked prompts."""
+                  ) -> tuple[list[str], dict, int]:
+    """(prompts, params, work) of a parsed MLflow scoring request (POST /invocations), or a BadRequest of one line:
+    exactly one of INPUT_FORMATS holding 1 to MAX_PROMPTS string prompts within the limits above, `params` with known
+    settings only (`request_settings`), and at most MAX_WORK steps of work. Every check is cheap; the tokens are
+    counted last, of checked prompts."""
     if not isinstance(body, Mapping):
         raise BadRequest(f"the body must be a JSON object with one of {', '.join(INPUT_FORMATS)}, not {_kind(body)}")
     unknown = [k for k in body if k not in (*INPUT_FORMATS, "params")]
@@ -162,9 +181,13 @@ def check_request(body, count_tokens: Callable[[str], int], defaults: DecodeSett
     form = forms[0]
     prompts = check_prompts(_prompts_of(form, body[form]), field="inputs.prompt" if form == "inputs" else form)
     params = {} if body.get("params") is None else body["params"]
-    request_settings(defaults or DecodeSettings(), params)
-    check_prompts(prompts, count_tokens)
-    return prompts, {k: v for k, v in params.items() if v is not None}
+    settings = request_settings(defaults or DecodeSettings(), params)
+    steps = work(prompt_tokens(prompts, count_tokens), settings)
+    if steps > MAX_WORK:
+        raise BadRequest(f"the request asks for {steps} steps of generation (prompts x (prompt tokens / "
+                         f"{PROMPT_TOKENS_PER_STEP} + new tokens, x beams for beam)): at most {MAX_WORK} a request; "
+                         "send fewer prompts or ask for fewer new tokens", 413)
+    return prompts, {k: v for k, v in params.items() if v is not None}, steps
 
 
 def bundle_files(model_dir: str | Path, tokenizer: str | Path, defaults: DecodeSettings, scratch: Path) -> dict[str, str]:

@@ -193,3 +193,89 @@ def test_every_decoding_setting_has_one_rule_wherever_it_is_given():
     with pytest.raises(BadRequest, match="^max_new_tokens must be a whole number from 1 to 1024$"):
         request_settings(DecodeSettings(), {"max_new_tokens": 1025})
     assert DecodeSettings(seed=(3, 1)).seed == (3, 1)  # a seed and a prompt's position: numpy's entropy, no rule
+
+
+class Reread:
+    """A neural model asked afresh with each whole context, as decoding did before it carried the model's state."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def next_token_distributions(self, contexts):
+        return self.model.next_token_distributions(contexts)
+
+
+INCREMENTAL = [
+    ("rnn", {"cell": "gru", "emb": 32, "layers": 2, "hidden": 48}),
+    ("rnn", {"cell": "lstm", "emb": 32, "layers": 2, "hidden": 48}),
+    ("rnn", {"cell": "rnn_tanh", "emb": 32, "layers": 1, "hidden": 48}),
+    ("nplm", {"context": 4, "emb": 32, "hidden": 64}),
+    ("transformer", {"dim": 32, "layers": 2, "heads": 4, "block_size": 12}),
+    ("transformer", {"dim": 32, "layers": 2, "heads": 4, "block_size": 9, "position": "rope", "qk_norm": True}),
+]
+
+
+def peaked(family, arch, seed=0):
+    """A tiny model whose next-token distributions are far from flat (its logits scaled up), so a rounding difference
+    between two ways of computing them cannot pass for a change of the chosen token."""
+    import torch
+
+    from lmpipe.models import build_model
+
+    torch.manual_seed(seed)
+    model = build_model(family, arch, 40, boundary=0)
+    with torch.no_grad():
+        model.output_matrix().mul_(8.0)
+    return model
+
+
+@pytest.mark.parametrize("family, arch", INCREMENTAL, ids=[f"{f}-{a.get('cell', a.get('position', ''))}"
+                                                         for f, a in INCREMENTAL])
+def test_decoding_with_the_carried_state_gives_what_rereading_gives(family, arch):
+    """Every family's incremental decoding (hidden states, key/value cache, last window), every strategy: the same
+    tokens as asking the model afresh with each whole context, and the same distributions at every step, past the
+    transformer's window (block_size 12 and 9: the window slides several times) and through beam reordering."""
+    from lmpipe.decode import Contexts
+
+    model = peaked(family, arch)
+    prompt, grown = [3, 4, 5, 6, 7], [1, 8, 2, 9, 2, 5, 0, 11, 3, 3, 7, 6, 1, 9, 4, 4, 2, 8, 10, 5]
+    contexts = Contexts(model, [prompt, prompt[::-1]])
+    np.testing.assert_allclose(contexts.probs, Reread(model).next_token_distributions([prompt, prompt[::-1]]),
+                               atol=1e-6)
+    rows, now = [1, 0], [prompt, prompt[::-1]]
+    for step, token in enumerate(grown):
+        rows = rows if step % 3 else rows[::-1]  # reorder as beam search does
+        contexts.advance([token, token + 1], rows)
+        now = [now[rows[0]] + [token], now[rows[1]] + [token + 1]]
+        np.testing.assert_allclose(contexts.probs, Reread(model).next_token_distributions(now), atol=1e-6)
+    contexts.close()
+    assert model.training  # mode restored
+    for strategy in ("greedy", "beam", "top-k", "top-p", "typical", "sample"):
+        settings = DecodeSettings(strategy=strategy, max_new_tokens=30, beam_size=3, seed=5)
+        for start in ([], prompt, list(range(1, 15))):
+            assert generate(model, start, settings, 0) == generate(Reread(model), start, settings, 0), strategy
+
+
+def test_the_transformers_window_slides_by_half_a_block_as_the_evaluation_does():
+    """Every prediction reads at least half a block and at most a block; the window restarts half a block on."""
+    model = peaked("transformer", {"dim": 16, "layers": 1, "heads": 2, "block_size": 8})
+    starts = [model.window_start(n) for n in range(1, 22)]
+    assert starts == [0] * 8 + [4] * 4 + [8] * 4 + [12] * 4 + [16]
+    assert all(4 < n - s <= 8 for n, s in zip(range(9, 22), starts[8:]))
+
+
+def test_top_k_by_partition_keeps_what_a_full_stable_sort_keeps():
+    """filter_top_k partitions before it sorts: the same tokens as the head of a stable sort, ties to the lower ids."""
+    from lmpipe.decode import filter_top_k
+
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        p = rng.dirichlet(np.full(int(rng.choice([7, 300, 8192])), float(rng.choice([0.05, 1.0]))))
+        if trial % 2:  # many ties
+            p = np.round(p, 2) + 1e-3
+            p /= p.sum()
+        for k in (1, 5, 40, 299):
+            keep = np.argsort(-p, kind="stable")[:k]
+            expected = np.zeros_like(p)
+            expected[keep] = p[keep]
+            np.testing.assert_array_equal(filter_top_k(p, k), expected / expected.sum())

@@ -496,6 +496,8 @@ HOSTILE = [  # (what, the request's keyword arguments, the status it must get)
     ("a 50 MB body", {"data": b"x" * (50 << 20), "headers": JSON}, 413),
     ("a prompt of 6000 tokens", {"json": {"inputs": {"prompt": ["The history of " * 2000]}}}, 413),
     ("17 prompts", {"json": {"inputs": {"prompt": ["The"] * 17}}}, 413),
+    ("16 prompts of 1024 new tokens", {"json": {"inputs": {"prompt": ["The"] * 16}, "params": {"max_new_tokens": 1024}}},
+     413),
     ("a prompt that is a dict", {"json": {"inputs": {"prompt": {"The": "history"}}}}, 400),
     ("a prompt that is a number", {"json": {"inputs": {"prompt": 5}}}, 400),
     ("an empty list", {"json": {"inputs": {"prompt": []}}}, 400),

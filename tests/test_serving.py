@@ -30,8 +30,8 @@ def test_a_good_request_in_each_of_mlflows_formats_gives_its_prompts_and_params(
     for body in ({"inputs": {"prompt": ["The history of", "In"]}, "params": params},
                  {"dataframe_records": [{"prompt": "The history of"}, {"prompt": "In"}], "params": params},
                  {"dataframe_split": {"columns": ["prompt"], "data": [["The history of"], ["In"]]}, "params": params}):
-        assert check_request(body, words) == (["The history of", "In"], params)
-    assert check_request({"inputs": {"prompt": [""]}, "params": None}, words) == ([""], {})  # an empty prompt is one
+        assert check_request(body, words) == (["The history of", "In"], params, 2 * (1 + 6))  # and its steps
+    assert check_request({"inputs": {"prompt": [""]}, "params": None}, words) == ([""], {}, 40)  # an empty prompt
     assert check_request({"inputs": {"prompt": ["a"] * MAX_PROMPTS}, "params": {"seed": None}}, words)[1] == {}
 
 
@@ -79,7 +79,23 @@ TABLE = [  # (what, body, status, the start of the one line)
     ("bytes counted in UTF-8", {"inputs": {"prompt": ["é" * (MAX_PROMPT_BYTES // 2 + 1)]}}, 413, "prompt 1 has"),
     ("too many tokens", {"inputs": {"prompt": ["a " * (MAX_PROMPT_TOKENS + 1)]}}, 413,
      f"prompt 1 has {MAX_PROMPT_TOKENS + 1} tokens: at most {MAX_PROMPT_TOKENS} a prompt"),
+    ("over the work budget", {"inputs": {"prompt": ["a"] * MAX_PROMPTS}, "params": {"max_new_tokens": 200}}, 413,
+     f"the request asks for {MAX_PROMPTS * 201} steps of generation"),
+    ("beams counted", {"inputs": {"prompt": ["a", "b"]}, "params": {"strategy": "beam", "max_new_tokens": 300}}, 413,
+     f"the request asks for {2 * (1 + 5 * 300)} steps of generation"),
 ]
+
+
+def test_the_work_budget_counts_new_tokens_beams_and_long_prompts():
+    """A request at every size limit fits the budget exactly when it asks for few new tokens: a prompt is read once."""
+    from lmpipe.serving import MAX_WORK, PROMPT_TOKENS_PER_STEP
+
+    longest = ["a " * MAX_PROMPT_TOKENS] * MAX_PROMPTS
+    fits = MAX_WORK // MAX_PROMPTS - MAX_PROMPT_TOKENS // PROMPT_TOKENS_PER_STEP
+    assert check_request({"inputs": {"prompt": longest}, "params": {"max_new_tokens": fits}}, words)[2] == MAX_WORK
+    assert refused({"inputs": {"prompt": longest}, "params": {"max_new_tokens": fits + 1}})[0] == 413
+    assert check_request({"inputs": {"prompt": ["a"]}, "params": {"max_new_tokens": MAX_NEW_TOKENS}}, words)[2] \
+        == 1 + MAX_NEW_TOKENS
 
 
 @pytest.mark.parametrize("what, body, status, start", TABLE, ids=[row[0] for row in TABLE])
@@ -253,3 +269,53 @@ def test_a_taken_port_is_one_line():
         taken.listen()
         with pytest.raises(LmpipeError, match=rf"^port {taken.getsockname()[1]} on {HOST} is not free"):
             listen(taken.getsockname()[1])
+
+
+def test_a_request_that_would_wait_too_long_is_refused_at_once_with_retry_after(served):
+    """While a large request holds the model, a small one is refused in well under a second (503, Retry-After: the
+    seconds the queue needs), not left waiting; once the model is free, it is answered."""
+    import threading
+    import time
+
+    from starlette.testclient import TestClient
+
+    from lmpipe.serve_app import build_app
+
+    _, loaded, _ = served
+    release = threading.Event()
+
+    class Held(Loaded):  # the model holds the first request until the test lets it go
+        def predict(self, frame, params=None):
+            if len(frame) == MAX_PROMPTS:
+                release.wait(30)
+            return super().predict(frame, params)
+
+    lines = []
+    with TestClient(build_app(Held(loaded.generator), {}, lines.append, max_wait_s=0.001)) as client:
+        big = {"inputs": {"prompt": ["The history of"] * MAX_PROMPTS}, "params": {"max_new_tokens": 120}}
+        answers = []
+        first = threading.Thread(target=lambda: answers.append(client.post("/invocations", json=big)))
+        first.start()
+        while not any(line.startswith("POST") for line in lines) and not client.app.state.worker.busy:
+            time.sleep(0.01)
+        start = time.monotonic()
+        busy = client.post("/invocations", json=GOOD)
+        took = time.monotonic() - start
+        release.set()
+        first.join(60)
+        assert busy.status_code == 503 and took < 1.0, busy.text
+        assert busy.json()["message"].startswith("the model is busy for about ")
+        assert int(busy.headers["Retry-After"]) >= 1
+        assert answers[0].status_code == 200 and len(answers[0].json()["predictions"]) == MAX_PROMPTS
+        assert client.post("/invocations", json=GOOD).status_code == 200  # the queue is empty again
+
+
+def test_serve_takes_a_models_name_or_the_registry_uri_generate_takes():
+    from lmpipe.errors import LmpipeError
+    from lmpipe.serve_app import named
+
+    assert named("gru", "2") == ("gru", "2")
+    assert named("models:/lmpipe-gru@champion", "champion") == ("gru", "champion")
+    assert named("models:/lmpipe-my-lstm/3", "champion") == ("my-lstm", "3")
+    with pytest.raises(LmpipeError, match=r"^--model models:/gru: a registered model is models:/lmpipe-<name>@"):
+        named("models:/gru", "champion")

@@ -45,12 +45,47 @@ class StreamLM(nn.Module):
 
     @torch.no_grad()
     def next_token_distributions(self, contexts) -> np.ndarray:
-        """The same for several equally long contexts (beams) in one forward pass."""
+        """The same for several equally long contexts (beams) in one forward pass, re-reading each context: what
+        `start_decoding` and `step_decoding` compute one new token at a time."""
         was_training = self.training
         self.eval()
-        device = next(self.parameters()).device
-        tokens = torch.tensor([[self.boundary] + [int(t) for t in c] for c in contexts], device=device)
-        window = getattr(self, "block_size", None)
-        logits, _, _ = self(tokens[:, -window:] if window else tokens, None)
+        tokens = self._context_tensor(contexts)
+        logits, _, _ = self(tokens[:, self.window_start(tokens.size(1)):], None)
         self.train(was_training)
-        return torch.softmax(logits[:, -1].float(), dim=-1).cpu().double().numpy()
+        return self.probabilities(logits[:, -1])
+
+    def window_start(self, length: int) -> int:
+        """Where the context a prediction reads begins, after `length` tokens: all of them, but for a window model."""
+        return 0
+
+    def _context_tensor(self, contexts) -> torch.Tensor:
+        device = next(self.parameters()).device
+        return torch.tensor([[self.boundary] + [int(t) for t in c] for c in contexts], device=device)
+
+    # Incremental decoding: the context is read once, then each new token costs one step of the carried state.
+    # Call in eval mode; `rows` picks, for each new token, the context it extends (beam search reorders).
+
+    @torch.no_grad()
+    def start_decoding(self, contexts) -> tuple[torch.Tensor, object]:
+        """Next-token logits after boundary + each of several equally long contexts, and the state that continues
+        them (`step_decoding`)."""
+        logits, state, _ = self(self._context_tensor(contexts), None)
+        return logits[:, -1], state
+
+    @torch.no_grad()
+    def step_decoding(self, state, tokens: torch.Tensor, rows: torch.Tensor | None = None):
+        """The logits after one more token per context (`tokens`, shape (B,)) and the state after it."""
+        if rows is not None:
+            state = self.select_state(state, rows)
+        logits, state, _ = self(tokens[:, None], state)
+        return logits[:, -1], state
+
+    def select_state(self, state, rows: torch.Tensor):
+        """The state of the contexts `rows`, in that order: a window model's state is its last tokens (B, n)."""
+        return state[rows]
+
+    @staticmethod
+    def probabilities(logits: torch.Tensor) -> np.ndarray:
+        """Next-token probabilities as decoding reads them: float64 NumPy rows."""
+        return torch.softmax(logits.float(), dim=-1).cpu().double().numpy()
+

@@ -33,3 +33,10 @@ class NPLM(StreamLM):
         if self.direct is not None:
             logits = logits + self.direct(e)
         return logits, full[:, full.size(1) - (self.context - 1):], 0.0
+
+    @torch.no_grad()
+    def start_decoding(self, contexts):
+        """Only the last window of the prompt is read: the one prediction it makes."""
+        tokens = self._context_tensor(contexts)
+        window = torch.cat([torch.full_like(tokens[:, :1], self.boundary).expand(-1, self.context), tokens], dim=1)
+        return self.step_decoding(window[:, -self.context:-1], tokens[:, -1])

@@ -77,6 +77,14 @@ class RNNModel(StreamLM):
         nn.init.zeros_(self.decoder.bias)
 
     def forward(self, x: torch.Tensor, state=None):
+        h, raw, new_state = self._read(x, state)
+        aux = 0.0  # AR on the last layer's dropped-out output, TAR on its raw output (Merity et al. 2018)
+        if self.training and (self.ar or self.tar):
+            aux = self.ar * h.pow(2).mean() + self.tar * (raw[:, 1:] - raw[:, :-1]).pow(2).mean()
+        return self.decoder(h), new_state, aux
+
+    def _read(self, x: torch.Tensor, state):
+        """The last layer's output (after its dropout, and raw) at every position, and each layer's state after x."""
         h = self.lock(embedding_dropout(self.embed, x, self.dropout_embedding, self.training), self.dropout_input)
         new_state, raw = [], h
         for i, rnn in enumerate(self.rnns):
@@ -84,7 +92,14 @@ class RNNModel(StreamLM):
             new_state.append(s)
             last = i == len(self.rnns) - 1
             h = self.lock(raw, self.dropout if last else self.dropout_hidden)
-        aux = 0.0  # AR on the last layer's dropped-out output, TAR on its raw output (Merity et al. 2018)
-        if self.training and (self.ar or self.tar):
-            aux = self.ar * h.pow(2).mean() + self.tar * (raw[:, 1:] - raw[:, :-1]).pow(2).mean()
-        return self.decoder(h), new_state, aux
+        return h, raw, new_state
+
+    @torch.no_grad()
+    def start_decoding(self, contexts):
+        """The prompt read once; logits only at its last position (a long prompt's every position: n x vocab)."""
+        h, _, state = self._read(self._context_tensor(contexts), None)
+        return self.decoder(h[:, -1]), state
+
+    def select_state(self, state, rows: torch.Tensor):
+        """Each layer's hidden state, (1, B, H) or an LSTM's (h, c) pair, at the batch rows `rows`."""
+        return [tuple(t[:, rows] for t in s) if isinstance(s, tuple) else s[:, rows] for s in state]

@@ -67,16 +67,32 @@ class Block(nn.Module):
         self.resid_drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, rope: tuple | None = None) -> torch.Tensor:
+        q, k, v = self._qkv(x, rope)
+        # flash / memory-efficient kernels on CUDA, a fused kernel on CPU; causal mask built in. No dropout on the
+        # attention weights (as in modded-nanogpt and nanochat): its mask forced SDPA's slow math path on the CPU and
+        # cost more than the attention itself (docs/benchmarks.md); `dropout` acts on the residual stream
+        return self._mix(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+    def decode(self, x: torch.Tensor, rope: tuple | None, cache: tuple | None = None):
+        """`forward` that keeps the keys and values: with a `cache` of the earlier positions' (k, v), x is the one
+        next position, which attends to all of them."""
+        q, k, v = self._qkv(x, rope)
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        return self._mix(x, F.scaled_dot_product_attention(q, k, v, is_causal=cache is None)), (k, v)
+
+    def _qkv(self, x: torch.Tensor, rope: tuple | None):
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         if self.qk_norm:
             q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
         if rope is not None:
             q, k = rotary(q, *rope), rotary(k, *rope)
-        # flash / memory-efficient kernels on CUDA, a fused kernel on CPU; causal mask built in. No dropout on the
-        # attention weights (as in modded-nanogpt and nanochat): its mask forced SDPA's slow math path on the CPU and
-        # cost more than the attention itself (docs/benchmarks.md); `dropout` acts on the residual stream
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return q, k, v
+
+    def _mix(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The attention's output y (batch, heads, time, head_dim) into the residual stream, then the MLP."""
+        b, t, d = x.shape
         x = x + self.resid_drop(self.proj(y.transpose(1, 2).reshape(b, t, d)))
         return x + self.mlp(self.ln2(x))
 
@@ -130,17 +146,63 @@ class TransformerLM(StreamLM):
         if t > self.block_size:
             raise ValueError(f"chunk of {t} tokens exceeds block_size {self.block_size}")
         full = x if state is None else torch.cat([state, x], dim=1)[:, -self.block_size:]
-        n = full.size(1)
-        h = self.embed(full)
-        rope = None
-        if self.pos is not None:
-            h = h + self.pos(torch.arange(n, device=x.device))
-        else:
-            rope = (self.rope_cos[:n].to(h.dtype), self.rope_sin[:n].to(h.dtype))
-        h = self.drop(h)
+        h, rope = self._inputs(full, 0)
         for block in self.blocks:
             h = block(h, rope)
-        logits = self.head(self.ln_f(h[:, -t:]))
-        if self.softcap > 0:
-            logits = self.softcap * torch.tanh(logits / self.softcap)
-        return logits, full[:, -(self.block_size - 1):], 0.0
+        return self._logits(h[:, -t:]), full[:, -(self.block_size - 1):], 0.0
+
+    def _inputs(self, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, tuple | None]:
+        """The embedded tokens at positions start, start + 1, ... of the window, and their rotary angles."""
+        n = tokens.size(1)
+        h, rope = self.embed(tokens), None
+        if self.pos is not None:
+            h = h + self.pos(torch.arange(start, start + n, device=tokens.device))
+        else:
+            rope = (self.rope_cos[start:start + n].to(h.dtype), self.rope_sin[start:start + n].to(h.dtype))
+        return self.drop(h), rope
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.ln_f(h))
+        return self.softcap * torch.tanh(logits / self.softcap) if self.softcap > 0 else logits
+
+    # Decoding with a key/value cache. The window a prediction reads slides as the evaluation's does (lmpipe.evaluate:
+    # a stride of half a block): once a context passes block_size, its window restarts half a block further on and
+    # that span is read afresh, so every prediction has at least half a block of context, and a token costs one
+    # cached step, plus one re-read of half a block every half block.
+
+    def window_start(self, length: int) -> int:
+        if length <= self.block_size:
+            return 0
+        stride = max(1, self.block_size // 2)
+        return ((length - self.block_size - 1) // stride + 1) * stride
+
+    @torch.no_grad()
+    def start_decoding(self, contexts):
+        tokens = self._context_tensor(contexts)
+        return self._read(tokens[:, self.window_start(tokens.size(1)):], tokens.size(1))
+
+    def _read(self, window: torch.Tensor, length: int):
+        """Logits after the window (the last of a context of `length` tokens), and its keys and values."""
+        h, rope = self._inputs(window, 0)
+        caches = []
+        for block in self.blocks:
+            h, cache = block.decode(h, rope)
+            caches.append(cache)
+        return self._logits(h[:, -1:])[:, -1], (length, window, caches)
+
+    @torch.no_grad()
+    def step_decoding(self, state, tokens: torch.Tensor, rows: torch.Tensor | None = None):
+        length, window, caches = state if rows is None else self.select_state(state, rows)
+        length, window = length + 1, torch.cat([window, tokens[:, None]], dim=1)
+        span = length - self.window_start(length)
+        if window.size(1) > span:  # the window slid: read its new span afresh
+            return self._read(window[:, -span:], length)
+        h, rope = self._inputs(tokens[:, None], window.size(1) - 1)
+        caches = list(caches)
+        for i, block in enumerate(self.blocks):
+            h, caches[i] = block.decode(h, rope, caches[i])
+        return self._logits(h)[:, -1], (length, window, caches)
+
+    def select_state(self, state, rows: torch.Tensor):
+        length, window, caches = state
+        return length, window[rows], [(k[rows], v[rows]) for k, v in caches]

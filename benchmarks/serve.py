@@ -1,0 +1,171 @@
+"""Decoding and `lmpipe serve` at a request's limits, on this machine (#51's targets).
+
+    python benchmarks/serve.py [--models transformer gru ...]
+
+Needs the corpus and tokenizer (dvc repro tokenize). Each model is params.yaml's architecture with fresh weights: the
+time of a step does not depend on the weights' values, and no served setting stops early (stop_at_boundary is off).
+
+1. Decoding: `lmpipe generate --strategy beam` (and greedy) of each family, carrying the model's state (what every
+   path decodes with) against re-reading the whole context every token (what it did before), the same tokens
+   checked, side by side in this run: the ratio is the speed-up.
+2. Serving, over a socket (uvicorn, as `lmpipe serve` runs it), per model:
+   - each request at the limits (lmpipe.serving: MAX_PROMPTS, MAX_PROMPT_TOKENS, MAX_NEW_TOKENS, MAX_WORK), its
+     seconds (target: within 10 s);
+   - a small request (one prompt, 20 new tokens) sent 1 s into the largest, answered or refused (503) and in how many
+     seconds (target: within 2 s);
+   - 20 small requests at once: how many answered, and the median seconds (target: all, median under 1 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lmpipe import paths  # noqa: E402
+from lmpipe.config import MAX_NEW_TOKENS, load_params  # noqa: E402
+from lmpipe.decode import DecodeSettings, generate  # noqa: E402
+from lmpipe.models import build_model  # noqa: E402
+from lmpipe.serving import MAX_PROMPT_TOKENS, MAX_PROMPTS, MAX_WORK, PROMPT_TOKENS_PER_STEP  # noqa: E402
+from lmpipe.utf8 import Utf8Guard  # noqa: E402
+
+
+class Reread:
+    """The model asked afresh with each whole context: decoding before it carried the model's state."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def next_token_distributions(self, contexts):
+        return self.model.next_token_distributions(contexts)
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def decoding(models: dict, guard, prompt: list[int]) -> None:
+    print(f"## Decoding: {len(prompt)}-token prompt; carried state vs re-reading (same tokens checked)")
+    print("| model | strategy | new tokens | carried s | re-read s | speed-up |")
+    print("|---|---|---|---|---|---|")
+    for name, model in models.items():
+        for strategy, new in (("beam", 40), ("greedy", 100)):
+            settings = DecodeSettings(strategy=strategy, max_new_tokens=new, beam_size=5)
+            carried, a = timed(lambda: generate(model, prompt, settings, -1, guard))
+            reread, b = timed(lambda: generate(Reread(model), prompt, settings, -1, guard))
+            assert a == b, f"{name} {strategy}: the carried state gave other tokens than re-reading"
+            print(f"| {name} | {strategy} | {new} | {carried:.2f} | {reread:.2f} | {reread / carried:.1f}x |",
+                  flush=True)
+
+
+def limit_requests(text_prompt: str, short: str) -> dict[str, dict]:
+    """The largest requests the limits allow, each at MAX_WORK or next to it."""
+    long_new = MAX_WORK // MAX_PROMPTS - MAX_PROMPT_TOKENS // PROMPT_TOKENS_PER_STEP
+    return {
+        f"{MAX_PROMPTS} prompts of {MAX_PROMPT_TOKENS} tokens, {long_new} new": {
+            "inputs": {"prompt": [text_prompt] * MAX_PROMPTS}, "params": {"max_new_tokens": long_new}},
+        f"1 prompt of {MAX_PROMPT_TOKENS} tokens, {MAX_NEW_TOKENS} new": {
+            "inputs": {"prompt": [text_prompt]}, "params": {"max_new_tokens": MAX_NEW_TOKENS}},
+        f"{MAX_PROMPTS} short prompts, {MAX_WORK // MAX_PROMPTS - 1} new": {
+            "inputs": {"prompt": [short] * MAX_PROMPTS}, "params": {"max_new_tokens": MAX_WORK // MAX_PROMPTS - 1}},
+        f"1 short prompt, beam of 5, {(MAX_WORK - 1) // 5} new": {
+            "inputs": {"prompt": [short]}, "params": {"strategy": "beam", "max_new_tokens": (MAX_WORK - 1) // 5}},
+    }
+
+
+def serving(name: str, model, tokenizer, requests: dict[str, dict]) -> None:
+    import httpx
+    import uvicorn
+
+    from lmpipe.serve_app import build_app, listen
+    from lmpipe.serving import TextGenerator
+    from lmpipe.tokenize import boundary_id
+
+    class Loaded:  # what mlflow.pyfunc.load_model returns
+        def __init__(self, generator):
+            self.generator = generator
+
+        def unwrap_python_model(self):
+            return self.generator
+
+        def predict(self, frame, params=None):
+            return self.generator.predict(None, frame, params)
+
+    generator = TextGenerator()
+    generator.lm, generator.tokenizer = model, tokenizer
+    generator.boundary, generator.defaults = boundary_id(tokenizer, "<|endoftext|>"), DecodeSettings()
+    sock = listen(0)
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/invocations"
+    server = uvicorn.Server(uvicorn.Config(build_app(Loaded(generator), {}), log_config=None, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+
+    def post(body):
+        start = time.perf_counter()
+        answer = httpx.post(url, json=body, timeout=300)
+        return time.perf_counter() - start, answer.status_code
+
+    small = {"inputs": {"prompt": ["The history of"]}, "params": {"max_new_tokens": 20}}
+    print(f"\n## Serving {name}: each request at the limits (target: within 10 s)")
+    print("| request | status | seconds |")
+    print("|---|---|---|")
+    for what, body in requests.items():
+        seconds, status = post(body)
+        print(f"| {what} | {status} | {seconds:.1f} |", flush=True)
+    largest = next(iter(requests.values()))
+    with ThreadPoolExecutor(2) as pool:
+        big = pool.submit(post, largest)
+        time.sleep(1.0)
+        during = post(small)
+        big_seconds, big_status = big.result()
+    print(f"\nA small request 1 s into the first ({big_status} in {big_seconds:.1f} s): {during[1]} in "
+          f"{during[0]:.2f} s (target: within 2 s)")
+    time.sleep(0.5)
+    with ThreadPoolExecutor(20) as pool:
+        results = list(pool.map(post, [small] * 20))
+    answered = sum(status == 200 for _, status in results)
+    print(f"20 small requests at once: {answered} answered, median {statistics.median(s for s, _ in results):.2f} s,"
+          f" slowest {max(s for s, _ in results):.2f} s (target: all, median under 1 s)", flush=True)
+    server.should_exit = True
+    thread.join(10)
+    sock.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=["transformer", "gru", "lstm", "rnn", "nplm"])
+    parser.add_argument("--no-serving", action="store_true", help="the decoding table only")
+    args = parser.parse_args()
+    from tokenizers import Tokenizer
+
+    params = load_params("params.yaml")
+    tokenizer = Tokenizer.from_file(str(paths.TOKENIZER))
+    torch.manual_seed(0)
+    models = {name: build_model(params.models[name].family, params.models[name].arch,
+                                tokenizer.get_vocab_size(), boundary=0).eval() for name in args.models}
+    text = Path(paths.CLEAN, "valid.txt").read_text(encoding="utf-8")
+    ids = tokenizer.encode(text[:200_000], add_special_tokens=False).ids
+    text_prompt = tokenizer.decode(ids[:MAX_PROMPT_TOKENS - 64])  # re-encoded, still within MAX_PROMPT_TOKENS
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
+    decoding(models, Utf8Guard.for_tokenizer(tokenizer), ids[:400])
+    if not args.no_serving:
+        for name, model in models.items():
+            serving(name, model, tokenizer, limit_requests(text_prompt, "The history of"))
+
+
+if __name__ == "__main__":
+    main()
