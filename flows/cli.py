@@ -513,12 +513,19 @@ def _retrain(args) -> int:
     return 0
 
 
+# `lmpipe --help` lists the commands in the order a user meets them: the study, its models, then its variations.
+ORDER = ("check-params", "server", "generate", "ui", "serve", "retrain", "schedule", "seeds", "sweep", "scaling",
+         "profile", "restore", "ngram export-arpa")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lmpipe", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"lmpipe {__version__}")
     commands, groups = parser.add_subparsers(dest="command", required=True), {}
-    for name, (add_arguments, handler, options) in COMMANDS.items():
+    for name in sorted(COMMANDS, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER)):
+        add_arguments, handler, options = COMMANDS[name]
+        options = {"description": options["help"][:1].upper() + options["help"][1:] + ".", **options}
         group, _, name = name.rpartition(" ")  # "ngram export-arpa": a command of the group `lmpipe ngram`
         if group and group not in groups:
             groups[group] = commands.add_parser(group, help=GROUPS[group]).add_subparsers(

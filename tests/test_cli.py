@@ -190,3 +190,23 @@ def test_a_stage_that_reads_params_alone_refuses_an_argument_in_one_line(tmp_pat
     assert done.returncode == 1
     assert done.stderr.strip() == ("error: python -m flows.combine takes no arguments (got --model gru): it reads "
                                    "params.yaml; see python -m flows.combine --help")
+
+
+def test_every_command_says_what_it_does_in_its_own_help(capsys):
+    """`lmpipe <command> --help` opens with what the command does, not only its flags; the commands are listed in
+    the order a user meets them."""
+    import pytest
+
+    from flows.cli import COMMANDS, ORDER, build_parser
+
+    assert sorted(ORDER) == sorted(COMMANDS)
+    for name in COMMANDS:
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([*name.split(), "--help"])
+        text = capsys.readouterr().out
+        description = text.split("\n\n")[1]
+        assert description.strip() and not description.startswith(("positional", "options")), name
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    listed = capsys.readouterr().out.split("{", 1)[1].split("}", 1)[0].split(",")
+    assert listed[:3] == ["check-params", "server", "generate"]
