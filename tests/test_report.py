@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
+from lmpipe.paths import PERPLEXITY_PLOT as PERPLEXITY
 from lmpipe.report import build_report
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def write(path, obj):
@@ -231,3 +235,25 @@ def test_the_report_names_settings_and_data_not_the_code_commit(tmp_path, monkey
     assert "`enwiki-sample` (train.txt sha256 `abababababab`)" in first and "commit" not in first
     (tmp_path / "params.yaml").write_text("train:\n  seed: 1\n")
     assert made_from("params.yaml") != first
+
+
+def test_dvc_plots_draws_test_bpb_sorted_not_from_zero_with_the_baseline_dashed(tmp_path):
+    """`dvc plots show`'s test-bpb chart (the committed plots/eval/perplexity.csv through dvc.yaml's template): the
+    models top to bottom from best to worst, an axis that does not start at 0 (1.92 and 2.07 must look apart), and
+    the n-gram baseline as a dashed line."""
+    import re
+    import subprocess
+    import sys
+
+    import vl_convert
+
+    out = subprocess.run([str(Path(sys.executable).parent / "dvc"), "plots", "show", "--json", PERPLEXITY],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    spec = json.loads(out)["data"][PERPLEXITY][0]["content"]
+    svg = vl_convert.vegalite_to_svg(json.dumps(spec))
+    rows = {r["model"]: float(r["test_bpb"]) for r in csv.DictReader((ROOT / PERPLEXITY).open())}
+    labels = re.findall(r'translate\(-?[\d.]+,([\d.]+)\)"[^>]*>(' + "|".join(rows) + r")</text>", svg)
+    drawn = [name for _, name in sorted(labels, key=lambda label: float(label[0]))]
+    assert drawn == sorted(rows, key=rows.get)
+    ticks = [float(t) for t in re.findall(r">(\d+\.\d+)</text>", svg) if float(t) not in rows.values()]
+    assert min(ticks) > 1.0 and "stroke-dasharray" in svg
