@@ -513,9 +513,24 @@ def _retrain(args) -> int:
     return 0
 
 
+def _diff_args(p):
+    p.add_argument("a", nargs="?", default="HEAD", help="a git revision or DVC experiment name (default: HEAD)")
+    p.add_argument("b", nargs="?", default="workspace", help="another, or the working tree (default: workspace)")
+    p.add_argument("--md", action="store_true", help="a Markdown table, for a pull request's comment")
+
+
+@command("diff", _diff_args, help="how each model's test bpb moved from A to B, real or within seed noise, and "
+                                  "the compute each side had")
+def _diff(args) -> int:
+    from lmpipe.diff import diff
+
+    print(diff(args.a, args.b, markdown=args.md))
+    return 0
+
+
 # `lmpipe --help` lists the commands in the order a user meets them: the study, its models, then its variations.
-ORDER = ("check-params", "server", "generate", "ui", "serve", "retrain", "schedule", "seeds", "sweep", "scaling",
-         "profile", "restore", "ngram export-arpa")
+ORDER = ("check-params", "server", "generate", "ui", "diff", "serve", "retrain", "schedule", "seeds", "sweep",
+         "scaling", "profile", "restore", "ngram export-arpa")
 
 
 def build_parser() -> argparse.ArgumentParser:
