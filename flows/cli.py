@@ -528,8 +528,25 @@ def _diff(args) -> int:
     return 0
 
 
+def _plan_args(p):
+    p.add_argument("-S", "--set-param", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="a setting as `dvc exp run -S` takes it (repeatable); none: what `dvc repro` would run")
+
+
+@command("plan", _plan_args, help="before a run: the stages `dvc exp run -S ...` would re-run, their training FLOPs "
+                                  "and minutes on this machine")
+def _plan(args) -> int:
+    from flows.plan import plan
+
+    try:
+        print(plan(args.overrides))
+    except ConfigError as exc:
+        raise LmpipeError(str(exc)) from None
+    return 0
+
+
 # `lmpipe --help` lists the commands in the order a user meets them: the study, its models, then its variations.
-ORDER = ("check-params", "server", "generate", "ui", "diff", "serve", "retrain", "schedule", "seeds", "sweep",
+ORDER = ("check-params", "server", "generate", "ui", "plan", "diff", "serve", "retrain", "schedule", "seeds", "sweep",
          "scaling", "profile", "restore", "ngram export-arpa")
 
 

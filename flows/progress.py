@@ -54,9 +54,10 @@ class Progress:
                 f"the {rate / 1e9:.0f} GFLOP/s measured so far)")
 
 
-def planned_stages(pipeline: str = "dvc.yaml") -> list[str]:
+def planned_stages(pipeline: str = "dvc.yaml", changes: dict | None = None) -> list[str]:
     """The stages of `pipeline` that `dvc repro` will run, in its order: each that `dvc status` finds changed (a
-    fresh clone: every one), and each downstream of one, whose inputs are about to change. Frozen stages never run.
+    fresh clone: every one), each that tracks a setting `changes` ({dotted key: new value}, as `-S` gives them)
+    moves, and each downstream of one, whose inputs are about to change. Frozen stages never run.
     (`dvc repro --dry` cannot tell: it lists a stage only once its inputs exist.)"""
     import networkx as nx
     from dvc.repo import Repo
@@ -68,13 +69,26 @@ def planned_stages(pipeline: str = "dvc.yaml") -> list[str]:
         runs: dict = {}
         for stage in order:
             runs[stage] = bool(getattr(stage, "cmd", None)) and not stage.frozen and (
-                any(runs.get(upstream) for upstream in graph.successors(stage)) or stage.changed())
+                any(runs.get(upstream) for upstream in graph.successors(stage)) or stage.changed()
+                or bool(changes and tracks(stage, changes)))
         return [s.addressing for s in order if runs[s] and s.dvcfile.relpath == pipeline]
 
 
-def budgets() -> dict[str, float]:
+def tracks(stage, changes: dict) -> bool:
+    """Whether `stage` tracks one of the settings in `changes` (its params: a section, a dotted key, or a file)."""
+    from dvc.dependency import ParamsDependency
+
+    for dep in stage.deps:
+        if isinstance(dep, ParamsDependency):
+            names = list(dep.params) or [""]  # no names: the whole file
+            if any(not n or k == n or k.startswith(n + ".") or n.startswith(k + ".") for n in names for k in changes):
+                return True
+    return False
+
+
+def budgets(params=None) -> dict[str, float]:
     """Each model's training FLOPs (its budget or the study's); a budget in tokens gives no estimate."""
-    params = load_params(PARAMS_FILE)
+    params = params or load_params(PARAMS_FILE)
     found = {}
     for name in params.models:
         budget = params.model_settings(name).budget
@@ -89,6 +103,11 @@ def main(targets: list[str]) -> int:
     except Exception as exc:  # no plan is no reason to stop the study: the count then grows as stages start
         print(f"[study] no plan of the stages ({first_line(str(exc))}): counting them as they start", flush=True)
         planned = []
+    if planned and not targets:  # the plan first: what will run, and the training it holds at this machine's rate
+        from flows.plan import summary
+
+        for line in summary(planned, load_params(PARAMS_FILE)).splitlines():
+            print(f"[study] {line}", flush=True)
     progress = Progress(planned if not targets else [], budgets())
     process = subprocess.Popen(["dvc", "repro", *targets], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out, pending = sys.stdout.buffer, b""  # pending: the start of a line already passed on, its end not yet come

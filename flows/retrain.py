@@ -37,7 +37,7 @@ from lmpipe import tracking
 from lmpipe.compare import changed, compare_eval, comparison_markdown, describe, metrics_of
 from lmpipe.config import check_overrides, load_params
 from lmpipe.corpus.sources import corpus_sha256, fetch_corpus
-from lmpipe.errors import ConfigError, LmpipeError
+from lmpipe.errors import ConfigError, LmpipeError, first_line
 from lmpipe.git import git, git_or_empty
 from lmpipe.params_file import edit_params
 
@@ -246,6 +246,12 @@ def gated_retrain(params, parent: str, sets: list[str]) -> dict:
     name = f"retrain-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     tracking.set_tags(parent, {EXPERIMENT: name})
     log.info("retrain %s: dvc exp run --temp %s", name, " ".join(f"-S {s}" for s in sets))
+    try:  # the plan first, as `lmpipe plan` gives it; no plan is no reason to stop
+        from flows.plan import plan
+
+        log.info("retrain %s: %s", name, plan(sets).replace("\n", "; "))
+    except Exception as exc:
+        log.info("retrain %s: no plan (%s)", name, first_line(str(exc)))
     run_experiment(name, sets, env)
     ref = experiment_ref(name)
     head = json.loads(Path(paths.EVAL).read_text()) if Path(paths.EVAL).exists() else None

@@ -1,0 +1,84 @@
+"""`lmpipe plan [-S key=value ...]`: before anything runs, what `dvc exp run -S ...` (or, without -S, `dvc repro`)
+would re-run, the training FLOPs that implies, and the minutes that takes at the FLOP/s this machine measured.
+
+The stages come from DVC's own status and graph (flows.progress.planned_stages), with the settings the overrides move
+(those whose value changes); the FLOPs from each model's budget under the overridden params; the rate from the
+training runs this machine finished (MLflow: their train_flops over their seconds), else a stated default. `make
+study` and `lmpipe retrain` print the same plan first.
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+from pathlib import Path
+
+import yaml
+
+from flows._stage import PARAMS_FILE
+from flows.progress import budgets, planned_stages
+from lmpipe.config import apply_overrides, parse_assignments, parse_params
+
+# No training finished on this machine yet: the study's families ran at 187-328 GFLOP/s on the 2-core EPYC with
+# AVX512-BF16 (issue #51); without native bf16, fp32 is about 2.4x slower.
+DEFAULT_FLOPS_PER_S = 2.0e11
+
+
+def _get(tree, key: str):
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
+
+
+def moved(overrides: list[str], path: str | Path = PARAMS_FILE):
+    """({dotted key: new value} of the overrides that change a value, the params with them applied); a bad override
+    is a ConfigError of one line, as `check-params` gives."""
+    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    new = apply_overrides(copy.deepcopy(raw), overrides)
+    params = parse_params(new, f"{path} with {' '.join(overrides)}" if overrides else path)
+    changes = {k: v for k, v in parse_assignments(overrides, "-S").items() if _get(raw, k) != _get(new, k)}
+    return changes, params
+
+
+def measured_rate(experiment: str) -> tuple[float, str]:
+    """Training FLOP/s of the latest finished training runs on this machine (MLflow), and where the number is from."""
+    try:
+        from lmpipe.tracking import tracker
+        from lmpipe.tracking.runs import HOST
+
+        store = tracker()
+        found = store.client.get_experiment_by_name(experiment)
+        runs = [] if found is None else store.client.search_runs(
+            [found.experiment_id], f"attributes.status = 'FINISHED' and tags.`{HOST}` = '{socket.gethostname()}' "
+            "and tags.`lmpipe.stage` LIKE 'train@%'", order_by=["attributes.start_time DESC"], max_results=20)
+    except Exception:  # no store, or one that cannot be read: the default, said so
+        runs = []
+    done = [r.data.metrics for r in runs if r.data.metrics.get("train_flops") and r.data.metrics.get("seconds")]
+    if not done:
+        return DEFAULT_FLOPS_PER_S, "assumed: no training has finished on this machine yet"
+    rate = sum(m["train_flops"] for m in done) / sum(m["seconds"] for m in done)
+    return rate, f"measured by the last {len(done)} training run(s) on this machine"
+
+
+def summary(stages: list[str], params) -> str:
+    """The plan's lines: the stages, and the training they hold at this machine's rate."""
+    if not stages:
+        return "nothing would run: every stage is up to date"
+    lines = [f"{len(stages)} stage(s) would run: {', '.join(stages)}"]
+    trainings = [s.removeprefix("train@") for s in stages if s.startswith("train@")]
+    if trainings:
+        budget = budgets(params)
+        flops = sum(budget.get(m, 0.0) for m in trainings)
+        rate, source = measured_rate(params.tracking.experiment)
+        unknown = [m for m in trainings if m not in budget]
+        lines.append(f"training: {len(trainings)} model(s), {flops:.2e} FLOPs, about {flops / rate / 60:.0f} min at "
+                     f"{rate / 1e9:.0f} GFLOP/s ({source})"
+                     + (f"; {', '.join(unknown)} train by tokens or epochs, not counted" if unknown else ""))
+    return "\n".join(lines)
+
+
+def plan(overrides: list[str] | None = None) -> str:
+    changes, params = moved(list(overrides or []))
+    return summary(planned_stages("dvc.yaml", changes), params)

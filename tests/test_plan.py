@@ -1,0 +1,74 @@
+"""`lmpipe plan -S ...`: the stages an override would re-run, from DVC's own status and graph, before anything runs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DVC = str(Path(sys.executable).parent / "dvc")
+PIPELINE = """stages:
+  gru:
+    cmd: python -c "open('gru.txt', 'w').write('g')"
+    params: [models.gru]
+    outs: [gru.txt]
+  lstm:
+    cmd: python -c "open('lstm.txt', 'w').write('l')"
+    params: [models.lstm.optim]
+    outs: [lstm.txt]
+  join:
+    cmd: python -c "open('join.txt', 'w').write('j')"
+    deps: [gru.txt, lstm.txt]
+    outs: [join.txt]
+"""
+
+
+@pytest.fixture
+def reproduced(tmp_path, monkeypatch):
+    """A tiny DVC project, reproduced: every stage up to date."""
+    for command in (["git", "init", "-q"], [DVC, "init", "-q"]):
+        subprocess.run(command, cwd=tmp_path, check=True)
+    (tmp_path / "dvc.yaml").write_text(PIPELINE)
+    (tmp_path / "params.yaml").write_text("models:\n  gru: {optim: {lr: 0.005}}\n  lstm: {optim: {lr: 0.004}}\n")
+    subprocess.run([DVC, "repro", "-q"], cwd=tmp_path, check=True)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_an_override_plans_the_stages_that_track_it_and_those_below(reproduced):
+    from flows.progress import planned_stages
+
+    assert planned_stages() == []
+    assert planned_stages(changes={"models.gru.optim.lr": 0.003}) == ["gru", "join"]
+    assert planned_stages(changes={"models.lstm": {"optim": {"lr": 0.001}}}) == ["lstm", "join"]
+    assert planned_stages(changes={"models.rnn.optim.lr": 0.1}) == []
+    (reproduced / "lstm.txt").unlink()  # what dvc status finds changed plans too
+    assert planned_stages() == ["lstm", "join"]
+
+
+def test_only_an_override_that_changes_a_value_moves_it():
+    import yaml
+
+    from flows.plan import moved
+
+    params = Path(__file__).resolve().parents[1] / "params.yaml"
+    lr = yaml.safe_load(params.read_text())["models"]["gru"]["optim"]["lr"]
+    assert moved([f"models.gru.optim.lr={lr * 2}"], params)[0] == {"models.gru.optim.lr": lr * 2}
+    assert moved([f"models.gru.optim.lr={lr}"], params)[0] == {}  # DVC would re-run nothing for it
+
+
+def test_the_plan_says_the_training_it_holds_and_the_rate_it_assumes(tmp_path, monkeypatch):
+    from flows.plan import DEFAULT_FLOPS_PER_S, summary
+    from lmpipe.config import load_params
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")  # a store with no runs
+    params = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
+    text = summary(["train@gru", "score@gru", "evaluate"], params)
+    flops = params.study.flops
+    assert text.splitlines()[0] == "3 stage(s) would run: train@gru, score@gru, evaluate"
+    assert text.splitlines()[1] == (f"training: 1 model(s), {flops:.2e} FLOPs, about "
+                                    f"{flops / DEFAULT_FLOPS_PER_S / 60:.0f} min at {DEFAULT_FLOPS_PER_S / 1e9:.0f} "
+                                    "GFLOP/s (assumed: no training has finished on this machine yet)")
+    assert summary([], params) == "nothing would run: every stage is up to date"
