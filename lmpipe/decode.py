@@ -74,6 +74,23 @@ class Contexts:
             self.contexts = [list(c) for c in contexts]
             self.probs = distributions(model, self.contexts)
 
+    @classmethod
+    def each(cls, model, prompts: Sequence[Sequence[int]]) -> "Contexts | None":
+        """One Contexts of prompts of any lengths, each read on its own, their states stacked into one batch (the
+        steps then go through the model together); None where the model cannot stack them (a transformer's windows
+        of different lengths)."""
+        parts = [cls(model, [prompt]) for prompt in prompts]
+        first = parts[0]  # it saw the model's mode before decoding: its `close` restores it
+        if len(parts) > 1 and first.incremental:
+            first.state = model.join_states([part.state for part in parts])
+            if first.state is None:
+                first.close()
+                return None
+        elif len(parts) > 1:
+            first.contexts = [c for part in parts for c in part.contexts]
+        first.probs = np.vstack([part.probs for part in parts])
+        return first
+
     def advance(self, tokens: Sequence[int], rows: Sequence[int] | None = None) -> None:
         """Context rows[i] (by default i) grown by tokens[i] becomes context i."""
         if not self.incremental:
@@ -159,34 +176,53 @@ def generate(model, prompt: Sequence[int], settings: DecodeSettings, boundary: i
     """New token ids after `prompt` (the prompt itself is not returned). With a `guard` (the tokenizer's
     lmpipe.utf8.Utf8Guard) only tokens that keep the text valid UTF-8 are drawn, and a text cut off inside a character
     ends at the character before."""
+    return generate_each(model, [prompt], settings, boundary, guard)[0]
+
+
+def generate_each(model, prompts: Sequence[Sequence[int]], settings: DecodeSettings, boundary: int,
+                  guard: Utf8Guard | None = None) -> list[list[int]]:
+    """`generate` of each prompt, the prompts stepped through the model together where it can stack their states:
+    each its own random stream from settings.seed and its own guard state, so each gets what it gets alone."""
     if settings.strategy == "beam":
-        return beam_search(model, prompt, settings, boundary, guard)
-    rng = np.random.default_rng(settings.seed)
-    contexts, new = Contexts(model, [prompt]), []
-    state = guard.state_after(prompt) if guard else 0
+        return [beam_search(model, prompt, settings, boundary, guard) for prompt in prompts]
+    contexts = Contexts.each(model, prompts)
+    if contexts is None:  # states that cannot be stacked: one prompt at a time
+        return [generate_each(model, [prompt], settings, boundary, guard)[0] for prompt in prompts]
+    rngs = [np.random.default_rng(settings.seed) for _ in prompts]
+    states = [guard.state_after(prompt) if guard else 0 for prompt in prompts]
+    new: list[list[int]] = [[] for _ in prompts]
+    active = list(range(len(prompts)))  # the prompts still growing, in the order of contexts' rows
     try:
         for step in range(settings.max_new_tokens):
-            p = contexts.probs[0]
-            token = _pick(guard.restrict(p, state) if guard else p, settings, rng)
-            new.append(token)
-            if guard:
-                state = int(guard.successor[state, token])
-            if settings.stop_at_boundary and token == boundary or step == settings.max_new_tokens - 1:
+            for row, i in enumerate(active):
+                p = contexts.probs[row]
+                token = _pick(guard.restrict(p, states[i]) if guard else p, settings, rngs[i])
+                new[i].append(token)
+                if guard:
+                    states[i] = int(guard.successor[states[i], token])
+            going = [row for row, i in enumerate(active) if not (settings.stop_at_boundary and new[i][-1] == boundary)]
+            if not going or step == settings.max_new_tokens - 1:
                 break
-            contexts.advance([token])
+            contexts.advance([new[active[row]][-1] for row in going], going if len(going) < len(active) else None)
+            active = [active[row] for row in going]
     finally:
         contexts.close()
-    return guard.whole(new, guard.state_after(prompt)) if guard else new
+    return [guard.whole(tokens, guard.state_after(prompt)) if guard else tokens for tokens, prompt in zip(new, prompts)]
 
 
 def continuation(lm, tokenizer, boundary: int, prompt: str, settings: DecodeSettings) -> str:
     """The text `lm` adds to `prompt`, valid UTF-8 (line breaks where it emits the boundary token): what
     `lmpipe generate` prints and the served model returns."""
+    return continuations(lm, tokenizer, boundary, [prompt], settings)[0]
+
+
+def continuations(lm, tokenizer, boundary: int, prompts: Sequence[str], settings: DecodeSettings) -> list[str]:
+    """`continuation` of each prompt, decoded together (`generate_each`): a served request's prompts."""
     from lmpipe.tokenize import decode_stream
 
-    ids = tokenizer.encode(prompt, add_special_tokens=False).ids
-    new = generate(lm, ids, settings, boundary, Utf8Guard.for_tokenizer(tokenizer))
-    return decode_stream(tokenizer, np.array(new + [boundary]), boundary)[:-1]
+    ids = [tokenizer.encode(prompt, add_special_tokens=False).ids for prompt in prompts]
+    news = generate_each(lm, ids, settings, boundary, Utf8Guard.for_tokenizer(tokenizer))
+    return [decode_stream(tokenizer, np.array(new + [boundary]), boundary)[:-1] for new in news]
 
 
 def beam_search(model, prompt: Sequence[int], settings: DecodeSettings, boundary: int,

@@ -21,7 +21,7 @@ from mlflow.pyfunc import PythonModel
 
 from lmpipe.config import STRATEGIES
 from lmpipe.errors import ConfigError
-from lmpipe.decode import DecodeSettings, continuation
+from lmpipe.decode import DecodeSettings, continuations
 
 # A request's limits, checked before any model work (`check_request`; README, "Operate it"): a 1 MB prompt (~250k
 # tokens) once took 40 s and 8.7 GB for one new token. Generation reads a prompt once and steps the model's state a
@@ -228,8 +228,7 @@ class TextGenerator(PythonModel):
             check_prompts(prompts, self.count_tokens, max_prompts=None)  # a server limits the count
         except BadRequest as exc:
             raise MlflowException(str(exc), error_code=INVALID_PARAMETER_VALUE) from None
-        return pd.DataFrame({"continuation": [continuation(self.lm, self.tokenizer, self.boundary, p, settings)
-                                              for p in prompts]})
+        return pd.DataFrame({"continuation": continuations(self.lm, self.tokenizer, self.boundary, prompts, settings)})
 
 
 class TokenLogits(PythonModel):

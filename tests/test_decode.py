@@ -279,3 +279,21 @@ def test_top_k_by_partition_keeps_what_a_full_stable_sort_keeps():
             expected = np.zeros_like(p)
             expected[keep] = p[keep]
             np.testing.assert_array_equal(filter_top_k(p, k), expected / expected.sum())
+
+
+@pytest.mark.parametrize("family, arch", INCREMENTAL, ids=[f"{f}-{a.get('cell', a.get('position', ''))}"
+                                                         for f, a in INCREMENTAL])
+def test_prompts_decoded_together_get_what_each_gets_alone(family, arch):
+    """A request's prompts go through the model as one batch (a transformer's only when their windows are alike):
+    each prompt's tokens are those it gets decoded alone, re-reading its context, also when some stop early at the
+    boundary and leave the batch."""
+    from lmpipe.decode import generate_each
+
+    model = peaked(family, arch)
+    for prompts in ([[3, 4, 5], [7], list(range(1, 15)), [3, 4, 5]], [[3, 4, 5], [5, 4, 3], [1, 1, 1]]):
+        for strategy in ("greedy", "top-k", "top-p", "typical", "sample"):
+            for stop in (False, True):
+                settings = DecodeSettings(strategy=strategy, max_new_tokens=25, seed=3, stop_at_boundary=stop)
+                alone = [generate(Reread(model), prompt, settings, 0) for prompt in prompts]
+                assert generate_each(model, prompts, settings, 0) == alone, (strategy, stop)
+    assert model.training

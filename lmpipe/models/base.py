@@ -84,6 +84,10 @@ class StreamLM(nn.Module):
         """The state of the contexts `rows`, in that order: a window model's state is its last tokens (B, n)."""
         return state[rows]
 
+    def join_states(self, states: list):
+        """The states of several contexts as one batch, in order (None where they cannot be stacked)."""
+        return torch.cat(states, dim=0)
+
     @staticmethod
     def probabilities(logits: torch.Tensor) -> np.ndarray:
         """Next-token probabilities as decoding reads them: float64 NumPy rows."""

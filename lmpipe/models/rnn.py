@@ -103,3 +103,8 @@ class RNNModel(StreamLM):
     def select_state(self, state, rows: torch.Tensor):
         """Each layer's hidden state, (1, B, H) or an LSTM's (h, c) pair, at the batch rows `rows`."""
         return [tuple(t[:, rows] for t in s) if isinstance(s, tuple) else s[:, rows] for s in state]
+
+    def join_states(self, states: list):
+        layers = zip(*states)  # each layer's state of every context
+        return [tuple(torch.cat(parts, dim=1) for parts in zip(*layer)) if isinstance(layer[0], tuple)
+                else torch.cat(layer, dim=1) for layer in layers]

@@ -206,3 +206,11 @@ class TransformerLM(StreamLM):
     def select_state(self, state, rows: torch.Tensor):
         length, window, caches = state
         return length, window[rows], [(k[rows], v[rows]) for k, v in caches]
+
+    def join_states(self, states: list):
+        """Contexts of one length only: their windows slide together."""
+        if len({length for length, _, _ in states}) > 1:
+            return None
+        caches = [(torch.cat([c[i][0] for _, _, c in states]), torch.cat([c[i][1] for _, _, c in states]))
+                  for i in range(len(self.blocks))]
+        return states[0][0], torch.cat([window for _, window, _ in states]), caches
