@@ -8,7 +8,7 @@ time of a step does not depend on the weights' values, and no served setting sto
 1. Decoding: `lmpipe generate --strategy beam` (and greedy) of each family, carrying the model's state (what every
    path decodes with) against re-reading the whole context every token (what it did before), the same tokens
    checked, side by side in this run: the ratio is the speed-up.
-2. Serving, over a socket (uvicorn, as `lmpipe serve` runs it), per model:
+2. Serving, over a socket (uvicorn in a process of its own, as `lmpipe serve` runs it), per model:
    - each request at the limits (lmpipe.serving: MAX_PROMPTS, MAX_PROMPT_TOKENS, MAX_NEW_TOKENS, MAX_WORK), its
      seconds (target: within 10 s);
    - a small request (one prompt, 20 new tokens) sent 1 s into the largest, answered or refused (503) and in how many
@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -84,9 +83,19 @@ def limit_requests(text_prompt: str, short: str) -> dict[str, dict]:
     }
 
 
-def serving(name: str, model, tokenizer, requests: dict[str, dict]) -> None:
-    import httpx
+def build(name: str, tokenizer):
+    """params.yaml's architecture of `name`, fresh weights, in eval mode."""
+    params = load_params("params.yaml")
+    torch.manual_seed(0)
+    return build_model(params.models[name].family, params.models[name].arch, tokenizer.get_vocab_size(),
+                       boundary=0).eval()
+
+
+def serve_child(name: str, port: int) -> None:
+    """`lmpipe serve`'s app on `name` in a process of its own, as the command runs it (its own interpreter: the
+    clients below do not share its GIL)."""
     import uvicorn
+    from tokenizers import Tokenizer
 
     from lmpipe.serve_app import build_app, listen
     from lmpipe.serving import TextGenerator
@@ -102,17 +111,32 @@ def serving(name: str, model, tokenizer, requests: dict[str, dict]) -> None:
         def predict(self, frame, params=None):
             return self.generator.predict(None, frame, params)
 
+    tokenizer = Tokenizer.from_file(paths.TOKENIZER)
     generator = TextGenerator()
-    generator.lm, generator.tokenizer = model, tokenizer
+    generator.lm, generator.tokenizer = build(name, tokenizer), tokenizer
     generator.boundary, generator.defaults = boundary_id(tokenizer, "<|endoftext|>"), DecodeSettings()
-    sock = listen(0)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}/invocations"
-    server = uvicorn.Server(uvicorn.Config(build_app(Loaded(generator), {}), log_config=None, log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
+    uvicorn.Server(uvicorn.Config(build_app(Loaded(generator), {}), log_config=None, log_level="warning",
+                                  lifespan="off")).run(sockets=[listen(port)])
+
+
+def serving(name: str, requests: dict[str, dict]) -> None:
+    import multiprocessing
+    import socket
+
+    import httpx
+
+    with socket.socket() as probe:  # a free port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = multiprocessing.get_context("spawn").Process(target=serve_child, args=(name, port), daemon=True)
+    server.start()
+    url = f"http://127.0.0.1:{port}/invocations"
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ping", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.2)
 
     def post(body):
         start = time.perf_counter()
@@ -140,9 +164,8 @@ def serving(name: str, model, tokenizer, requests: dict[str, dict]) -> None:
     answered = sum(status == 200 for _, status in results)
     print(f"20 small requests at once: {answered} answered, median {statistics.median(s for s, _ in results):.2f} s,"
           f" slowest {max(s for s, _ in results):.2f} s (target: all, median under 1 s)", flush=True)
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
+    server.terminate()
+    server.join(10)
 
 
 def main() -> None:
@@ -152,19 +175,16 @@ def main() -> None:
     args = parser.parse_args()
     from tokenizers import Tokenizer
 
-    params = load_params("params.yaml")
-    tokenizer = Tokenizer.from_file(str(paths.TOKENIZER))
-    torch.manual_seed(0)
-    models = {name: build_model(params.models[name].family, params.models[name].arch,
-                                tokenizer.get_vocab_size(), boundary=0).eval() for name in args.models}
+    tokenizer = Tokenizer.from_file(paths.TOKENIZER)
+    models = {name: build(name, tokenizer) for name in args.models}
     text = Path(paths.CLEAN, "valid.txt").read_text(encoding="utf-8")
     ids = tokenizer.encode(text[:200_000], add_special_tokens=False).ids
     text_prompt = tokenizer.decode(ids[:MAX_PROMPT_TOKENS - 64])  # re-encoded, still within MAX_PROMPT_TOKENS
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
     decoding(models, Utf8Guard.for_tokenizer(tokenizer), ids[:400])
     if not args.no_serving:
-        for name, model in models.items():
-            serving(name, model, tokenizer, limit_requests(text_prompt, "The history of"))
+        for name in models:
+            serving(name, limit_requests(text_prompt, "The history of"))
 
 
 if __name__ == "__main__":

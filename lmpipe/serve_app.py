@@ -25,16 +25,17 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Callable
 
 from lmpipe.errors import LmpipeError, first_line
-from lmpipe.serving import MAX_BODY_BYTES, BadRequest, check_request
+from lmpipe.serving import MAX_BODY_BYTES, MAX_WORK, BadRequest, check_request
 
 HOST = "127.0.0.1"
 GRACE_S = 2  # a stopping server waits this long for a running generation, then drops it
 MAX_CONNECTIONS = 64  # open connections and requests at once (each holds at most MAX_BODY_BYTES); 503 past it
-MAX_WAIT_S = 5.0  # a request that would wait longer for the model is refused at once: 503 with Retry-After
+MAX_WAIT_S = 1.5  # a request that would wait longer for the model is refused at once: 503 with Retry-After
 CALIBRATION_STEPS = 16  # new tokens of the generation that measures the model's first seconds a step
 
 
@@ -103,20 +104,30 @@ def load(uri: str):
     return pyfunc
 
 
-class Worker:
-    """Runs the model's work on one daemon thread, one call at a time: the event loop stays free to answer, and a
-    stopping process does not wait for a generation to end. It knows how long its queue will take (the steps of
-    work queued, lmpipe.serving.work, at the seconds a step it measures), so a request that would wait too long is
-    refused at once rather than left to time out."""
+@dataclass
+class Job:
+    prompts: list[str]
+    params: dict
+    steps: int
+    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future
 
-    def __init__(self, seconds: float, steps: float):
-        """`seconds` for `steps` of work: the first measure of the model's rate."""
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.busy = False
+
+class Worker:
+    """Runs the model on one daemon thread: the event loop stays free to answer, and a stopping process does not wait
+    for a generation to end. Requests waiting with the same params go through the model together (one batch of their
+    prompts, at most MAX_WORK of work), each prompt getting what it gets alone. It knows how long its queue will take (the
+    steps of work queued, lmpipe.serving.work, at the seconds a step it measures), so a request that would wait too
+    long is refused at once rather than left to time out."""
+
+    def __init__(self, predict: Callable[[list[str], dict], list[str]], seconds: float, steps: float):
+        """`predict(prompts, params)` the continuations; `seconds` for `steps` of work: the first measured rate."""
+        self.predict, self.jobs, self.busy = predict, queue.SimpleQueue(), False
+        self._held: Job | None = None  # a job taken from the queue that could not join the batch: the next one
         self._lock = threading.Lock()
         self._queued = 0  # steps of the jobs not started yet
-        self._running_until = 0.0  # when the running job should end (time.monotonic)
-        self._seconds, self._steps = seconds, steps  # measured time and work, older requests fading
+        self._running_until = 0.0  # when the running batch should end (time.monotonic)
+        self._seconds, self._steps = seconds, steps  # measured time and work, older batches fading
         threading.Thread(target=self._work, name="lmpipe-serve-model", daemon=True).start()
 
     @property
@@ -128,35 +139,57 @@ class Worker:
         with self._lock:
             return self._queued * self.seconds_per_step + max(0.0, self._running_until - time.monotonic())
 
-    async def run(self, fn: Callable, *args, steps: int = 0):
+    async def run(self, prompts: list[str], params: dict, steps: int) -> list[str]:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         with self._lock:
             self._queued += steps
-        self.jobs.put((fn, args, steps, loop, done))
+        self.jobs.put(Job(prompts, params, steps, loop, done))
         return await done
+
+    def _batch(self) -> list[Job]:
+        """The next job, and the jobs queued behind it with the same params, up to one request's work (MAX_WORK)."""
+        batch = [self._held or self.jobs.get()]
+        self._held = None
+        steps = batch[0].steps
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                return batch
+            if job.params != batch[0].params or steps + job.steps > MAX_WORK:
+                self._held = job
+                return batch
+            batch.append(job)
+            steps += job.steps
 
     def _work(self) -> None:
         while True:
-            fn, args, steps, loop, done = self.jobs.get()
-            start = time.monotonic()
+            batch = self._batch()
+            start, steps = time.monotonic(), sum(job.steps for job in batch)
             with self._lock:
                 self._queued -= steps
                 self._running_until = start + steps * self.seconds_per_step
-            if done.cancelled():  # its request is gone (a stopping server)
+            batch = [job for job in batch if not job.done.cancelled()]  # their requests are gone (a stopping server)
+            if not batch:
                 continue
             self.busy = True
             try:
-                outcome = (fn(*args), None)
-            except Exception as exc:  # handed to the request, which answers it
-                outcome = (None, exc)
+                answers = self.predict([p for job in batch for p in job.prompts], batch[0].params)
+                outcomes, at = [], 0
+                for job in batch:
+                    outcomes.append((answers[at:at + len(job.prompts)], None))
+                    at += len(job.prompts)
+            except Exception as exc:  # handed to the requests, which answer it
+                outcomes = [(None, exc)] * len(batch)
             finally:
                 self.busy = False
-                with self._lock:  # the rate, weighted by work: the large requests that make queues decide it
+                with self._lock:  # the rate, weighted by work: the large batches that make queues decide it
                     self._running_until = 0.0
                     self._seconds, self._steps = 0.8 * self._seconds + time.monotonic() - start, 0.8 * self._steps + steps
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                loop.call_soon_threadsafe(_settle, done, *outcome)
+            for job, outcome in zip(batch, outcomes):
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+                    job.loop.call_soon_threadsafe(_settle, job.done, *outcome)
 
 
 def _settle(done: asyncio.Future, result, error: Exception | None) -> None:
@@ -204,7 +237,7 @@ def build_app(pyfunc, about: dict, say: Callable[[str], None] = lambda line: Non
 
     start = time.monotonic()  # the first rate: a short generation, which also warms the model up
     predict(["The"], {"strategy": "greedy", "max_new_tokens": CALIBRATION_STEPS})
-    worker = Worker(time.monotonic() - start, CALIBRATION_STEPS)
+    worker = Worker(predict, time.monotonic() - start, CALIBRATION_STEPS)
 
     async def invocations(request):
         start = time.monotonic()
@@ -232,7 +265,7 @@ def build_app(pyfunc, about: dict, say: Callable[[str], None] = lambda line: Non
             busy.headers["Retry-After"] = str(retry)
             return busy
         try:
-            continuations = await worker.run(predict, prompts, params, steps=steps)
+            continuations = await worker.run(prompts, params, steps)
         except asyncio.CancelledError:  # the server stops: the generation is dropped
             return refusal(503, "the server is stopping")
         except Exception as exc:
