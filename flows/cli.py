@@ -141,7 +141,8 @@ def _sweep_args(p):
     p.add_argument("--model", required=True, help="an entry of params.yaml's `models`")
     p.add_argument("--trials", type=int, default=20, help="finished trials the sweep should hold (it resumes)")
     p.add_argument("--seeds", type=int, default=3, help="retrain the winner with this many other seeds")
-    p.add_argument("--space", default="sweeps/space.yaml", help="search spaces, one per model")
+    p.add_argument("--space", default="sweeps/space.yaml", metavar="FILE",
+                   help="a YAML file of search spaces, one per model")
 
 
 @command("sweep", _sweep_args, help="tune one model's settings with Optuna (trials in MLflow, outcome in sweeps/)")
@@ -545,6 +546,17 @@ def _plan(args) -> int:
     return 0
 
 
+class Help(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; every flag's help ends with its default where it has one and does not say it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.option_strings and action.default not in (None, False, [], argparse.SUPPRESS) \
+                and "default" not in text:
+            text += f" (default: {action.default})"
+        return text
+
+
 # `lmpipe --help` lists the commands in the order a user meets them: the study, its models, then its variations.
 ORDER = ("check-params", "server", "generate", "ui", "plan", "diff", "serve", "retrain", "schedule", "seeds", "sweep",
          "scaling", "profile", "restore", "ngram export-arpa")
@@ -557,7 +569,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands, groups = parser.add_subparsers(dest="command", required=True), {}
     for name in sorted(COMMANDS, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER)):
         add_arguments, handler, options = COMMANDS[name]
-        options = {"description": options["help"][:1].upper() + options["help"][1:] + ".", **options}
+        options = {"description": options["help"][:1].upper() + options["help"][1:] + ".", **options,
+                   "formatter_class": Help}
         group, _, name = name.rpartition(" ")  # "ngram export-arpa": a command of the group `lmpipe ngram`
         if group and group not in groups:
             groups[group] = commands.add_parser(group, help=GROUPS[group]).add_subparsers(

@@ -116,9 +116,9 @@ class Job:
 class Worker:
     """Runs the model on one daemon thread: the event loop stays free to answer, and a stopping process does not wait
     for a generation to end. Requests waiting with the same params go through the model together (one batch of their
-    prompts, at most MAX_WORK of work), each prompt getting what it gets alone. It knows how long its queue will take (the
-    steps of work queued, lmpipe.serving.work, at the seconds a step it measures), so a request that would wait too
-    long is refused at once rather than left to time out."""
+    prompts, at most MAX_WORK of work), each prompt getting what it gets alone. It knows how long its queue will take
+    (the steps of work queued, lmpipe.serving.work, at the seconds a step it measures), so a request that would wait
+    too long is refused at once rather than left to time out."""
 
     def __init__(self, predict: Callable[[list[str], dict], list[str]], seconds: float, steps: float):
         """`predict(prompts, params)` the continuations; `seconds` for `steps` of work: the first measured rate."""
@@ -186,7 +186,8 @@ class Worker:
                 self.busy = False
                 with self._lock:  # the rate, weighted by work: the large batches that make queues decide it
                     self._running_until = 0.0
-                    self._seconds, self._steps = 0.8 * self._seconds + time.monotonic() - start, 0.8 * self._steps + steps
+                    self._seconds = 0.8 * self._seconds + time.monotonic() - start
+                    self._steps = 0.8 * self._steps + steps
             for job, outcome in zip(batch, outcomes):
                 with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
                     job.loop.call_soon_threadsafe(_settle, job.done, *outcome)

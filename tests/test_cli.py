@@ -206,6 +206,12 @@ def test_every_command_says_what_it_does_in_its_own_help(capsys):
         text = capsys.readouterr().out
         description = text.split("\n\n")[1]
         assert description.strip() and not description.startswith(("positional", "options")), name
+        parser = build_parser()._subparsers._group_actions[0].choices[name.split()[0]]
+        if len(name.split()) > 1:
+            parser = parser._subparsers._group_actions[0].choices[name.split()[1]]
+        for action in parser._actions:  # every flag with a default says it
+            if action.option_strings and action.default not in (None, False, [], "==SUPPRESS=="):
+                assert "default" in parser.formatter_class("lmpipe")._get_help_string(action), (name, action.dest)
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--help"])
     listed = capsys.readouterr().out.split("{", 1)[1].split("}", 1)[0].split(",")
