@@ -9,32 +9,27 @@ per-model rows `dvc metrics show` prints (metrics/models/<model>.json: test bpb,
 from __future__ import annotations
 
 import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from lmpipe import paths
 from lmpipe.compare import BASELINE
 from lmpipe.errors import LmpipeError
+from lmpipe.git import git_or_empty
 from lmpipe.seeds import REAL_GAP_SDS
 
 WORKSPACE = "workspace"
 COMPUTE_MATCH = 0.01  # the report's rule: compute within 1% is the same budget
 
 
-def _git(*args: str, root: Path) -> str:
-    done = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True)
-    return done.stdout if done.returncode == 0 else ""
-
-
 def resolve(side: str, root: Path) -> str:
     """The commit of a revision or of a DVC experiment's name; WORKSPACE as itself; else one line."""
     if side == WORKSPACE:
         return side
-    commit = _git("rev-parse", "--verify", "--quiet", f"{side}^{{commit}}", root=root).strip()
+    commit = git_or_empty("rev-parse", "--verify", "--quiet", f"{side}^{{commit}}", cwd=root)
     if commit:
         return commit
-    refs = _git("for-each-ref", "--format=%(objectname) %(refname)", "refs/exps", root=root).splitlines()
+    refs = git_or_empty("for-each-ref", "--format=%(objectname) %(refname)", "refs/exps", cwd=root).splitlines()
     named = [ref.split()[0] for ref in refs if ref.split()[1].rsplit("/", 1)[-1] == side]
     if len(named) == 1:
         return named[0]
@@ -49,8 +44,8 @@ def rows(side: str, root: Path) -> dict[str, dict]:
     if side == WORKSPACE:
         files = {p.stem: p.read_text() for p in sorted((root / folder).glob("*.json"))}
     else:
-        names = _git("ls-tree", "--name-only", f"{side}:{folder}", root=root).split()
-        files = {Path(n).stem: _git("show", f"{side}:{folder}/{n}", root=root) for n in names if n.endswith(".json")}
+        names = git_or_empty("ls-tree", "--name-only", f"{side}:{folder}", cwd=root).split()
+        files = {Path(n).stem: git_or_empty("show", f"{side}:{folder}/{n}", cwd=root) for n in names if n.endswith(".json")}
     if not files:
         raise LmpipeError(f"{side[:12]}: no {folder}/*.json there (a study before per-model rows, or none run yet)")
     return {name: json.loads(text) for name, text in files.items()}
