@@ -8,6 +8,7 @@ temperature, top-k, top-p (nucleus) or locally typical filtering. Sampling is se
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, fields
 from typing import Sequence
 
@@ -55,19 +56,31 @@ def distributions(model, contexts: Sequence[Sequence[int]]) -> np.ndarray:
     return np.stack([model.next_token_distribution(c) for c in contexts])
 
 
+@contextlib.contextmanager
+def evaluating(model):
+    """A neural model in eval mode for the block (no dropout while decoding), its mode restored after."""
+    neural = hasattr(model, "start_decoding")
+    training = neural and model.training
+    if neural:
+        model.eval()
+    try:
+        yield model
+    finally:
+        if neural:
+            model.train(training)
+
+
 class Contexts:
     """Next-token probabilities (`probs`, one row a context) of equally long contexts that grow a token at a time.
 
-    A neural model reads the contexts once, then steps its carried state (hidden states, a key/value cache, the last
-    window) by one token: linear time in the tokens generated. A model without a state (the n-gram) is asked again
-    with the whole context. Both give what `distributions` gives for the grown contexts.
+    A neural model (in eval mode: `evaluating`) reads the contexts once, then steps its carried state (hidden states,
+    a key/value cache, the last window) by one token: linear time in the tokens generated. A model without a state
+    (the n-gram) is asked again with the whole context. Both give what `distributions` gives for the grown contexts.
     """
 
     def __init__(self, model, contexts: Sequence[Sequence[int]]):
         self.model, self.incremental = model, hasattr(model, "start_decoding")  # every neural model (StreamLM)
         if self.incremental:
-            self._eval = model.training
-            model.eval()
             logits, self.state = model.start_decoding(contexts)
             self.probs = model.probabilities(logits)
         else:
@@ -75,18 +88,19 @@ class Contexts:
             self.probs = distributions(model, self.contexts)
 
     @classmethod
-    def each(cls, model, prompts: Sequence[Sequence[int]]) -> "Contexts | None":
-        """One Contexts of prompts of any lengths, each read on its own, their states stacked into one batch (the
-        steps then go through the model together); None where the model cannot stack them (a transformer's windows
-        of different lengths)."""
-        parts = [cls(model, [prompt]) for prompt in prompts]
-        first = parts[0]  # it saw the model's mode before decoding: its `close` restores it
-        if len(parts) > 1 and first.incremental:
-            first.state = model.join_states([part.state for part in parts])
-            if first.state is None:
-                first.close()
+    def joined(cls, parts: list["Contexts"]) -> "Contexts | None":
+        """The rows of several Contexts (prompts of any lengths, each read on its own) as one batch, whose steps then
+        go through the model together; None where the model cannot stack their states (a transformer's windows of
+        different lengths)."""
+        first = parts[0]
+        if len(parts) == 1:
+            return first
+        if first.incremental:
+            state = first.model.join_states([part.state for part in parts])
+            if state is None:  # the parts stay as they are, to be decoded one at a time
                 return None
-        elif len(parts) > 1:
+            first.state = state
+        else:
             first.contexts = [c for part in parts for c in part.contexts]
         first.probs = np.vstack([part.probs for part in parts])
         return first
@@ -102,10 +116,6 @@ class Contexts:
         picks = None if rows is None else torch.tensor(list(rows), device=device)
         logits, self.state = self.model.step_decoding(self.state, torch.tensor(list(tokens), device=device), picks)
         self.probs = self.model.probabilities(logits)
-
-    def close(self) -> None:
-        if self.incremental:
-            self.model.train(self._eval)
 
 
 def _temper(p: np.ndarray, temperature: float) -> np.ndarray:
@@ -185,28 +195,34 @@ def generate_each(model, prompts: Sequence[Sequence[int]], settings: DecodeSetti
     each its own random stream from settings.seed and its own guard state, so each gets what it gets alone."""
     if settings.strategy == "beam":
         return [beam_search(model, prompt, settings, boundary, guard) for prompt in prompts]
-    contexts = Contexts.each(model, prompts)
-    if contexts is None:  # states that cannot be stacked: one prompt at a time
-        return [generate_each(model, [prompt], settings, boundary, guard)[0] for prompt in prompts]
+    with evaluating(model):
+        parts = [Contexts(model, [prompt]) for prompt in prompts]  # each prompt read once
+        together = Contexts.joined(parts)
+        if together is not None:
+            return _sample(together, prompts, settings, boundary, guard)
+        return [_sample(part, [prompt], settings, boundary, guard)[0] for part, prompt in zip(parts, prompts)]
+
+
+def _sample(contexts: Contexts, prompts: Sequence[Sequence[int]], settings: DecodeSettings, boundary: int,
+            guard: Utf8Guard | None) -> list[list[int]]:
+    """The non-beam strategies over `contexts`, whose rows are `prompts` read: each its own random stream from
+    settings.seed and its own guard state."""
     rngs = [np.random.default_rng(settings.seed) for _ in prompts]
     states = [guard.state_after(prompt) if guard else 0 for prompt in prompts]
     new: list[list[int]] = [[] for _ in prompts]
     active = list(range(len(prompts)))  # the prompts still growing, in the order of contexts' rows
-    try:
-        for step in range(settings.max_new_tokens):
-            for row, i in enumerate(active):
-                p = contexts.probs[row]
-                token = _pick(guard.restrict(p, states[i]) if guard else p, settings, rngs[i])
-                new[i].append(token)
-                if guard:
-                    states[i] = int(guard.successor[states[i], token])
-            going = [row for row, i in enumerate(active) if not (settings.stop_at_boundary and new[i][-1] == boundary)]
-            if not going or step == settings.max_new_tokens - 1:
-                break
-            contexts.advance([new[active[row]][-1] for row in going], going if len(going) < len(active) else None)
-            active = [active[row] for row in going]
-    finally:
-        contexts.close()
+    for step in range(settings.max_new_tokens):
+        for row, i in enumerate(active):
+            p = contexts.probs[row]
+            token = _pick(guard.restrict(p, states[i]) if guard else p, settings, rngs[i])
+            new[i].append(token)
+            if guard:
+                states[i] = int(guard.successor[states[i], token])
+        going = [row for row, i in enumerate(active) if not (settings.stop_at_boundary and new[i][-1] == boundary)]
+        if not going or step == settings.max_new_tokens - 1:
+            break
+        contexts.advance([new[active[row]][-1] for row in going], going if len(going) < len(active) else None)
+        active = [active[row] for row in going]
     return [guard.whole(tokens, guard.state_after(prompt)) if guard else tokens for tokens, prompt in zip(new, prompts)]
 
 
@@ -237,8 +253,8 @@ def beam_search(model, prompt: Sequence[int], settings: DecodeSettings, boundary
     finished: list[tuple[float, list[int]]] = []
     norm = lambda score, seq: score / max(len(seq), 1) ** settings.length_penalty  # noqa: E731
     start = guard.state_after(prompt) if guard else 0
-    contexts = Contexts(model, [prompt])
-    try:
+    with evaluating(model):
+        contexts = Contexts(model, [prompt])
         for step in range(settings.max_new_tokens):
             logp = np.log(np.maximum(contexts.probs, 1e-300))
             if guard:  # each beam's text so far decides which tokens may follow it
@@ -263,8 +279,6 @@ def beam_search(model, prompt: Sequence[int], settings: DecodeSettings, boundary
             if not beams or step == settings.max_new_tokens - 1:
                 break
             contexts.advance([seq[-1] for _, seq in beams], rows)  # each beam's state, reordered, one step on
-    finally:
-        contexts.close()
     pool = finished + beams
     best = max(pool, key=lambda item: norm(*item))[1]
     return guard.whole(best, start) if guard else best

@@ -235,20 +235,20 @@ def test_decoding_with_the_carried_state_gives_what_rereading_gives(family, arch
     """Every family's incremental decoding (hidden states, key/value cache, last window), every strategy: the same
     tokens as asking the model afresh with each whole context, and the same distributions at every step, past the
     transformer's window (block_size 12 and 9: the window slides several times) and through beam reordering."""
-    from lmpipe.decode import Contexts
+    from lmpipe.decode import Contexts, evaluating
 
     model = peaked(family, arch)
     prompt, grown = [3, 4, 5, 6, 7], [1, 8, 2, 9, 2, 5, 0, 11, 3, 3, 7, 6, 1, 9, 4, 4, 2, 8, 10, 5]
-    contexts = Contexts(model, [prompt, prompt[::-1]])
-    np.testing.assert_allclose(contexts.probs, Reread(model).next_token_distributions([prompt, prompt[::-1]]),
-                               atol=1e-6)
-    rows, now = [1, 0], [prompt, prompt[::-1]]
-    for step, token in enumerate(grown):
-        rows = rows if step % 3 else rows[::-1]  # reorder as beam search does
-        contexts.advance([token, token + 1], rows)
-        now = [now[rows[0]] + [token], now[rows[1]] + [token + 1]]
-        np.testing.assert_allclose(contexts.probs, Reread(model).next_token_distributions(now), atol=1e-6)
-    contexts.close()
+    with evaluating(model):
+        contexts = Contexts(model, [prompt, prompt[::-1]])
+        np.testing.assert_allclose(contexts.probs, Reread(model).next_token_distributions([prompt, prompt[::-1]]),
+                                   atol=1e-6)
+        rows, now = [1, 0], [prompt, prompt[::-1]]
+        for step, token in enumerate(grown):
+            rows = rows if step % 3 else rows[::-1]  # reorder as beam search does
+            contexts.advance([token, token + 1], rows)
+            now = [now[rows[0]] + [token], now[rows[1]] + [token + 1]]
+            np.testing.assert_allclose(contexts.probs, Reread(model).next_token_distributions(now), atol=1e-6)
     assert model.training  # mode restored
     for strategy in ("greedy", "beam", "top-k", "top-p", "typical", "sample"):
         settings = DecodeSettings(strategy=strategy, max_new_tokens=30, beam_size=3, seed=5)
