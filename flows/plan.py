@@ -20,8 +20,9 @@ from flows.progress import budgets, planned_stages
 from lmpipe.config import apply_overrides, parse_assignments, parse_params
 
 # No training finished on this machine yet: the study's families ran at 187-328 GFLOP/s on the 2-core EPYC with
-# AVX512-BF16 (issue #51); without native bf16, fp32 is about 2.4x slower.
+# AVX512-BF16 (issue #51); without native bf16, fp32 is about 2.4x slower (README).
 DEFAULT_FLOPS_PER_S = 2.0e11
+FP32_SLOWER = 2.4
 
 
 def _get(tree, key: str):
@@ -42,14 +43,14 @@ def moved(overrides: list[str], path: str | Path = PARAMS_FILE):
     return changes, params
 
 
-def measured_rate(experiment: str) -> tuple[float, str]:
+def measured_rate(params) -> tuple[float, str]:
     """Training FLOP/s of the latest finished training runs on this machine (MLflow), and where the number is from."""
     try:
         from lmpipe.tracking import tracker
         from lmpipe.tracking.runs import HOST
 
         store = tracker()
-        found = store.client.get_experiment_by_name(experiment)
+        found = store.client.get_experiment_by_name(params.tracking.experiment)
         runs = [] if found is None else store.client.search_runs(
             [found.experiment_id], f"attributes.status = 'FINISHED' and tags.`{HOST}` = '{socket.gethostname()}' "
             "and tags.`lmpipe.stage` LIKE 'train@%'", order_by=["attributes.start_time DESC"], max_results=20)
@@ -57,7 +58,12 @@ def measured_rate(experiment: str) -> tuple[float, str]:
         runs = []
     done = [r.data.metrics for r in runs if r.data.metrics.get("train_flops") and r.data.metrics.get("seconds")]
     if not done:
-        return DEFAULT_FLOPS_PER_S, "assumed: no training has finished on this machine yet"
+        from lmpipe.train import autocast_dtype, pick_device
+
+        if autocast_dtype(params.train.precision, pick_device(params.train.device)) is not None:
+            return DEFAULT_FLOPS_PER_S, "assumed: no training has finished on this machine yet"
+        return (DEFAULT_FLOPS_PER_S / FP32_SLOWER,
+                "assumed: no training has finished on this machine yet, and it trains in fp32")
     rate = sum(m["train_flops"] for m in done) / sum(m["seconds"] for m in done)
     return rate, f"measured by the last {len(done)} training run(s) on this machine"
 
@@ -71,7 +77,7 @@ def summary(stages: list[str], params) -> str:
     if trainings:
         budget = budgets(params)
         flops = sum(budget.get(m, 0.0) for m in trainings)
-        rate, source = measured_rate(params.tracking.experiment)
+        rate, source = measured_rate(params)
         unknown = [m for m in trainings if m not in budget]
         lines.append(f"training: {len(trainings)} model(s), {flops:.2e} FLOPs, about {flops / rate / 60:.0f} min at "
                      f"{rate / 1e9:.0f} GFLOP/s ({source})"

@@ -60,15 +60,19 @@ def test_only_an_override_that_changes_a_value_moves_it():
 
 
 def test_the_plan_says_the_training_it_holds_and_the_rate_it_assumes(tmp_path, monkeypatch):
-    from flows.plan import DEFAULT_FLOPS_PER_S, summary
+    """The assumed rate is the bf16 machine's, or fp32's (2.4x slower) where this machine trains in fp32."""
+    from flows.plan import DEFAULT_FLOPS_PER_S, FP32_SLOWER, summary
     from lmpipe.config import load_params
+    from lmpipe.train import autocast_dtype, pick_device
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")  # a store with no runs
     params = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
     text = summary(["train@gru", "score@gru", "evaluate"], params)
     flops = params.study.flops
+    bf16 = autocast_dtype(params.train.precision, pick_device(params.train.device)) is not None
+    rate = DEFAULT_FLOPS_PER_S if bf16 else DEFAULT_FLOPS_PER_S / FP32_SLOWER
     assert text.splitlines()[0] == "3 stage(s) would run: train@gru, score@gru, evaluate"
-    assert text.splitlines()[1] == (f"training: 1 model(s), {flops:.2e} FLOPs, about "
-                                    f"{flops / DEFAULT_FLOPS_PER_S / 60:.0f} min at {DEFAULT_FLOPS_PER_S / 1e9:.0f} "
-                                    "GFLOP/s (assumed: no training has finished on this machine yet)")
+    assert text.splitlines()[1] == (f"training: 1 model(s), {flops:.2e} FLOPs, about {flops / rate / 60:.0f} min "
+                                    f"at {rate / 1e9:.0f} GFLOP/s (assumed: no training has finished on this machine "
+                                    "yet" + ("" if bf16 else ", and it trains in fp32") + ")")
     assert summary([], params) == "nothing would run: every stage is up to date"
