@@ -86,6 +86,21 @@ def pause_this_schedule() -> str:
     return f"; the schedule '{runtime.deployment.name}' is paused until then (start `lmpipe schedule` again)"
 
 
+def paused_firing():
+    """A Cancelled state for a firing of a schedule that an earlier firing paused (the runner may have taken it
+    before the pause), or None: a paused schedule fires no more."""
+    from prefect import runtime
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    if not runtime.deployment.id:
+        return None
+    with get_client(sync_client=True) as client:
+        paused = client.read_deployment(runtime.deployment.id).paused
+    return Cancelled(message=f"the schedule '{runtime.deployment.name}' is paused: this firing was already taken "
+                             "when it was; start `lmpipe schedule` again") if paused else None
+
+
 def fetched_sha256(corpus) -> str | None:
     """The source's corpus as it is now, pinned the way `corpus.sha256` pins it (fetched into a scratch folder)."""
     Path(CACHE_DIR).mkdir(parents=True, exist_ok=True)
@@ -208,9 +223,12 @@ def retrain(overrides: list[str] | None = None) -> dict:
     """Retrain what a refreshed corpus (or `overrides`, e.g. models.gru.optim.lr=0.003) changes, as a DVC experiment;
     apply and commit it, and promote its models, only when no model regressed beyond retrain.max_regression.
     Every outcome ends in one line: nothing to retrain, applied (the commit and the champions), or regressed.
-    Stopped (Ctrl-C, SIGTERM, the deployment's timeout), its MLflow run ends KILLED and the line says how to resume."""
+    Stopped (Ctrl-C, SIGTERM, the deployment's timeout), its MLflow run ends KILLED and the line says how to resume.
+    Refused on a changed tree, it pauses its schedule; a firing the runner had already taken then ends Cancelled."""
     params = load_params(PARAMS_FILE)
     check_overrides(PARAMS_FILE, overrides)  # a typo in an override stops here, before DVC deletes anything
+    if skipped := paused_firing():
+        return skipped
     with one_study():
         dirty = uncommitted()
         if dirty:

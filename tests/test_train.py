@@ -354,6 +354,29 @@ def test_batch_plans_cover_the_data_without_overlap():
     assert flat[-1] + 33 <= 5000 and len(flat) >= 5000 // 32 - 8 - 1  # at most one partial batch is left out
 
 
+@pytest.mark.parametrize("name, update", [("lstm", {}), ("lstm", {"variable_bptt": False}),
+                                          ("lstm", {"variable_bptt": False, "max_steps_per_epoch": 7}),
+                                          ("transformer", {}), ("nplm", {}), ("nplm", {"max_steps_per_epoch": 9})])
+def test_a_run_of_endless_epochs_counts_its_steps_as_its_plans_have_them_without_building_them(tmp_path, name, update,
+                                                                                              monkeypatch):
+    """The schedule's length is the epochs' steps: counted without building each epoch's plan where the length is
+    known beforehand (a run of 100000 epochs starts at once, not after minutes of plans), the same count as the
+    plans'."""
+    settings = revised(SETTINGS[name], **update)
+    trainer = Trainer(name, settings, COMMON, synthetic_data(), tmp_path / name, setup_process(COMMON),
+                      progress_bar=False)
+    assert [trainer._epoch_steps(e) for e in range(30)] == [len(trainer._epoch_plan(e)) for e in range(30)]
+    assert trainer.total_steps == sum(len(trainer._epoch_plan(e)) for e in range(settings.epochs))
+    if not settings.variable_bptt:
+        built = []
+        monkeypatch.setattr(Trainer, "_epoch_plan", lambda self, epoch, plan=Trainer._epoch_plan: built.append(epoch)
+                            or plan(self, epoch))
+        endless = Trainer(name, revised(settings, epochs=100000, patience=100000), COMMON, synthetic_data(),
+                          tmp_path / "endless", setup_process(COMMON), progress_bar=False)
+        assert endless.total_steps >= 100000 * min(trainer._epoch_steps(e) for e in range(30))
+        assert built == [0]  # the first epoch's plan alone, for steps_per_epoch
+
+
 def test_muon_takes_the_hidden_matrices_and_adamw_the_embeddings_head_norms_and_biases():
     from lmpipe.models import build_model
     from lmpipe.optim import muon_split

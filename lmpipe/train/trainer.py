@@ -352,6 +352,21 @@ class Trainer:
             plan = plan[: self.settings.max_steps_per_epoch]
         return plan
 
+    def _epoch_steps(self, epoch: int) -> int:
+        """len(self._epoch_plan(epoch)), without building the plan where its length is known beforehand: the same
+        for every epoch of fixed-length chunks, the window offsets' count for windows. A run of many epochs (an
+        endless one, epochs: 100000) then starts training at once instead of after minutes of plans."""
+        s = self.settings
+        if self.model.recurrent and s.variable_bptt:
+            return len(self._epoch_plan(epoch))
+        if self.model.recurrent:
+            steps = -(-(self.streams.size(1) - 1) // s.seq_len)  # stream_plan's chunks
+        else:
+            shift = int(np.random.default_rng([self.common.seed, epoch]).integers(0, s.seq_len))  # window_plan's
+            steps = len(range(window_context(self.model) + shift, len(self.train_tokens) - s.seq_len - 1,
+                              s.seq_len)) // s.batch_size
+        return min(steps, s.max_steps_per_epoch) if s.max_steps_per_epoch else steps
+
     def _total_steps(self, budget: Budget | None = None) -> int:
         """The run's length in optimiser steps, which the schedule anneals to: the steps of its epochs, or of the
         epoch plans (pure functions of seed and epoch) until its budget's tokens or FLOPs are seen - exact under
@@ -359,7 +374,7 @@ class Trainer:
         Given `budget`, the length a run of that budget would have, with these settings otherwise."""
         budget = budget or self.settings.budget
         if budget is None:
-            return sum(len(self._epoch_plan(epoch)) for epoch in range(self.settings.epochs))
+            return sum(self._epoch_steps(epoch) for epoch in range(self.settings.epochs))
         tokens = budget.tokens if budget.tokens is not None else budget.flops / self.flops_per_token
         steps, seen, epoch = 0, 0, 0
         while True:
