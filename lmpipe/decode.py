@@ -128,42 +128,53 @@ def _temper(p: np.ndarray, temperature: float) -> np.ndarray:
 
 def filter_top_k(p: np.ndarray, k: int) -> np.ndarray:
     """The k most likely tokens (ties: the lower ids), renormalised."""
-    keep = _most_likely(p, k)
-    out = np.zeros_like(p)
-    out[keep] = p[keep]
-    return out / out.sum()
+    return _kept(p, _head(-p, k))
 
 
 def filter_top_p(p: np.ndarray, top_p: float) -> np.ndarray:
     """The smallest set of most likely tokens whose mass reaches top_p (always at least one token)."""
-    order = np.argsort(-p, kind="stable")
-    cumulative = np.cumsum(p[order])
-    n = int(np.searchsorted(cumulative, top_p) + 1)
-    out = np.zeros_like(p)
-    out[order[:n]] = p[order[:n]]
-    return out / out.sum()
-
-
-def _most_likely(p: np.ndarray, k: int) -> np.ndarray:
-    """The ids of the k most likely tokens, most likely first, ties by id: the head of a stable sort of -p, found
-    by partitioning first (a step of decoding sorts k, not the vocabulary)."""
-    if k >= len(p):
-        return np.argsort(-p, kind="stable")
-    kth = np.partition(p, len(p) - k)[len(p) - k]
-    above = np.flatnonzero(p > kth)
-    head = np.concatenate([above, np.flatnonzero(p == kth)[: k - len(above)]])
-    return head[np.argsort(-p[head], kind="stable")]
+    return _kept(p, _smallest_set(-p, p, top_p))
 
 
 def filter_typical(p: np.ndarray, mass: float) -> np.ndarray:
     """Locally typical sampling (Meister et al. 2023): tokens whose surprisal is closest to the entropy."""
     logp = np.log(np.maximum(p, 1e-300))
     entropy = -(p * logp).sum()
-    order = np.argsort(np.abs(-logp - entropy), kind="stable")
-    n = int(np.searchsorted(np.cumsum(p[order]), mass) + 1)
+    return _kept(p, _smallest_set(np.abs(-logp - entropy), p, mass))
+
+
+def _kept(p: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """p on the `keep` ids alone, renormalised."""
     out = np.zeros_like(p)
-    out[order[:n]] = p[order[:n]]
+    out[keep] = p[keep]
     return out / out.sum()
+
+
+def _head(key: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the k smallest keys, smallest first, ties by id: the head of a stable sort of `key`, found by
+    partitioning first (a step of decoding sorts k, not the vocabulary)."""
+    if k >= len(key):
+        return np.argsort(key, kind="stable")
+    kth = np.partition(key, k - 1)[k - 1]
+    below = np.flatnonzero(key < kth)
+    head = np.concatenate([below, np.flatnonzero(key == kth)[: k - len(below)]])
+    return head[np.argsort(key[head], kind="stable")]
+
+
+def _smallest_set(key: np.ndarray, p: np.ndarray, mass: float) -> np.ndarray:
+    """The ids first in `key` order whose probabilities add up to `mass` (at least one): the prefix a full stable
+    sort gives, bit for bit, from a head of 128 ids, grown while it falls short (at least 4 times, and at least by
+    the tokens the shortfall needs at the head's smallest probability; past a quarter of the vocabulary, all of it)."""
+    k = min(128, len(key))
+    while True:
+        order = _head(key, k)
+        cumulative = np.cumsum(p[order])
+        n = int(np.searchsorted(cumulative, mass))
+        if n < len(order) or k == len(key):
+            return order[: n + 1]
+        smallest = max(float(p[order].min()), 1e-12)
+        k = max(4 * k, k + int((mass - cumulative[-1]) / smallest))
+        k = len(key) if k > len(key) // 4 else k
 
 
 def _pick(p: np.ndarray, settings: DecodeSettings, rng: np.random.Generator) -> int:

@@ -281,6 +281,30 @@ def test_top_k_by_partition_keeps_what_a_full_stable_sort_keeps():
             np.testing.assert_array_equal(filter_top_k(p, k), expected / expected.sum())
 
 
+def test_top_p_and_typical_from_a_head_keep_what_a_full_stable_sort_keeps():
+    """filter_top_p and filter_typical sort a head of the vocabulary, grown until it holds the mass: bit for bit what
+    sorting the whole vocabulary keeps, ties included, for flat and peaked distributions and every mass."""
+    rng = np.random.default_rng(1)
+
+    def by_full_sort(p, key, mass):
+        order = np.argsort(key, kind="stable")
+        n = int(np.searchsorted(np.cumsum(p[order]), mass) + 1)
+        expected = np.zeros_like(p)
+        expected[order[:n]] = p[order[:n]]
+        return expected / expected.sum()
+
+    for trial in range(200):
+        p = rng.dirichlet(np.full(int(rng.choice([7, 300, 8192])), float(rng.choice([0.01, 0.3, 5.0]))))
+        if trial % 2:  # many ties
+            p = np.round(p, 3) + 1e-4
+            p /= p.sum()
+        logp = np.log(np.maximum(p, 1e-300))
+        typical = np.abs(-logp + (p * logp).sum())
+        for mass in (0.0, 0.3, 0.9, 0.999, 1.0):
+            np.testing.assert_array_equal(filter_top_p(p, mass), by_full_sort(p, -p, mass))
+            np.testing.assert_array_equal(filter_typical(p, mass), by_full_sort(p, typical, mass))
+
+
 @pytest.mark.parametrize("family, arch", INCREMENTAL, ids=[f"{f}-{a.get('cell', a.get('position', ''))}"
                                                          for f, a in INCREMENTAL])
 def test_prompts_decoded_together_get_what_each_gets_alone(family, arch):
