@@ -168,11 +168,12 @@ def _smallest_set(key: np.ndarray, p: np.ndarray, mass: float) -> np.ndarray:
     k = min(128, len(key))
     while True:
         order = _head(key, k)
-        cumulative = np.cumsum(p[order])
+        head = p[order]
+        cumulative = np.cumsum(head)
         n = int(np.searchsorted(cumulative, mass))
         if n < len(order) or k == len(key):
             return order[: n + 1]
-        smallest = max(float(p[order].min()), 1e-12)
+        smallest = max(float(head.min()), 1e-12)
         k = max(4 * k, k + int((mass - cumulative[-1]) / smallest))
         k = len(key) if k > len(key) // 4 else k
 

@@ -96,12 +96,15 @@ def stream_plan(n_steps_total: int, settings: ModelParams, rng: np.random.Genera
     return plan
 
 
+def window_offsets(n_tokens: int, length: int, context: int, shift: int) -> np.ndarray:
+    """Where an epoch's windows (length inputs + targets) start, in order: after the context, shifted by `shift`."""
+    return np.arange(context + shift, n_tokens - length - 1, length)
+
+
 def window_plan(n_tokens: int, settings: ModelParams, context: int, rng: np.random.Generator) -> np.ndarray:
     """Shuffled window offsets (one window = seq_len inputs + targets), as (steps, batch) rows."""
     length = settings.seq_len
-    shift = int(rng.integers(0, length))
-    offsets = np.arange(context + shift, n_tokens - length - 1, length)
-    offsets = rng.permutation(offsets)
+    offsets = rng.permutation(window_offsets(n_tokens, length, context, int(rng.integers(0, length))))
     usable = len(offsets) // settings.batch_size * settings.batch_size
     return offsets[:usable].reshape(-1, settings.batch_size)
 
@@ -342,8 +345,11 @@ class Trainer:
         return cls(params, lr=optim.lr, weight_decay=optim.weight_decay, **kwargs)
 
     # ---------- batches ----------
+    def _epoch_rng(self, epoch: int) -> np.random.Generator:
+        return np.random.default_rng([self.common.seed, epoch])
+
     def _epoch_plan(self, epoch: int):
-        rng = np.random.default_rng([self.common.seed, epoch])
+        rng = self._epoch_rng(epoch)
         if self.model.recurrent:
             plan = stream_plan(self.streams.size(1), self.settings, rng)
         else:
@@ -362,9 +368,9 @@ class Trainer:
         if self.model.recurrent:
             steps = -(-(self.streams.size(1) - 1) // s.seq_len)  # stream_plan's chunks
         else:
-            shift = int(np.random.default_rng([self.common.seed, epoch]).integers(0, s.seq_len))  # window_plan's
-            steps = len(range(window_context(self.model) + shift, len(self.train_tokens) - s.seq_len - 1,
-                              s.seq_len)) // s.batch_size
+            shift = int(self._epoch_rng(epoch).integers(0, s.seq_len))  # window_plan's first draw
+            steps = len(window_offsets(len(self.train_tokens), s.seq_len, window_context(self.model), shift)) \
+                // s.batch_size
         return min(steps, s.max_steps_per_epoch) if s.max_steps_per_epoch else steps
 
     def _total_steps(self, budget: Budget | None = None) -> int:
