@@ -31,12 +31,14 @@ sys.path.insert(0, str(ROOT))
 from lmpipe import seeds  # noqa: E402
 from lmpipe.compare import (BASELINE, MATCHED, best_model, best_of, not_compute_matched, vs_baseline,  # noqa: E402
                             without_cache)
+from lmpipe.compute_curves import annealed  # noqa: E402
 from lmpipe.config import load_params  # noqa: E402
 
 RECURRENT_AND_TRANSFORMER, NPLM = ("rnn", "lstm", "gru", "transformer"), "nplm"
 BUDGET_SECONDS, SEEDS_BUDGET_SECONDS = 30 * 60, 60 * 60
 TRANSFORMER_GOAL, BEST_SINGLE_GOAL, BEST_COMBINATION_GOAL, COMBINATION_GAIN = 2.00, 1.93, 1.82, 0.03
 MIN_BUDGET, MIN_FLOPS_PER_SEC = 3e13, 100e9
+BRANCH_DIVISORS, EXPONENT_HALF_WIDTH = (16, 8, 4, 2, 1), 0.1
 
 
 def compute_targets(trained: dict, budget: float) -> list[tuple[str, str, bool]]:
@@ -123,17 +125,46 @@ def combination_targets(models: dict, combined: dict) -> list[tuple[str, str, bo
     return out
 
 
-def scaling_agreement(spreads: dict, budget: float) -> list[tuple[str, str, bool]]:
-    """The report's sentence on the scaling grid (lmpipe.seeds.grid_verdict of metrics/scaling.json): present in
-    reports/study.md, and comparing a current grid (not calling it stale)."""
+def annealed_targets(trained: dict, budget: float, divisors=BRANCH_DIVISORS) -> list[tuple[str, str, bool]]:
+    """Every neural model's annealed points (`budgets` of metrics/train/<model>.json): one at each of C/16 .. C, its
+    training FLOPs within 1% of that budget."""
+    rows = []
+    wanted = [budget / k for k in divisors]
+    for name, t in sorted(trained.items()):
+        points = {r["budget_flops"]: r["train_flops"] for r in t.get("budgets", [])}
+        off = [b for b in wanted if b not in points or abs(points[b] - b) > MATCHED * b]
+        rows.append((f"{name}: annealed points at C/16, C/8, C/4, C/2, C (each within {100 * MATCHED:g}%)",
+                     f"{len(wanted) - len(off)} of {len(wanted)}", not off))
+    return rows
+
+
+def scaling_targets(points: dict, report: str) -> list[tuple[str, str, bool]]:
+    """The scaling grid's targets (metrics/scaling.json): every family's IsoFLOP minimum inside its sizes at every
+    budget; N_opt's exponent known to within +-0.1 (90%) for at least three families; and the report's comparison
+    of the grid with the study's annealed points at the budgets both have."""
     path = ROOT / "metrics/scaling.json"
-    sentence = seeds.grid_verdict(spreads, json.loads(path.read_text()) if path.exists() else None, budget)
-    if sentence is None:
-        return [("the report compares with the scaling grid (lmpipe scaling)", "no grid", False)]
-    reported = sentence in (ROOT / "reports/study.md").read_text(encoding="utf-8")
-    verdict = "stale" if sentence.startswith("Scaling grid: not compared") else sentence.split(".")[0].split(": ")[-1]
-    return [("the report states its agreement with the scaling grid", verdict + ("" if reported else ", not in report"),
-             reported and verdict != "stale")]
+    if not path.exists():
+        return [("the scaling grid (lmpipe scaling)", "no grid", False)]
+    scaling = json.loads(path.read_text())
+    families = scaling["families"]
+    edge = [f"{m} {p['budget']:.1e}" for m, a in sorted(families.items()) for p in a["isoflop"] if not p["bracketed"]]
+    half = {m: (ci[1] - ci[0]) / 2 for m, a in families.items() if (ci := a["law_exponent_intervals"].get("a"))}
+    narrow = sorted(m for m, h in half.items() if h < EXPONENT_HALF_WIDTH)
+    rows = [(f"grid: {len(families)} families, >= 3 budgets up to 1e13 FLOPs",
+             f"{len(families)}, {scaling['grid']['min_budget']:.2e}..{scaling['grid']['max_budget']:.2e}",
+             len(families) == 5 and len({p["budget"] for a in families.values() for p in a["isoflop"]}) >= 3),
+            ("grid: IsoFLOP minimum bracketed at every budget of every family",
+             "all" if not edge else f"not at {', '.join(edge)}", not edge),
+            (f"grid: N_opt exponent's 90% interval within +-{EXPONENT_HALF_WIDTH:g} for >= 3 families",
+             ", ".join(f"{m} +-{h:.2f}" for m, h in sorted(half.items())) or "none", len(narrow) >= 3)]
+    from lmpipe.compute_curves import against_grid
+
+    compared = against_grid(points, scaling)
+    verdict = "no shared budget" if not compared or "not compared" in compared[0] else "compared"
+    rows.append(("the report compares the grid with the study at the budgets both have",
+                 verdict + ("" if compared and compared[0] in report else ", not in report"),
+                 verdict == "compared" and compared[0] in report))
+    return rows
 
 
 def combined_models() -> dict:
@@ -167,8 +198,8 @@ def main() -> int:
     rows += quality_targets(models)
     precisions = {name: t.get("precision", "") for name, t in trained.items()}
     rows += seed_targets(evaluation, ROOT / "seeds/seeds.csv", params.train.seed, precisions)
-    spreads, _ = seeds.study_spreads(ROOT / "seeds/seeds.csv", evaluation, precisions, params.train.seed, BASELINE)
-    rows += scaling_agreement({n: s for n, s in spreads.items() if n not in unmatched}, budget)
+    rows += annealed_targets({n: t for n, t in trained.items() if n not in unmatched}, budget)
+    rows += scaling_targets(annealed(trained), (ROOT / "reports/study.md").read_text(encoding="utf-8"))
     if combined:
         rows += combination_targets(models, combined)
     else:

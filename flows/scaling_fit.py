@@ -6,6 +6,10 @@ when it is out of date; the grid itself is frozen (`lmpipe scaling` runs it)."""
 
 from __future__ import annotations
 
+from lmpipe.blas import pin_kernel
+
+pin_kernel()  # before NumPy loads: the fits' L-BFGS runs on the same BLAS kernels on every CPU of a kind
+
 import csv
 import json
 import tempfile
@@ -20,7 +24,7 @@ from lmpipe.compare import baseline_label
 from lmpipe.config import load_params
 from lmpipe.errors import ConfigError
 from lmpipe.io import atomic_path, write_json
-from lmpipe.scaling import analyse, best_per_budget, changed_since, made_with
+from lmpipe.scaling import analyse, best_per_budget, changed_since, frontier, made_with
 from lmpipe.splits import load_tokens
 
 REPORTS, SUMMARY, NGRAM = Path(paths.REPORTS), Path(paths.SCALING_METRICS), Path(paths.NGRAM_METRICS)
@@ -51,7 +55,7 @@ def fit() -> str:
             "device": ", ".join(sorted({r["device"] for r in rows})), "bootstrap": settings.bootstrap,
             "huber_delta": settings.huber_delta, "stale": stale}
     summary = {"baseline": baseline and {"label": baseline[0], "valid_bpb": baseline[1]}, "best_per_budget": best,
-               "families": analysis, "grid_flops": meta["flops"], "stale": stale,
+               "frontier": frontier(rows), "families": analysis, "grid_flops": meta["flops"], "stale": stale,
                "grid": {"families": sorted({r["model"] for r in rows}), "min_budget": meta["min_budget"],
                         "max_budget": meta["max_budget"], "max_params": max(int(r["n_params"]) for r in rows),
                         "overrides": params.scaling.overrides}}

@@ -194,3 +194,56 @@ def section(points: dict[str, list[dict]], sds: dict[str, float], baseline: tupl
     if sentence := lead_sentence(points):
         lines += ["", sentence]
     return lines
+
+
+def _near(a: float, b: float, tolerance: float = 0.01) -> bool:
+    return abs(a - b) <= tolerance * max(a, b)
+
+
+def against_grid(points: dict[str, list[dict]], scaling: dict | None) -> list[str]:
+    """The scaling grid's frontier (each family's best size at a budget, metrics/scaling.json) against the study's
+    annealed points at the budgets both have: per budget each family's valid bpb in both and the two rankings. The
+    grid trains apart from the study with its own recipe, so where the budgets do not meet nothing is compared."""
+    if not scaling or "frontier" not in scaling:
+        return []
+    e = lambda x: f"{x:.2e}"  # noqa: E731
+    grid, frontier = scaling["grid"], scaling["frontier"]
+    budgets = sorted({row["budget"] for rows in frontier.values() for row in rows})
+    name = (f"The scaling grid (reports/scaling.md: {', '.join(sorted(frontier))} at {len(budgets)} budgets from "
+            f"{e(budgets[0])} to {e(budgets[-1])} FLOPs, several sizes each, one seed a run, its own recipe: "
+            + ", ".join(f"{k} {v}" for k, v in grid["overrides"].items()) + ")")
+    if scaling["stale"]:
+        return [f"{name}: not compared, as it was trained from other {', '.join(scaling['stale'])} than this study "
+                "(run `lmpipe scaling` again)."]
+    pairs = []  # (budget, model, study valid bpb, grid's best run)
+    for model, rows in sorted(points.items()):
+        for r in rows:
+            best = next((g for g in frontier.get(model, []) if _near(g["budget"], r["budget_flops"])), None)
+            if best is not None:
+                pairs.append((best["budget"], model, r["valid_bpb"], best))
+    if not pairs:
+        return [f"{name}: not compared, as the study has no annealed result at its budgets (`study.branches` "
+                "gives them)."]
+    lines = [f"{name}, against the study's annealed points at the budgets both have. Validation bpb: the study's "
+             "model (one size, tuned at its largest budget) and the grid's best size (a size at the edge of the grid's "
+             "sizes is marked *: the grid's optimum may lie beyond it).", "",
+             "| C (FLOPs) | model | study | grid's best size | grid | study − grid |", "|---|---|---|---|---|---|"]
+    for budget, model, study, best in sorted(pairs, key=lambda p: (p[0], p[2])):
+        lines.append(f"| {e(budget)} | {model} | {study:.4f} | {best['size']}{'*' if best['edge'] else ''} "
+                     f"({best['n_params'] / 1e6:.2f}M) | {best['valid_bpb']:.4f} | {study - best['valid_bpb']:+.4f} |")
+    lines.append("")
+    for budget in sorted({p[0] for p in pairs}):
+        at = [p for p in pairs if p[0] == budget]
+        if len(at) < 2:
+            continue
+        study_order = [p[1] for p in sorted(at, key=lambda p: p[2])]
+        grid_order = [p[1] for p in sorted(at, key=lambda p: p[3]["valid_bpb"])]
+        same = "the same order" if study_order == grid_order else "another order"
+        lines.append(f"- At {e(budget)} FLOPs the study ranks {' < '.join(study_order)}; the grid's best sizes rank "
+                     f"{' < '.join(grid_order)}: {same}.")
+    gaps = [p[2] - p[3]["valid_bpb"] for p in pairs]
+    ahead = sum(g > 0 for g in gaps)
+    lines.append(f"- The grid's best size is below the study's model at {ahead} of {len(gaps)} points (mean gap "
+                 f"{np.mean(gaps):+.4f} bpb, study − grid): one seed each, so a gap within the study's seed sd is "
+                 "noise.")
+    return lines

@@ -18,7 +18,7 @@ import markdown  # noqa: E402
 
 from lmpipe import paths  # noqa: E402
 from lmpipe import seeds as seed_spread  # noqa: E402
-from lmpipe.compute_curves import annealed, section as compute_section  # noqa: E402
+from lmpipe.compute_curves import against_grid, annealed, section as compute_section  # noqa: E402
 from lmpipe.compare import BASELINE, CACHE, MATCHED, best_model, vs_baseline, without_cache  # noqa: E402
 from lmpipe.io import atomic_path, csv_text, write_text  # noqa: E402
 from lmpipe.results import load_results, read_json, si  # noqa: E402
@@ -210,10 +210,9 @@ def _combine_section(combined: dict, evaluation: dict, label: str, unmatched: li
 
 
 def _seeds_section(spreads: dict, stale: list[str], label: str, unmatched: list[str] = (),
-                   families: dict[str, str] | None = None, scaling: dict | None = None,
-                   budget_flops: float | None = None) -> list[str]:
+                   families: dict[str, str] | None = None) -> list[str]:
     """Mean ± sd over seeds per model and one verdict per model: which of its gaps exceed the noise; the families'
-    verdict, and how it compares with the scaling grid's (metrics/scaling.json)."""
+    verdict."""
     lines = ["## Seeds and verdicts", "", "Each neural model trained with `train.seed` and the seeds of `seeds.extra` "
              "(`lmpipe seeds`, seeds/seeds.csv), everything else equal. Two results differ only where their gap "
              f"exceeds {seed_spread.REAL_GAP_SDS:g} times the larger seed sd; otherwise they are within noise. "
@@ -229,8 +228,6 @@ def _seeds_section(spreads: dict, stale: list[str], label: str, unmatched: list[
     lines += [""] + [f"- {v}" for v in seed_spread.verdicts(judged, BASELINE, label)]
     if families and (verdict := seed_spread.family_verdict(judged, families)):
         lines += ["", verdict]
-    if grid := seed_spread.grid_verdict(judged, scaling, budget_flops):
-        lines += ["", grid]
     if single:
         lines += ["", f"One seed so far for {', '.join(single)}: no spread to judge their gaps by, so none of them is "
                       "called real or noise (`lmpipe seeds` measures it)."]
@@ -388,11 +385,13 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
             lines += _combine_section(combined, evaluation, label, unmatched) + [""]
         spreads, stale = results.spreads, results.stale
         families = {name: t.get("family", "") for name, t in trained.items()}
-        lines += _seeds_section(spreads, stale, label, unmatched, families, results.scaling, budget_flops) + [""]
+        lines += _seeds_section(spreads, stale, label, unmatched, families) + [""]
     if points:
         sds = {name: s.bpb_sd for name, s in results.spreads.items() if s.bpb_sd is not None}
         ngram = evaluation["models"].get(BASELINE, {}).get("test", {}).get("bpb") if evaluation else None
         lines += compute_section(points, sds, (label, ngram) if ngram else None, figures / "compute.png") + [""]
+    if grid := against_grid(points, results.scaling):
+        lines += grid + [""]
     if curves:
         baseline = evaluation["models"].get(BASELINE, {}).get("valid", {}).get("bpb") if evaluation else None
         learning_curves_figure(curves, baseline, figures / "learning_curves.png", label)

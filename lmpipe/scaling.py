@@ -250,6 +250,22 @@ def best_per_budget(rows: list[dict]) -> list[dict]:
     return table
 
 
+def frontier(rows: list[dict]) -> dict[str, list[dict]]:
+    """Per family, its best run at each budget (the compute-efficient frontier the study's annealed points are
+    compared with), smallest budget first."""
+    out: dict[str, list[dict]] = {}
+    for model in sorted({r["model"] for r in rows}):
+        runs = [r for r in rows if r["model"] == model]
+        for c in sorted({float(r["budget"]) for r in runs}):
+            best = min((r for r in runs if float(r["budget"]) == c), key=lambda r: float(r["valid_bpb"]))
+            sizes = sorted(float(r["n_params"]) for r in runs if float(r["budget"]) == c)
+            edge = ("smallest" if float(best["n_params"]) == sizes[0] else
+                    "largest" if float(best["n_params"]) == sizes[-1] else None)
+            out.setdefault(model, []).append({"budget": c, "size": best["size"], "n_params": int(best["n_params"]),
+                                              "valid_bpb": float(best["valid_bpb"]), "edge": edge})
+    return out
+
+
 def made_with(params, data) -> dict:
     """What the grid's runs were trained from, besides the code: the token data, the `train` section, the settings
     of each family it starts from and its own `scaling` section (the fits' settings aside). The grid records it

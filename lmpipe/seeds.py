@@ -164,34 +164,3 @@ def family_verdict(spreads_: dict[str, Spread], families: dict[str, str]) -> str
     t, r = transformers[best_t], recurrent[best_rnn]
     return (f"Transformer against the recurrent family: {best_t} {t.text()} against the best recurrent model, "
             f"{best_rnn}, {r.text()}: {_gap(best_t, t, best_rnn, r)}.")
-
-
-def grid_verdict(spreads_: dict[str, Spread], scaling: dict | None, budget_flops: float | None) -> str | None:
-    """The study's ranking at C of the models the scaling grid trained, against the grid's best run at each of its
-    budgets (metrics/scaling.json), and where they disagree, how the grid differs. A stale grid (made from other
-    data or settings) is named, not compared. None without a grid or with fewer than two of its models here."""
-    if not scaling or "grid" not in scaling:
-        return None
-    if scaling["stale"]:
-        return (f"Scaling grid: not compared, as it was trained from other {', '.join(scaling['stale'])} than this "
-                "study (run `lmpipe scaling` again).")
-    grid, best = scaling["grid"], scaling["best_per_budget"]
-    ranked = sorted((m for m in grid["families"] if m in spreads_), key=lambda m: spreads_[m].bpb)
-    if len(ranked) < 2:
-        return None
-    first, second = ranked[:2]
-    e = lambda x, digits=1: f"{x:.{digits}e}".replace("e+", "e")  # noqa: E731  (3.0e13, as the report writes FLOPs)
-    at_c = f"at C{f' = {e(budget_flops, 2)} FLOPs' if budget_flops else ''}"
-    span = (f"{len(best)} budgets from {e(grid['min_budget'])} to {e(grid['max_budget'])} FLOPs, sizes up to "
-            f"{grid['max_params'] / 1e6:.2f}M parameters (reports/scaling.md)")
-    study = f"{at_c} the study's {first} is {_gap(first, spreads_[first], second, spreads_[second])}"
-    if {b["model"] for b in best} == {first}:
-        return f"Against the scaling grid: it agrees. It found {first} best at every one of its {span}; {study}."
-    winners = ", ".join(f"{b['model']} at {e(b['budget'])}" for b in best)
-    why = [f"its largest budget is {budget_flops / grid['max_budget']:.0f}x below C" if budget_flops else
-           f"its largest budget is {e(grid['max_budget'])} FLOPs",
-           f"its sizes stop at {grid['max_params'] / 1e6:.2f}M parameters",
-           "it trains with its own recipe (`scaling.overrides`: "
-           + ", ".join(f"{k} {v}" for k, v in grid["overrides"].items()) + ")"]
-    return (f"Against the scaling grid: it disagrees. Its best run was {winners}; {study}. Where the grid differs: "
-            + "; ".join(why) + ".")

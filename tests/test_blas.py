@@ -34,7 +34,7 @@ def loaded_kernels(module: str, env: dict) -> dict:
 def test_the_stages_load_numpy_and_scipy_with_the_pinned_kernels():
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
     want = kernel_for(cpu_flags())
-    for module in ("flows.word2vec", "flows.audit"):
+    for module in ("flows.word2vec", "flows.audit", "flows.scaling_fit"):
         kernels = loaded_kernels(module, env)
         assert len(kernels) == 2, kernels  # NumPy's OpenBLAS and SciPy's (gensim's word2vec trains through it)
         if want is not None:

@@ -9,7 +9,9 @@ import math
 
 import numpy as np
 
-from lmpipe.compute_curves import annealed, crossing, crossing_interval, fit_curve, lead_sentence, ranking
+from lmpipe.compute_curves import (against_grid, annealed, crossing, crossing_interval, fit_curve, lead_sentence,
+                                   ranking)
+from lmpipe.scaling import frontier
 from lmpipe.report import build_report
 from tests.test_report import fixture_study
 
@@ -81,3 +83,43 @@ def test_without_branches_the_report_has_no_such_section(tmp_path):
     fixture_study(tmp_path)
     assert annealed({"lstm": {"train_flops": 1}}) == {}
     assert "As compute grows" not in build_report(tmp_path, tmp_path / "reports", label="KN-5").read_text()
+
+
+def grid_summary(stale=()) -> dict:
+    """metrics/scaling.json of a grid at C/16, C/8 and C/4: two sizes of the lstm and the transformer each."""
+    rows = [{"model": m, "size": f"w{w}", "n_params": w * 10_000, "budget": b, "valid_bpb": bpb}
+            for m, w, b, bpb in [("lstm", 16, C / 16, 2.30), ("lstm", 32, C / 16, 2.35), ("lstm", 16, C / 8, 2.25),
+                                  ("lstm", 32, C / 8, 2.20), ("transformer", 16, C / 16, 2.40),
+                                  ("transformer", 32, C / 16, 2.33), ("transformer", 16, C / 8, 2.31),
+                                  ("transformer", 32, C / 8, 2.21), ("transformer", 32, C / 4, 2.10),
+                                  ("transformer", 64, C / 4, 2.12)]]
+    return {"stale": list(stale), "frontier": frontier(rows),
+            "grid": {"overrides": {"batch_size": 16, "seq_len": 64}}}
+
+
+def test_the_grid_is_compared_with_the_study_at_the_budgets_both_have():
+    """Each family's best grid size at a budget against the study's annealed point there; budgets only one of the
+    two has are left out; a stale grid and a study without branches are named, not compared."""
+    summary = grid_summary()
+    assert summary["frontier"]["lstm"] == [
+        {"budget": C / 16, "size": "w16", "n_params": 160_000, "valid_bpb": 2.30, "edge": "smallest"},
+        {"budget": C / 8, "size": "w32", "n_params": 320_000, "valid_bpb": 2.20, "edge": "largest"}]
+    study = {name: [r for r in rows if r["budget_flops"] <= C / 8] for name, rows in points().items()}
+    lines = against_grid(study, summary)
+    assert lines[0].startswith("The scaling grid (reports/scaling.md: lstm, transformer at 3 budgets from 1.88e+12 "
+                               "to 7.50e+12 FLOPs, several sizes each, one seed a run, its own recipe: batch_size 16, "
+                               "seq_len 64), against the study's annealed points")
+    table = [ln for ln in lines if ln.startswith("| 1.88e+12") or ln.startswith("| 3.75e+12")]
+    lstm_16 = law(*TRUTH["lstm"])[0] + 0.2  # the study's valid bpb at C/16
+    assert table[0] == f"| 1.88e+12 | lstm | {lstm_16:.4f} | w16* (0.16M) | 2.3000 | {lstm_16 - 2.30:+.4f} |"
+    assert len(table) == 4  # gru has no grid runs, C/4 and above no study points both have
+    assert "- At 1.88e+12 FLOPs the study ranks lstm < transformer; the grid's best sizes rank lstm < transformer: " \
+           "the same order." in lines
+    assert "- At 3.75e+12 FLOPs the study ranks lstm < transformer; the grid's best sizes rank lstm < transformer: " \
+           "the same order." in lines
+    assert lines[-1].startswith("- The grid's best size is below the study's model at 4 of 4 points (mean gap +0.")
+    assert against_grid({}, summary)[0].endswith("not compared, as the study has no annealed result at its budgets "
+                                                 "(`study.branches` gives them).")
+    assert against_grid(study, grid_summary(["data/tokens"]))[0].endswith(
+        "not compared, as it was trained from other data/tokens than this study (run `lmpipe scaling` again).")
+    assert against_grid(study, None) == [] and against_grid(study, {"stale": []}) == []  # no grid, or an old summary

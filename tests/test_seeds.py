@@ -87,33 +87,6 @@ def test_the_family_verdict_sets_the_transformer_against_the_best_recurrent_mode
     assert seeds.family_verdict(spreads, {"gru": "rnn"}) is None  # no transformer: no sentence
 
 
-def test_the_grid_verdict_agrees_disagrees_with_reasons_or_calls_a_stale_grid_stale():
-    """The study's ranking at C of the grid's models against the grid's best run at each budget
-    (metrics/scaling.json): agreement, disagreement with how the grid differs, or a stale grid named, not compared."""
-    spreads = {"transformer": seeds.Spread(3, 1.92, 0.002, 4500.0, 10.0), "lstm": seeds.Spread(3, 1.946, 0.001, 5000.0, 9.0),
-               "gru": seeds.Spread(3, 1.90, 0.004, 4000.0, 9.0)}  # gru: best here, but the grid never trained it
-    best = [{"budget": b, "model": "transformer", "n_params": 274912} for b in (4e11, 1e12, 2.5e12)]
-    grid = {"families": ["lstm", "transformer"], "min_budget": 4e11, "max_budget": 2.5e12, "max_params": 1524992,
-            "overrides": {"batch_size": 16, "seq_len": 64}}
-    scaling = {"stale": [], "best_per_budget": best, "grid": grid}
-    assert seeds.grid_verdict(spreads, scaling, 3e13) == (
-        "Against the scaling grid: it agrees. It found transformer best at every one of its 3 budgets from 4.0e11 to "
-        "2.5e12 FLOPs, sizes up to 1.52M parameters (reports/scaling.md); at C = 3.00e13 FLOPs the study's "
-        "transformer is 0.026 bpb below lstm (real: more than 2 x sd 0.002).")
-    lstm_last = {**scaling, "best_per_budget": best[:2] + [{**best[2], "model": "lstm"}]}
-    assert seeds.grid_verdict(spreads, lstm_last, 3e13) == (
-        "Against the scaling grid: it disagrees. Its best run was transformer at 4.0e11, transformer at 1.0e12, lstm "
-        "at 2.5e12; at C = 3.00e13 FLOPs the study's transformer is 0.026 bpb below lstm (real: more than 2 x sd "
-        "0.002). Where the grid differs: its largest budget is 12x below C; its sizes stop at 1.52M parameters; it "
-        "trains with its own recipe (`scaling.overrides`: batch_size 16, seq_len 64).")
-    stale = {**scaling, "stale": ["data/tokens", "models.lstm"]}
-    assert seeds.grid_verdict(spreads, stale, 3e13) == (
-        "Scaling grid: not compared, as it was trained from other data/tokens, models.lstm than this study (run "
-        "`lmpipe scaling` again).")
-    assert seeds.grid_verdict({"transformer": spreads["transformer"]}, scaling, 3e13) is None  # one of its models
-    assert seeds.grid_verdict(spreads, None, 3e13) is None  # no grid run yet
-
-
 def test_the_report_gives_mean_and_sd_and_dvc_metrics_carry_them(tmp_path):
     fixture_study(tmp_path)
     evaluation = json.loads((tmp_path / "metrics/eval.json").read_text())
