@@ -91,6 +91,7 @@ def _ui(args) -> int:
 
     from flows import server
     from lmpipe import mlflow_views as views, tracking
+    from lmpipe.compare import baseline_label
     from lmpipe.config import load_params
     from lmpipe.tracking.registry import champion_versions
     from lmpipe.tracking.store import relocate_store, tracking_uri
@@ -111,12 +112,13 @@ def _ui(args) -> int:
         while not server.healthy(base) and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         if process.poll() is None:
-            experiment = params.tracking.experiment
-            every_run = views.view_url(base, experiment, views.share(experiment, views.runs_state()))
-            print(f"MLflow UI, every tested run so far, best test bpb first: {every_run}", flush=True)
+            experiment, label = params.tracking.experiment, baseline_label(params.ngram)
+            every_run = views.view_url(base, experiment, views.share(experiment, views.runs_state(label)))
+            print(f"MLflow UI, every model evaluated so far, best test bpb first: {every_run}", flush=True)
             runs = views.current_runs(experiment, [paths.model_dir(m) for m in params.models] + [paths.NGRAM])
             if runs:
-                best_first = views.view_url(base, experiment, views.share(experiment, views.leaderboard_state(runs)))
+                best_first = views.view_url(base, experiment,
+                                            views.share(experiment, views.leaderboard_state(runs, label)))
                 print(f"the models this workspace holds, best test bpb first: {best_first}")
                 print(f"every setting and metric of them side by side: {views.compare_url(base, experiment, runs)}")
             crowned = champion_versions(params.models)

@@ -52,14 +52,41 @@ def describe(name: str, result: dict, trained: dict) -> str:
 
 
 def label_each_model_run(params, models: dict) -> None:
-    """Every model's own MLflow run (found by the content hash of models/<model>) carries its test numbers and a
-    description, whichever stages re-ran: DVC skips `score@<model>` when a retrained model hashes the same."""
+    """Every model's own MLflow run (found by the content hash of models/<model>) carries its test numbers, a
+    description and the labels the MLflow views show (lmpipe.mlflow_views.labels), whichever stages re-ran: DVC
+    skips `score@<model>` when a retrained model hashes the same. The versions of its files in the registry (score@
+    registers them) get the same numbers as description and tags, with the training commit and the settings'
+    digest: the registry page says why a version is the champion."""
+    from lmpipe import mlflow_views as views
+    from lmpipe.seeds import study_spreads
+
+    label = baseline_label(params.ngram)
+    trained = {n: json.loads(Path(paths.train_metrics(n)).read_text()) for n in models if n in params.models}
+    precisions = {n: t.get("precision", "") for n, t in trained.items()}
+    spreads, _ = study_spreads(paths.SEEDS, {"models": models}, precisions, params.train.seed, BASELINE,
+                               list(params.models))
+    digest, baseline = tracking.runs.study_key(PARAMS_FILE).params_digest, models[BASELINE]["test"]
     for name, result in models.items():
         run_id = tracking.run_of_output(params.tracking.experiment, paths.model_dir(name))
-        if run_id:
-            trained = json.loads(Path(paths.train_metrics(name)).read_text()) if name in params.models else {}
-            tracking.log_metrics({f"test_{k}": v for k, v in result["test"].items()}, run_id=run_id)
-            tracking.set_tags(run_id, {tracking.NOTE: describe(name, result, trained)})
+        if not run_id:
+            continue
+        t, spread = trained.get(name, {}), spreads.get(name)
+        sd, seeds = (spread.bpb_sd, spread.n) if spread and name != BASELINE else (None, 1)
+        size = t.get("n_params", result.get("n_params", 0))
+        shown = views.labels(name, result["test"], (label, baseline["bpb"]), size, t.get("train_flops"), sd, seeds)
+        tracking.log_metrics({f"test_{k}": v for k, v in result["test"].items()}, run_id=run_id)
+        tracking.set_tags(run_id, {tracking.NOTE: describe(name, result, t), **shown, views.RANKED: "yes"})
+        commit = tracking.tracker().client.get_run(run_id).data.tags.get("mlflow.source.git.commit", "")
+        gap = shown[f"vs {label}"]
+        card = (f"{describe(name, result, t)} Against {label}: {gap}, word perplexity "
+                f"{result['test']['word_ppl']:,.0f} against {baseline['word_ppl']:,.0f}. Test bpb over the seeds: "
+                f"{shown['test bpb']}. Trained at commit {commit[:12] or '(none)'} from params.yaml sha256 {digest}.")
+        tracking.registry.describe_versions(f"lmpipe-{name}", paths.model_dir(name), card, {
+            "test_bpb": f"{result['test']['bpb']:.4f}", "test_bpb_sd": "unknown" if sd is None else f"{sd:.4f}",
+            "seeds": str(seeds), f"vs_{label}_bpb": gap.split()[0],
+            "test_word_ppl": f"{result['test']['word_ppl']:.1f}",
+            "train_flops": f"{t['train_flops']:.3e}" if "train_flops" in t else "-",
+            "n_params": str(t.get("n_params", "")), "git_commit": commit, "params_sha256": digest})
 
 
 def check_covers(models: list[str]) -> None:

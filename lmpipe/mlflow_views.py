@@ -12,15 +12,33 @@ import urllib.parse
 from pathlib import Path
 
 
-from lmpipe.tracking import run_of_output, tracker
+from lmpipe.tracking import RANKED, run_of_output, tracker
 
-HEADLINE = ("test_bpb", "test_word_ppl", "train_flops", "valid_bpb")  # the columns every view shows, in order
 SHARED_VIEW = "mlflow.sharedViewState."  # MLflow's tag prefix for a shared view (its UI reads it back)
 
 
-def column(metric: str) -> str:
-    """A metric's column key as the MLflow UI spells it (its `makeCanonicalSortKey`)."""
-    return f"metrics.`{metric}`"
+def labels(name: str, test: dict, baseline: tuple[str, float], n_params: float, train_flops: float | None,
+           sd: float | None = None, seeds: int = 1) -> dict[str, str]:
+    """A model run's numbers as a person reads them, the views' columns: MLflow shows a metric's every digit, cut to
+    the cell (`1.92056884…`), so the views show these tags and sort by the exact metric. `baseline`: the n-gram's
+    label and test bpb; `sd`: the seed sd of test bpb over `seeds` seeds."""
+    label, kn = baseline
+    spread = f" ± {sd:.3f} ({seeds} seeds)" if sd is not None else ""
+    return {"test bpb": f"{test['bpb']:.3f}{spread}",
+            f"vs {label}": "baseline" if name == "ngram" else f"{test['bpb'] - kn:+.3f} bpb",
+            "word ppl": f"{test['word_ppl']:,.0f}",
+            "size": f"{n_params / 1e6:.2f}M {'n-grams' if name == 'ngram' else 'params'}",
+            "training FLOPs": f"{train_flops:.2e}" if train_flops else "-"}
+
+
+def column(metric: str, kind: str = "metrics") -> str:
+    """A metric's (or tag's) column key as the MLflow UI spells it (its `makeCanonicalSortKey`)."""
+    return f"{kind}.`{metric}`"
+
+
+def columns(baseline_label: str) -> list[str]:
+    """The columns every view shows, in order: the labels (`labels`)."""
+    return [column(k, "tags") for k in ("test bpb", f"vs {baseline_label}", "size", "training FLOPs", "word ppl")]
 
 
 def current_runs(experiment: str, folders: list[str | Path]) -> list[str]:
@@ -28,18 +46,18 @@ def current_runs(experiment: str, folders: list[str | Path]) -> list[str]:
     return sorted(filter(None, (run_of_output(experiment, f) for f in folders if Path(f).is_dir())))
 
 
-def runs_state() -> dict:
-    """Every run that measured a test bpb (trainings, their scoring, seeds, ever), best first, the headline metrics
-    as columns. Sorted by a metric, the UI lists them flat instead of folded under the study runs that hold them
-    (those, and the other stages' runs, are one "Exit shared view" away)."""
-    return {"searchFilter": "metrics.test_bpb > 0", "selectedColumns": [column(m) for m in HEADLINE],
+def runs_state(baseline_label: str) -> dict:
+    """Every model a study's report has evaluated so far, one row each (its training run, not its scoring run too),
+    best test bpb first, the labels as columns. Sorted by a metric, the UI lists them flat instead of folded under
+    the study runs that hold them (those, and the other stages' runs, are one "Exit shared view" away)."""
+    return {"searchFilter": f"tags.`{RANKED}` = 'yes'", "selectedColumns": columns(baseline_label),
             "orderByKey": column("test_bpb"), "orderByAsc": True}
 
 
-def leaderboard_state(run_ids: list[str]) -> dict:
-    """Just `run_ids`, best test bpb first, the headline metrics as columns."""
+def leaderboard_state(run_ids: list[str], baseline_label: str) -> dict:
+    """Just `run_ids`, best test bpb first, the labels as columns."""
     quoted = ", ".join(f"'{r}'" for r in run_ids)
-    return {**runs_state(), "searchFilter": f"attributes.run_id IN ({quoted})"}
+    return {**runs_state(baseline_label), "searchFilter": f"attributes.run_id IN ({quoted})"}
 
 
 def share(experiment: str, state: dict) -> str:

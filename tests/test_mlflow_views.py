@@ -32,8 +32,11 @@ def make_runs(tmp_path: Path, params: Path, results: dict) -> dict:
         (folder / "model.pt").write_text(f"{name} {bpb}")
         stage = "ngram" if name == "ngram" else f"train@{name}"
         with tracking.runs.open_stage_run(stage, "lmpipe", {}, "h", params_file=params) as run:
-            tracking.log_metrics({"test_bpb": bpb, "test_word_ppl": 2 ** (bpb * 5.6), "test_ppl": 100 * bpb})
+            test = {"bpb": bpb, "word_ppl": 2 ** (bpb * 5.6), "ppl": 100 * bpb}
+            tracking.log_metrics({f"test_{k}": v for k, v in test.items()})
             tracking.mark_output(folder)
+            tracking.set_tags(run.info.run_id, {**views.labels(name, test, ("KN-5", 2.0485), 1.8e6, 3e13),
+                                                views.RANKED: "yes"})  # what the report stage labels
             ids[name] = run.info.run_id
     return ids
 
@@ -57,13 +60,14 @@ def test_the_leaderboard_view_holds_the_runs_that_made_the_models_the_workspace_
     runs = views.current_runs("lmpipe", ["models/gru", "models/ngram", "models/gone"])
     assert ids["gru"] not in runs and ids["ngram"] in runs and len(runs) == 2
 
-    key = views.share("lmpipe", views.leaderboard_state(runs))
-    assert views.share("lmpipe", views.leaderboard_state(runs)) == key  # the same view: the same key, one tag
+    key = views.share("lmpipe", views.leaderboard_state(runs, "KN-5"))
+    assert views.share("lmpipe", views.leaderboard_state(runs, "KN-5")) == key  # the same view: the same key, one tag
     experiment = MlflowClient().get_experiment_by_name("lmpipe")
     state = json.loads(experiment.tags[views.SHARED_VIEW + key])
     assert state["searchFilter"] == f"attributes.run_id IN ('{runs[0]}', '{runs[1]}')"
     assert (state["orderByKey"], state["orderByAsc"]) == ("metrics.`test_bpb`", True)
-    assert state["selectedColumns"][:2] == ["metrics.`test_bpb`", "metrics.`test_word_ppl`"]
+    assert state["selectedColumns"] == ["tags.`test bpb`", "tags.`vs KN-5`", "tags.`size`", "tags.`training FLOPs`",
+                                        "tags.`word ppl`"]
     found = MlflowClient().search_runs([experiment.experiment_id], state["searchFilter"])  # MLflow's own reading
     assert sorted(r.info.run_id for r in found) == runs
     url = views.view_url("http://ui", "lmpipe", key)
@@ -112,9 +116,11 @@ def assert_best_first(page: str, results: dict) -> None:
     shown = {name: page.find(f">{run}<") for name, run in names.items()}
     assert all(at > 0 for at in shown.values()), f"not on the page: {[n for n, at in shown.items() if at < 0]}"
     assert sorted(shown, key=shown.get) == sorted(results, key=results.get)  # best test bpb first
-    for bpb in results.values():  # the cell holds the whole number (the screen shows as much of it as fits)
-        assert f">{bpb!r}<" in page, bpb
-    assert "test_word_ppl" in page and "test_ppl" not in page  # the headline columns only
+    for bpb in results.values():  # what a person reads: three decimals, the gap to KN-5, size and FLOPs
+        assert f">{bpb:.3f}<" in page or f">{bpb:.3f} ± " in page, bpb
+    for column in ("vs KN-5", "word ppl", "size", "training FLOPs"):
+        assert f">{column}<" in page, column
+    assert "test_ppl" not in page  # the labels only
 
 
 browser = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
@@ -140,3 +146,55 @@ def test_after_the_study_its_six_models_are_on_the_printed_link(monkeypatch):
     if len(views.current_runs("lmpipe", [ROOT / "models" / m for m in results])) < len(results):
         pytest.skip("this checkout's MLflow store does not hold the runs of its models: run make study first")
     assert_best_first(leaderboard_page(ROOT), results)
+
+
+def test_the_report_labels_each_model_run_and_describes_the_version_it_registered(store, tmp_path):
+    """The report stage writes what the views and the registry page show: each model's run gets the labels (test bpb
+    with its seed sd, the gap to KN-5, size, FLOPs) and the ranked mark; the version of its files gets
+    the same numbers, the commit and the settings' digest as description and tags; no other version does."""
+    from flows.report import label_each_model_run
+    from lmpipe.config import load_params
+
+    ids = {}
+    for name in ("gru", "ngram"):
+        folder = tmp_path / "models" / name
+        folder.mkdir(parents=True)
+        (folder / "model.pt").write_text(name)
+        with tracking.runs.open_stage_run("ngram" if name == "ngram" else f"train@{name}", "lmpipe", {}, "h",
+                                          params_file=store) as run:
+            tracking.mark_output(folder)
+            ids[name] = run.info.run_id
+    (tmp_path / "metrics/train").mkdir(parents=True)
+    (tmp_path / "metrics/train/gru.json").write_text(json.dumps(
+        {"n_params": 1_843_200, "train_flops": 3.0006e13, "tokens_seen": 9_100_000, "epochs": 3.2}))
+    (tmp_path / "seeds").mkdir()
+    (tmp_path / "seeds/seeds.csv").write_text(  # the study's own run and two more seeds
+        "model,seed,valid_bpb,test_bpb,test_word_ppl,precision\n"
+        "gru,1234,2.01,1.9589,5200.0,\ngru,1,2.02,1.9600,5210.0,\ngru,2,2.00,1.9540,5150.0,\n")
+    client = MlflowClient()
+    client.create_registered_model("lmpipe-gru")
+    version = client.create_model_version("lmpipe-gru", f"runs:/{ids['gru']}/model",  # as score@gru registers it
+                                          tags={tracking.OUTPUT: tracking.output_hash(tmp_path / "models/gru")})
+    other = client.create_model_version("lmpipe-gru", "runs:/x/model", tags={tracking.OUTPUT: "another model's"})
+    models = {"gru": {"test": {"bpb": 1.9589, "word_ppl": 5200.0, "ppl": 300.0}, "valid": {"bpb": 2.01}},
+              "ngram": {"test": {"bpb": 2.0485, "word_ppl": 7893.0, "ppl": 400.0}, "valid": {"bpb": 2.2},
+                        "n_params": 3_210_000}}
+    label_each_model_run(load_params(store), models)
+
+    gru, ngram = (client.get_run(ids[n]).data.tags for n in ("gru", "ngram"))
+    assert gru["test bpb"] == "1.959 ± 0.003 (3 seeds)" and gru["vs KN-5"] == "-0.090 bpb"
+    assert (gru["word ppl"], gru["size"], gru["training FLOPs"]) == ("5,200", "1.84M params", "3.00e+13")
+    assert (ngram["test bpb"], ngram["vs KN-5"], ngram["size"]) == ("2.049", "baseline", "3.21M n-grams")
+    assert gru[views.RANKED] == ngram[views.RANKED] == "yes"
+    described = client.get_model_version("lmpipe-gru", version.version)
+    assert described.description.startswith("**gru**: test 1.959 bpb, word perplexity 5,200; trained on 9.10M tokens")
+    assert "Against KN-5: -0.090 bpb, word perplexity 5,200 against 7,893. Test bpb over the seeds: 1.959 ± 0.003 " \
+           "(3 seeds). Trained at commit" in described.description
+    assert described.tags["test_bpb"] == "1.9589" and described.tags["test_bpb_sd"] == "0.0032"
+    assert (described.tags["seeds"], described.tags["vs_KN-5_bpb"], described.tags["train_flops"]) == \
+           ("3", "-0.090", "3.001e+13")
+    assert described.tags["params_sha256"] == tracking.runs.study_key(store).params_digest
+    assert not client.get_model_version("lmpipe-gru", other.version).description  # another model's files
+    found = client.search_runs([client.get_experiment_by_name("lmpipe").experiment_id],
+                               views.runs_state("KN-5")["searchFilter"])  # the "every model so far" view's rows
+    assert sorted(r.info.run_id for r in found) == sorted(ids.values())

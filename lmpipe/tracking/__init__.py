@@ -137,8 +137,19 @@ def run_of_output(experiment: str, paths: str | Path | list) -> str | None:
     return found[0].info.run_id if found else None
 
 
+RANKED = "lmpipe.ranked"  # on the run that made each model a study's report evaluated: one row per model and study
+LABELS = ("test bpb", "word ppl", "size", "training FLOPs")  # and "vs <baseline>": what the MLflow views show
+
+
+def is_label(tag: str) -> bool:
+    """Whether a run's tag is one the MLflow views show (lmpipe.mlflow_views.labels) or marks it ranked: what a
+    bit-for-bit retrain's run carries over."""
+    return tag in (*LABELS, RANKED) or tag.startswith("vs ")
+
+
 def carry_results(experiment: str, path: str | Path, run_id: str) -> None:
-    """Give `run_id` the test metrics and description of the newest evaluated run that made the same files at `path`.
+    """Give `run_id` the test metrics, description and labels of the newest evaluated run that made the same files
+    at `path`.
     A retrain that reproduces a model bit for bit leaves DVC nothing to re-evaluate; its run still shows the results."""
     found = tracker().find_runs(experiment, f"tags.`{OUTPUT}` = '{sha256_tree(path)}' and metrics.test_bpb > 0",
                                 newest=2)
@@ -146,8 +157,9 @@ def carry_results(experiment: str, path: str | Path, run_id: str) -> None:
     if earlier is None:
         return
     log_metrics({k: v for k, v in earlier.data.metrics.items() if k.startswith("test_")}, run_id=run_id)
-    if NOTE in earlier.data.tags:
-        set_tags(run_id, {NOTE: earlier.data.tags[NOTE]})
+    carried = {k: v for k, v in earlier.data.tags.items() if k == NOTE or is_label(k)}
+    if carried:
+        set_tags(run_id, carried)
 
 
 from lmpipe.tracking import registry, runs, store  # noqa: E402  (they build on the Tracker above)

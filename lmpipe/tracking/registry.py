@@ -102,6 +102,27 @@ def registered_artifacts(uri: str) -> dict[str, Path]:
 CHAMPION, CHALLENGER = "champion", "challenger"
 
 
+def describe_versions(registered_name: str, model_dir: str | Path, description: str, tags: dict[str, str]) -> list[str]:
+    """Give the registered versions of the files now in `model_dir` (by the content hash each version is tagged
+    with) a description and tags: what the registry page shows beside a version, so a champion says why. Their
+    version numbers."""
+    from mlflow.exceptions import MlflowException
+
+    client, made, described = tracker().client, output_hash(model_dir), []
+    try:
+        versions = client.search_model_versions(f"name = '{registered_name}'")
+    except MlflowException:
+        return []  # never registered
+    for version in versions:
+        if version.tags.get(OUTPUT) != made:
+            continue
+        client.update_model_version(version.name, version.version, description=description)
+        for key, value in tags.items():
+            client.set_model_version_tag(version.name, version.version, key, value)
+        described.append(str(version.version))
+    return described
+
+
 def name_aliases(client, registered_name: str, version: str) -> None:
     """Every new version is the `challenger`; the first of the study's own becomes the `champion`, which after that
     only a passing retrain moves (`promote_experiment`). Users load `models:/<name>@champion` (MLflow aliases
