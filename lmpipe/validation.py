@@ -6,10 +6,9 @@ summarised in a few human lines: which expectation, on which split, how many row
 
 from __future__ import annotations
 
-import ast
 import datetime
-import html
 import re
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -123,65 +122,68 @@ def _expected(kwargs: dict) -> str:
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 STAMP = re.compile(r"\d{8}T\d{6}\.\d{6}Z")
-REMOTE_LOGO = re.compile(r"https://great-expectations-web-assets\.[^\"]*logo-long\.png[^\"]*")
-# Bootstrap, jQuery, Vega and Font Awesome from CDNs: a page opened online would call those hosts. Offline they never
-# loaded; the inline styles and static tables below stand in, so the tags go.
-REMOTE_ASSET = re.compile(r"<script[^>]*\ssrc=\"https?://[^\"]*\"[^>]*>\s*</script>\s*|"
-                          r"<link[^>]*\shref=\"https?://[^\"]*\"[^>]*>\s*")
-# The run's constant date (RUN_ID), as the pages show it: not a true time, so it is not shown (paths keep it).
+VENDOR = Path(__file__).parent / "data" / "datadocs"  # GX's CDN scripts and styles, from npm (its README)
+VENDORED = {  # the address GX's pages load an asset from -> its copy in VENDOR
+    "https://code.jquery.com/jquery-3.7.1.min.js": "jquery/jquery.min.js",
+    "https://cdnjs.cloudflare.com/ajax/libs/popper.js/1.12.9/umd/popper.min.js": "popper.js/popper.min.js",
+    "https://maxcdn.bootstrapcdn.com/bootstrap/4.3.1/css/bootstrap.min.css": "bootstrap/bootstrap.min.css",
+    "https://stackpath.bootstrapcdn.com/bootstrap/4.3.1/js/bootstrap.min.js": "bootstrap/bootstrap.min.js",
+    "https://unpkg.com/bootstrap-table@1.19.1/dist/bootstrap-table.min.css": "bootstrap-table/bootstrap-table.min.css",
+    "https://unpkg.com/bootstrap-table@1.19.1/dist/bootstrap-table.min.js": "bootstrap-table/bootstrap-table.min.js",
+    **{f"https://unpkg.com/bootstrap-table@1.19.0/dist/extensions/filter-control/{name}":
+       "bootstrap-table/bootstrap-table-filter-control.min.css"
+       for name in ("bootstrap-table-filter-control.css", "bootstrap-table-filter-control.min.css")},
+    "https://unpkg.com/bootstrap-table@1.19.1/dist/extensions/filter-control/bootstrap-table-filter-control.min.js":
+        "bootstrap-table/bootstrap-table-filter-control.min.js",
+    "https://cdnjs.cloudflare.com/ajax/libs/bootstrap-datepicker/1.9.0/css/bootstrap-datepicker.min.css":
+        "bootstrap-datepicker/bootstrap-datepicker.min.css",
+    "https://cdnjs.cloudflare.com/ajax/libs/bootstrap-datepicker/1.9.0/js/bootstrap-datepicker.min.js":
+        "bootstrap-datepicker/bootstrap-datepicker.min.js",
+    "https://cdnjs.cloudflare.com/ajax/libs/font-awesome/6.6.0/css/all.min.css": "fontawesome/css/all.min.css",
+    "https://cdn.jsdelivr.net/npm/@forevolve/bootstrap-dark@1.1.0/dist/css/bootstrap-prefers-dark.css":
+        "bootstrap-dark/bootstrap-prefers-dark.min.css",
+}
+# Vega draws the charts of GX's profiling pages; this suite's pages have none, so its three scripts go
+CHARTS = re.compile(r"<script src=\"https://cdn\.jsdelivr\.net/npm/vega(-lite|-embed)?@\d+\"></script>\s*")
+REMOTE = re.compile(r"<(?:script|link|img)[^>]*\s(?:src|href)=\"(https?://[^\"]*)\"")
+STATIC = re.compile(r"(?<=[\"'(])(?:\.\./)*static/")  # a page's relative link to its own static/ folder
+# a CDN tag's subresource integrity and CORS mode: a browser refuses both for a file:// page's own files (the copies
+# are the bytes those hashes name: tests/test_validation.py checks them against GX's templates)
+CORS = re.compile(r"\s(?:integrity=\"sha\d+-[^\"]*\"|crossorigin=\"anonymous\")")
+FOOTER = re.compile(r"<footer>\s*<p>Stay current on everything GX with our newsletter.*?</footer>\s*", re.S)
+REMOTE_LOGO = re.compile(r"https://great-expectations-web-assets\.[^\"')]*\.png")  # the header logo; in dark mode, CSS's
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+STAMP = re.compile(r"\d{8}T\d{6}\.\d{6}Z")
+# The run's constant date (RUN_ID), as the pages show it: not a true time, which only the validate stage's MLflow
+# run has (a true time here would change the pages at every reproduction)
 SHOWN_RUN_TIME = re.compile(r"2000-01-01T00:00:00Z|2000-01-01 00:00:00 UTC|(?<=>)20000101T000000\.000000Z(?=<)")
-
-
-# Bootstrap's styles come from a CDN: offline, these few rules keep the pages' tables and cards legible
-OFFLINE_STYLE = ("<style>body{font-family:system-ui,sans-serif;margin:1em 2em;color:#222}"
-                 "table{border-collapse:collapse;margin:.5em 0}th,td{border:1px solid #ccc;padding:.2em .6em;"
-                 "text-align:left;vertical-align:top}th{background:#f2f2f2}.card{border:1px solid #ddd;"
-                 "margin:.8em 0;padding:.4em .8em}.fa-check-circle:before{content:'\\2713';color:#080}"
-                 ".fa-times:before,.fa-times-circle:before,.fa-exclamation-triangle:before{content:'\\2717';"
-                 "color:#c00}</style>\n")
-TABLE_SCRIPT = re.compile(r"\$\('#(?P<id>[\w-]+)'\)\.bootstrapTable\(\s*Object\.assign\(\s*\{\s*"
-                          r"columns: (?P<columns>\[.*?\]),\s*data: (?P<data>\[.*?\]),\s*toolbar:", re.S)
-
-
-def static_tables(page: str) -> str:
-    """GX's index page builds its tables in the browser with bootstrap-table from a CDN, so offline they are blank.
-    Each table is written out as plain HTML rows in place (a row links to its page); online, bootstrap-table
-    replaces them with its own."""
-    for match in TABLE_SCRIPT.finditer(page):
-        columns = [c for c in ast.literal_eval(match["columns"]) if c.get("visible", True) not in (False, "false")]
-        head = "".join(f"<th>{html.escape(c['title'])}</th>" for c in columns)
-        rows = []
-        for row in ast.literal_eval(match["data"]):
-            cells = []
-            for c in columns:
-                value = row.get(f"_{c['field']}_text", row.get(c["field"], ""))  # the status as a word, not an icon
-                text = html.escape(" ".join(re.sub(r"<[^>]+>", " ", str(value)).split("Batch Spec:")[0].split()))
-                cells.append(f'<td><a href="{html.escape(row["_table_row_link_path"])}">{text}</a></td>'
-                             if c is columns[0] and "_table_row_link_path" in row else f"<td>{text}</td>")
-            rows.append(f"<tr>{''.join(cells)}</tr>")
-        empty = f'<table\n  id="{match["id"]}"'
-        start = page.index(empty)
-        end = page.index("</table>", start)
-        opening = page[start:page.index(">", start) + 1]
-        page = page[:start] + f"{opening}<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody>" + page[end:]
-    return page
+RUN_TIME_NOTE = "in MLflow: the validate run"  # no quote: it lands inside JavaScript strings too
 
 
 def steady_docs(docs_dir: str | Path, run_time: str) -> None:
-    """Make GX's data docs a function of the corpus alone: its random element ids numbered in order, the times it
-    stamps (render time, validation time) set to the run's constant time, and the logo it loads from the web taken
-    from its own static/ folder instead. The index page's tables are written out as HTML (`static_tables`) and a
-    few inline styles stand in for Bootstrap's, so the docs read offline; the tags that would load assets from the
-    web are removed, and the constant run time is not shown."""
+    """Make GX's data docs a function of the corpus alone, readable offline: its random element ids numbered in
+    order, the times it stamps set to the run's constant time (and shown as where the true one is), the scripts,
+    styles and logos it loads from the web served from copies beside the pages (`VENDORED`, `static/vendor/`), its
+    newsletter footer gone. A page that would still load anything from the web is refused, naming it: a newer GX
+    needs its copy added."""
     root = Path(docs_dir)
+    shutil.copytree(VENDOR, root / "static" / "vendor", ignore=shutil.ignore_patterns("README.md"), dirs_exist_ok=True)
+    styles = root / "static" / "styles" / "data_docs_default_styles.css"  # its dark mode's logo: an image on the web
+    if styles.exists():
+        styles.write_text(REMOTE_LOGO.sub("../images/logo-long-vector.svg", styles.read_text()))
     for page in sorted(root.rglob("*.html")):
         text, ids = page.read_text(encoding="utf-8"), {}
         text = UUID.sub(lambda m: ids.setdefault(m.group(0), f"id{len(ids) + 1}"), text)
         text = STAMP.sub(run_time, text)
-        logo = Path(*[".."] * (len(page.relative_to(root).parts) - 1), "static/images/logo-long-vector.svg")
-        text = REMOTE_LOGO.sub(logo.as_posix(), text).replace("</head>", OFFLINE_STYLE + "</head>", 1)
-        text = static_tables(text) if page == root / "index.html" else text
-        text = SHOWN_RUN_TIME.sub("not recorded", REMOTE_ASSET.sub("", text))
+        up = "../" * (len(page.relative_to(root).parts) - 1)
+        text = STATIC.sub(f"{up}static/", text)  # GX counts one level too few on a validation's page
+        text = REMOTE_LOGO.sub(f"{up}static/images/logo-long-vector.svg", text)
+        for address, copy in VENDORED.items():
+            text = text.replace(f'"{address}"', f'"{up}static/vendor/{copy}"')
+        text = SHOWN_RUN_TIME.sub(RUN_TIME_NOTE, FOOTER.sub("", CHARTS.sub("", CORS.sub("", text))))
+        if "vegaEmbed(" in text or (remote := REMOTE.search(text)):
+            what = "a chart (Vega, not vendored)" if "vegaEmbed(" in text else remote.group(1)
+            raise RuntimeError(f"{page}: GX's page loads {what} from the web; add a copy to {VENDOR} (its README)")
         page.write_text(text, encoding="utf-8")
 
 
