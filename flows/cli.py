@@ -120,6 +120,8 @@ def _ui(args) -> int:
                 best_first = views.view_url(base, experiment,
                                             views.share(experiment, views.leaderboard_state(runs, label)))
                 print(f"the models this workspace holds, best test bpb first: {best_first}")
+                chart = views.chart_url(base, experiment, views.share(experiment, views.chart_state(runs, label)))
+                print(f"their test bpb as a chart, best first: {chart}")
                 print(f"every setting and metric of them side by side: {views.compare_url(base, experiment, runs)}")
             crowned = champion_versions(params.models)
             print("champions (models:/lmpipe-<model>@champion): "

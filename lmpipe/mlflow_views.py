@@ -60,6 +60,17 @@ def leaderboard_state(run_ids: list[str], baseline_label: str) -> dict:
     return {**runs_state(baseline_label), "searchFilter": f"attributes.run_id IN ({quoted})"}
 
 
+def chart_state(run_ids: list[str], baseline_label: str) -> dict:
+    """The leaderboard's runs in MLflow's chart mode, opened on one bar chart: their test bpb, best first (MLflow's
+    own compare page opens on whichever metric its runs share first)."""
+    section = "lmpipe-test-bpb"
+    return {**leaderboard_state(run_ids, baseline_label),
+            "compareRunCharts": [{"type": "BAR", "uuid": f"{section}-chart", "metricKey": "test_bpb", "deleted": False,
+                                  "isGenerated": False, "displayName": "test bits per byte", "metricSectionId": section}],
+            "compareRunSections": [{"uuid": section, "name": "Test bits per byte (lower is better)", "display": True,
+                                    "isReordered": False}]}
+
+
 def share(experiment: str, state: dict) -> str:
     """Save `state` as a shared view of the experiment; its key is the state's hash, so saving it again is a no-op."""
     text = json.dumps(state, sort_keys=True)
@@ -73,6 +84,11 @@ def view_url(base: str, experiment: str, key: str) -> str:
     """The runs page of the experiment's model-training workflow (not the GenAI one) opened on a shared view."""
     query = urllib.parse.urlencode({"workflowType": "machine_learning", "viewStateShareKey": key})
     return f"{base}/#/experiments/{tracker().experiment_id(experiment)}/runs?{query}"
+
+
+def chart_url(base: str, experiment: str, key: str) -> str:
+    """A shared view (`chart_state`) in the runs page's chart mode."""
+    return view_url(base, experiment, key) + "&compareRunsMode=CHART"
 
 
 def compare_url(base: str, experiment: str, run_ids: list[str]) -> str:

@@ -70,6 +70,11 @@ def test_the_leaderboard_view_holds_the_runs_that_made_the_models_the_workspace_
                                         "tags.`word ppl`"]
     found = MlflowClient().search_runs([experiment.experiment_id], state["searchFilter"])  # MLflow's own reading
     assert sorted(r.info.run_id for r in found) == runs
+    chart = views.SHARED_VIEW + views.share("lmpipe", views.chart_state(runs, "KN-5"))
+    chart = json.loads(MlflowClient().get_experiment_by_name("lmpipe").tags[chart])
+    assert chart["searchFilter"] == state["searchFilter"] and chart["orderByKey"] == "metrics.`test_bpb`"
+    assert [c["metricKey"] for c in chart["compareRunCharts"]] == ["test_bpb"]  # one chart: test bpb
+    assert views.chart_url("http://ui", "lmpipe", key).endswith(f"viewStateShareKey={key}&compareRunsMode=CHART")
     url = views.view_url("http://ui", "lmpipe", key)
     assert url == f"http://ui/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning" \
                   f"&viewStateShareKey={key}"
@@ -87,8 +92,8 @@ def dom(url: str, seconds: int = 40) -> str:
     return done.stdout
 
 
-def leaderboard_page(project: Path) -> str:
-    """`lmpipe ui` in `project`: the page its "best test bpb first" link opens, as a browser has it."""
+def leaderboard_page(project: Path, link_text: str = "workspace holds, best test bpb first") -> str:
+    """`lmpipe ui` in `project`: the page its link after `link_text` opens, as a browser has it."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=project, env=env,
@@ -101,7 +106,7 @@ def leaderboard_page(project: Path) -> str:
             lines.append(line)
             if line.startswith("champions"):
                 break
-        link = next((line.split(": ", 1)[1].strip() for line in lines if "workspace holds, best test bpb first" in line), None)
+        link = next((line.split(": ", 1)[1].strip() for line in lines if link_text in line), None)
         assert link, f"lmpipe ui printed no link to the models: {lines}"
         return dom(link)
     finally:
@@ -131,6 +136,8 @@ browser = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (
 def test_the_printed_link_shows_every_model_s_test_bpb_best_first_without_a_click(store, tmp_path):
     make_runs(tmp_path, store, RESULTS)
     assert_best_first(leaderboard_page(tmp_path), RESULTS)
+    chart = leaderboard_page(tmp_path, "test bpb as a chart")  # the chart view: test bpb, one bar a model
+    assert ">Test bits per byte (lower is better)<" in chart, chart[-2000:]
 
 
 @pytest.mark.browser
