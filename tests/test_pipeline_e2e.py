@@ -232,6 +232,30 @@ def test_study_flow_with_nothing_to_do_adds_no_empty_study_run(project):
     assert "Data and pipelines are up to date" in done.stdout and studies() == before
 
 
+@pytest.mark.browser
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (apt-get install chromium)")
+def test_after_the_study_its_mlflow_views_and_registry_say_by_how_much(project, monkeypatch):
+    """The study's own MLflow store, as `lmpipe ui` shows it in a browser: each of its six models once, best test
+    bpb first, with the labels the report stage wrote (test bpb, the gap to KN-5, size, FLOPs); the "every model so
+    far" view holds each model once (not its scoring run too); each champion's version states its numbers."""
+    from tests.test_mlflow_views import assert_best_first, leaderboard_page
+    from lmpipe import mlflow_views as views
+
+    copy, env, _ = project
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    results = {p.stem: json.loads(p.read_text())["test"]["bpb"] for p in sorted((copy / "metrics/eval").glob("*.json"))}
+    assert sorted(results) == sorted([*MODELS, "ngram"])
+    assert_best_first(leaderboard_page(copy), results)
+    client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("lmpipe").experiment_id
+    ranked = client.search_runs([experiment], views.runs_state("KN-5")["searchFilter"])
+    assert sorted(r.info.run_name for r in ranked) == sorted(["ngram", *(f"train@{m}" for m in MODELS)])
+    for model in MODELS:
+        version = client.get_model_version_by_alias(f"lmpipe-{model}", "champion")
+        assert f"test {results[model]:.3f} bpb" in version.description and "Against KN-5: " in version.description
+        assert version.tags["test_bpb"] == f"{results[model]:.4f}" and version.tags["params_sha256"]
+
+
 def test_scaling_pipeline_trains_its_grid_to_budget_fits_and_reports(project):
     """`lmpipe scaling`: every size at every budget as MLflow children of one scaling run, each ending at its FLOP
     budget, committed to the frozen grid stage; the fits and the report; a second run does nothing. The study's
