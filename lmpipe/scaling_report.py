@@ -34,6 +34,18 @@ def _by_model(rows: list[dict]) -> dict[str, list[dict]]:
     return models
 
 
+def _panels(n: int, width: float, height: float, **shared):
+    """A figure of `n` panels, at most three a row (five families read in two rows, not one 28-inch strip); the
+    unused ones hidden. (figure, the n axes in order)."""
+    cols = min(n, 3)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, **shared)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
 def loss_vs_compute_figure(rows: list[dict], baseline: tuple[str, float] | None, out: Path) -> None:
     """Every run's valid bpb against its training FLOPs; per family the compute-efficient frontier (its best run
     at each budget) as a line; the n-gram baseline (label, valid bpb) as a dashed line."""
@@ -63,8 +75,8 @@ def loss_vs_compute_figure(rows: list[dict], baseline: tuple[str, float] | None,
 def isoflop_figure(rows: list[dict], analysis: dict, out: Path) -> None:
     """Per family, loss against N at each budget with the fitted parabola and its minimum (IsoFLOP profiles)."""
     models = _by_model(rows)
-    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), sharey=True, squeeze=False)
-    for ax, (model, runs) in zip(axes[0], models.items()):
+    fig, axes = _panels(len(models), 5.5, 4.2, sharey=True)
+    for ax, (model, runs) in zip(axes, models.items()):
         budgets = sorted({float(r["budget"]) for r in runs})
         cmap = plt.get_cmap("viridis")
         for j, point in enumerate(analysis[model]["isoflop"]):
@@ -78,7 +90,8 @@ def isoflop_figure(rows: list[dict], analysis: dict, out: Path) -> None:
         ax.set(xscale="log", xlabel="parameters N (log scale)", title=f"{model}: IsoFLOP profiles")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=8)
-    axes[0][0].set_ylabel("validation bits per byte")
+    for ax in axes[::3]:
+        ax.set_ylabel("validation bits per byte")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -87,8 +100,8 @@ def isoflop_figure(rows: list[dict], analysis: dict, out: Path) -> None:
 def law_contours_figure(rows: list[dict], analysis: dict, out: Path) -> None:
     """Per family, contours of the fitted L(N, D) over the grid's N and D, the runs, and the compute-optimal line."""
     models = _by_model(rows)
-    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.4), squeeze=False)
-    for ax, (model, runs) in zip(axes[0], models.items()):
+    fig, axes = _panels(len(models), 5.5, 4.4)
+    for ax, (model, runs) in zip(axes, models.items()):
         law = Law(**analysis[model]["law"])
         n, d = np.array([float(r["n_params"]) for r in runs]), np.array([float(r["tokens"]) for r in runs])
         ns = np.exp(np.linspace(np.log(n.min() / 2), np.log(n.max() * 2), 80))

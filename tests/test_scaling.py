@@ -179,3 +179,34 @@ def test_the_grid_is_stale_exactly_where_its_data_or_settings_changed():
         update={"batch_size": 7})}})
     assert changed_since(recorded, made_with(changed, other)) == ["data/tokens", "models.lstm"]
     assert changed_since(None, recorded) == ["the grid's record (scaling/made_with.json is missing)"]
+
+
+def test_the_report_of_a_five_family_grid_draws_each_family_and_says_where_each_minimum_lies(tmp_path, monkeypatch):
+    """Five families (the grid's size since issue 50): the report names each, its figures lay the families out in
+    rows of at most three, and a family whose best run is its smallest size is said to lie below the sizes tried."""
+    from matplotlib.image import imread
+
+    from lmpipe import scaling
+    from lmpipe.scaling_report import write_scaling_report
+
+    rows = []
+    for k, model in enumerate(("transformer", "lstm", "gru", "rnn", "nplm")):
+        law = Law(E=1.7 + 0.05 * k, A=40.0, alpha=0.35, B=300.0, beta=0.4)
+        sizes = np.geomspace(1e7, 1e8, 4) if model == "nplm" else np.geomspace(1e5, 3e7, 4)  # nplm: all too big
+        rows += [{**r, "model": model, "name": f"{model}-{r['name']}", "flops": r["budget"], "device": "cpu",
+                  "epoch_tokens": 600_000} for r in synthetic_runs(law, 0.0, sizes=sizes,
+                                                                   budgets=np.geomspace(1e12, 1e14, 3))]
+    coarse = scaling.starting_points(coarse=True)
+    monkeypatch.setattr(scaling, "starting_points", lambda coarse_=False: coarse)  # the report, not the fit, is tested
+    analysis = analyse(rows, bootstrap=0)
+    meta = {"sizes": 4, "budgets": 3, "min_budget": 1e12, "max_budget": 1e14, "train_tokens": 600_000,
+            "flops": sum(r["budget"] for r in rows), "device": "cpu", "bootstrap": 0, "huber_delta": 1e-3,
+            "stale": []}
+    text = write_scaling_report(rows, analysis, best_per_budget(rows), ("KN-5", 2.3), meta, tmp_path).read_text()
+    for model in ("transformer", "lstm", "gru", "rnn", "nplm"):
+        assert f"- {model}: the IsoFLOP minimum lies" in text
+    assert "- nplm: the IsoFLOP minimum lies at no budget inside the sizes tried: the best run is always the " \
+           "smallest size, so N_opt lies below the smallest size tried" in text
+    for figure in ("isoflop.png", "law.png"):
+        height, width = imread(tmp_path / "scaling" / figure).shape[:2]
+        assert width == round(3 * 5.5 * 110) and height > round(2 * 4.2 * 110) - 2, (figure, width, height)
