@@ -126,6 +126,20 @@ def _ci(pair) -> str:
     return f"[{pair[0]:.3g}, {pair[1]:.3g}]" if pair else "-"
 
 
+EXPONENT_HALF_WIDTH = 0.1  # issue 50's target for N_opt's exponent: its 90% interval within +-0.1
+
+
+def precision_sentence(interval: tuple[float, float], bracketed: int, budgets: list[float]) -> str:
+    """Whether N_opt's exponent is known to within +-EXPONENT_HALF_WIDTH, and if not, the reason the grid gives."""
+    half = (interval[1] - interval[0]) / 2
+    if half < EXPONENT_HALF_WIDTH:
+        return f"Its exponent is known to +-{half:.2f} (target +-{EXPONENT_HALF_WIDTH:g}): met."
+    why = (f"only {bracketed} of its {len(budgets)} IsoFLOP minima lie inside the sizes tried, so the runs pin the "
+           "optimum's move poorly" if bracketed < len(budgets) else
+           f"its budgets span a factor of only {max(budgets) / min(budgets):.0f} against one seed's noise a run")
+    return f"Its exponent is known to only +-{half:.2f} (target +-{EXPONENT_HALF_WIDTH:g}): missed, as {why}."
+
+
 def findings(analysis: dict, best: list[dict], baseline: tuple[str, float] | None) -> list[str]:
     """What the grid shows, in sentences computed from it (the report's summary)."""
     out = []
@@ -152,7 +166,8 @@ def findings(analysis: dict, best: list[dict], baseline: tuple[str, float] | Non
                    + (f" (90% interval {ci[0]:.2f} to {ci[1]:.2f})" if ci else "")
                    + (f"; fitted without the largest budget, it predicts those runs to within "
                       f"{100 * a['holdout']['mean_abs_relative_error']:.1f}% on average."
-                      if a["holdout"]["mean_abs_relative_error"] is not None else "."))
+                      if a["holdout"]["mean_abs_relative_error"] is not None else ".")
+                   + (f" {precision_sentence(ci, bracketed, [p['budget'] for p in a['isoflop']])}" if ci else ""))
     return out
 
 
