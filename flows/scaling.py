@@ -46,12 +46,23 @@ def prepare_point(point: GridPoint, params: Params, data: TokenData) -> Job:
         raise ConfigError(f"{PARAMS_FILE}: scaling, {point.name}: {exc}") from None
 
 
+def point_key(job: Job) -> str:
+    """What decides a grid run: its settings, the `train` section, the code, the data and the precision it trains
+    in on this machine (`precision: auto` is bf16 where the CPU multiplies bf16 natively, else fp32), so a grid
+    resumed on another machine never mixes in rows of the other precision. fp32 runs keep the key they had before
+    the precision was part of it."""
+    precision = "fp32" if job.trainer.autocast is None else "bf16"
+    return params_hash({"settings": job.settings.model_dump(mode="json"), "train": job.common.model_dump(mode="json"),
+                        "code": code_version(), "data": job.data.fingerprint,
+                        **({} if precision == "fp32" else {"precision": precision})})
+
+
 @task(cache_policy=NO_CACHE)
 def train_point(point: GridPoint, job: Job, params: Params, parent_id: str) -> dict:
-    """One run of the grid (or its row from an earlier, identical run)."""
+    """One run of the grid (or its row from an earlier, identical run: the same settings, code, data and training
+    precision, so a grid resumed on a machine that trains in bf16 does not mix in rows trained in fp32)."""
     settings, common, data = job.settings, job.common, job.data
-    key = params_hash({"settings": settings.model_dump(mode="json"), "train": common.model_dump(mode="json"),
-                       "code": code_version(), "data": data.fingerprint})
+    key = point_key(job)
     done = WORK / "runs" / f"{point.name}-{key}.json"
     tags = {"lmpipe.role": "scaling-run", "lmpipe.model": point.model, "lmpipe.point": key}
     if done.exists():  # trained before: its row again, and a child run here too when this scaling run lacks one
@@ -77,7 +88,7 @@ def train_point(point: GridPoint, job: Job, params: Params, parent_id: str) -> d
            "epoch_tokens": len(data.splits["train"].tokens), "valid_bpb": m["valid_bpb"], "valid_ppl": m["valid_ppl"],
            "valid_loss": math.log(m["valid_ppl"]),
            "train_seconds": m["seconds"], "wall_seconds": time.perf_counter() - started,
-           "flops_per_sec": m["flops_per_sec"], "device": m["device"]}
+           "flops_per_sec": m["flops_per_sec"], "device": m["device"], "precision": m["precision"]}
     write_json(done, row)
     discard(job.ckpt_dir)
     print(f"{point.name}: valid bpb {m['valid_bpb']:.4f}, N {m['n_params']:,}, D {m['tokens_seen']:,} tokens, "
