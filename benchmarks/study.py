@@ -31,14 +31,15 @@ sys.path.insert(0, str(ROOT))
 from lmpipe import seeds  # noqa: E402
 from lmpipe.compare import (BASELINE, MATCHED, best_model, best_of, not_compute_matched, vs_baseline,  # noqa: E402
                             without_cache)
-from lmpipe.compute_curves import annealed  # noqa: E402
+from lmpipe.compute_curves import against_grid, annealed  # noqa: E402
 from lmpipe.config import load_params  # noqa: E402
+from lmpipe.scaling_report import EXPONENT_HALF_WIDTH  # noqa: E402
 
 RECURRENT_AND_TRANSFORMER, NPLM = ("rnn", "lstm", "gru", "transformer"), "nplm"
 BUDGET_SECONDS, SEEDS_BUDGET_SECONDS = 30 * 60, 60 * 60
 TRANSFORMER_GOAL, BEST_SINGLE_GOAL, BEST_COMBINATION_GOAL, COMBINATION_GAIN = 2.00, 1.93, 1.82, 0.03
 MIN_BUDGET, MIN_FLOPS_PER_SEC = 3e13, 100e9
-BRANCH_DIVISORS, EXPONENT_HALF_WIDTH = (16, 8, 4, 2, 1), 0.1
+BRANCH_DIVISORS = (16, 8, 4, 2, 1)
 
 
 def compute_targets(trained: dict, budget: float) -> list[tuple[str, str, bool]]:
@@ -157,8 +158,6 @@ def scaling_targets(points: dict, report: str) -> list[tuple[str, str, bool]]:
              "all" if not edge else f"not at {', '.join(edge)}", not edge),
             (f"grid: N_opt exponent's 90% interval within +-{EXPONENT_HALF_WIDTH:g} for >= 3 families",
              ", ".join(f"{m} +-{h:.2f}" for m, h in sorted(half.items())) or "none", len(narrow) >= 3)]
-    from lmpipe.compute_curves import against_grid
-
     compared = against_grid(points, scaling)
     verdict = "no shared budget" if not compared or "not compared" in compared[0] else "compared"
     rows.append(("the report compares the grid with the study at the budgets both have",

@@ -75,10 +75,11 @@ def label_each_model_run(params, models: dict) -> None:
         size = t.get("n_params", result.get("n_params", 0))
         shown = views.labels(name, result["test"], (label, baseline["bpb"]), size, t.get("train_flops"), sd, seeds)
         tracking.log_metrics({f"test_{k}": v for k, v in result["test"].items()}, run_id=run_id)
-        tracking.set_tags(run_id, {tracking.NOTE: describe(name, result, t), **shown, views.RANKED: "yes"})
+        note = describe(name, result, t)
+        tracking.set_tags(run_id, {tracking.NOTE: note, **shown, views.RANKED: "yes"})
         commit = tracking.tracker().client.get_run(run_id).data.tags.get("mlflow.source.git.commit", "")
         gap = shown[f"vs {label}"]
-        card = (f"{describe(name, result, t)} Against {label}: {gap}, word perplexity "
+        card = (f"{note} Against {label}: {gap}, word perplexity "
                 f"{result['test']['word_ppl']:,.0f} against {baseline['word_ppl']:,.0f}. Test bpb over the seeds: "
                 f"{shown['test bpb']}. Trained at commit {commit[:12] or '(none)'} from params.yaml sha256 {digest}.")
         tracking.registry.describe_versions(f"lmpipe-{name}", paths.model_dir(name), card, {

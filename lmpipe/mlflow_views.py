@@ -12,7 +12,7 @@ import urllib.parse
 from pathlib import Path
 
 
-from lmpipe.tracking import RANKED, run_of_output, tracker
+from lmpipe.tracking import LABELS, RANKED, run_of_output, tracker
 
 SHARED_VIEW = "mlflow.sharedViewState."  # MLflow's tag prefix for a shared view (its UI reads it back)
 
@@ -37,8 +37,8 @@ def column(metric: str, kind: str = "metrics") -> str:
 
 
 def columns(baseline_label: str) -> list[str]:
-    """The columns every view shows, in order: the labels (`labels`)."""
-    return [column(k, "tags") for k in ("test bpb", f"vs {baseline_label}", "size", "training FLOPs", "word ppl")]
+    """The columns every view shows, in order: the labels (`labels`), the gap to the baseline second."""
+    return [column(k, "tags") for k in (LABELS[0], f"vs {baseline_label}", *LABELS[1:])]
 
 
 def current_runs(experiment: str, folders: list[str | Path]) -> list[str]:

@@ -138,7 +138,7 @@ def run_of_output(experiment: str, paths: str | Path | list) -> str | None:
 
 
 RANKED = "lmpipe.ranked"  # on the run that made each model a study's report evaluated: one row per model and study
-LABELS = ("test bpb", "word ppl", "size", "training FLOPs")  # and "vs <baseline>": what the MLflow views show
+LABELS = ("test bpb", "size", "training FLOPs", "word ppl")  # and "vs <baseline>" second: the MLflow views' columns
 
 
 def is_label(tag: str) -> bool:
