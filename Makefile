@@ -29,5 +29,5 @@ stop:
 # (Re)installed when the pins or the package's metadata change.
 $(READY): pyproject.toml constraints.txt
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
-	pip install -q -c constraints.txt -e ".[dev]"
+	pip install -q -c constraints.txt -e ".[dev,team]"
 	touch $@

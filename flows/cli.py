@@ -44,7 +44,7 @@ def this_environment() -> dict:
 
 
 COMMANDS: dict = {}  # "name" or "group name" -> (add_arguments, handler, parser options), in the order of this file
-GROUPS = {"ngram": "n-gram model tools"}  # commands of two words: `lmpipe ngram export-arpa`
+GROUPS = {"ngram": "n-gram model tools", "team": "a team's servers on this machine: PostgreSQL, MLflow, Prefect"}  # commands of two words: `lmpipe ngram export-arpa`
 
 
 def command(name: str, add_arguments: Callable, **options):
@@ -67,6 +67,10 @@ def _server(args) -> int:
     if args.stop:
         print("stopped" if server.stop(args.port) else f"no server started by lmpipe on port {args.port}")
         return 0
+    if os.environ.get("PREFECT_API_URL"):  # e.g. a team's server (lmpipe team up): the stages report there
+        print(f"PREFECT_API_URL={os.environ['PREFECT_API_URL']} is set, so the stages report there: no local server "
+              "started (unset it to use one)")
+        return 0
     url, process = server.start(args.port)
     print(("started " if process else "already running: ") + url)
     port = "" if args.port == server.PORT else f" --port {args.port}"
@@ -75,6 +79,43 @@ def _server(args) -> int:
     else:
         print(f"stages find it on {server.HOST}:{server.PORT} by themselves; elsewhere: export PREFECT_API_URL={url}")
     print(f"Prefect UI: {url.removesuffix('/api')}   stop with: lmpipe server --stop{port}")
+    return 0
+
+
+def _team_dir(p):
+    p.add_argument("--dir", type=Path, default=Path(".team"), help="the folder of the team's database, artifacts, "
+                   "DVC remote and logs")
+
+
+def _team_up_args(p):
+    from flows.team import PORTS
+
+    _team_dir(p)
+    for name, port in PORTS.items():
+        p.add_argument(f"--{name}-port", type=int, default=port, help=f"{name} on 127.0.0.1")
+
+
+@command("team up", _team_up_args, help="start a PostgreSQL cluster, an MLflow server and a Prefect server on it, "
+                                        "for every clone of the team (docs/scale-out.md)")
+def _team_up(args) -> int:
+    from flows import team
+
+    ports = {name: getattr(args, f"{name}_port") for name in team.PORTS}
+    started = team.up(args.dir, ports)
+    print(f"up: PostgreSQL on {team.HOST}:{started.ports['postgres']}, MLflow {started.mlflow_url}, "
+          f"Prefect {started.prefect_url.removesuffix('/api')} (their data and logs in {args.dir}/)")
+    print("in each clone of the team (the MLflow UI is the server's page; `lmpipe ui` is not needed):")
+    print("\n".join(f"  {line}" for line in started.exports()))
+    print(f"stop them with: lmpipe team down{'' if args.dir == Path('.team') else f' --dir {args.dir}'}")
+    return 0
+
+
+@command("team down", _team_dir, help="stop the servers `lmpipe team up` started (their data stays)")
+def _team_down(args) -> int:
+    from flows import team
+
+    stopped = team.down(args.dir)
+    print(f"stopped: {', '.join(stopped)}" if stopped else f"no team servers running from {args.dir}/")
     return 0
 
 
@@ -90,15 +131,16 @@ def _ui(args) -> int:
     import time
 
     from flows import server
-    from lmpipe import mlflow_views as views, tracking
-    from lmpipe.compare import baseline_label
     from lmpipe.config import load_params
-    from lmpipe.tracking.registry import champion_versions
     from lmpipe.tracking.store import relocate_store, tracking_uri
 
+    uri, params, base = tracking_uri(), load_params(), f"http://127.0.0.1:{args.port}"
+    if uri.startswith(("http://", "https://")):  # a tracking server (a team's: lmpipe team up) is its own UI
+        print(f"MLFLOW_TRACKING_URI={uri} is a tracking server, whose page is the MLflow UI: no local one started")
+        _print_views(uri.rstrip("/"), params)
+        return 0
     if not server.port_free(args.port):
         raise LmpipeError(f"127.0.0.1:{args.port} is taken by another program (choose another: lmpipe ui --port N)")
-    uri, params, base = tracking_uri(), load_params(), f"http://127.0.0.1:{args.port}"
     relocate_store()  # a copied or moved checkout: the UI serves this one's artifacts
     command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
                "--port", str(args.port), "--workers", "1",
@@ -112,21 +154,7 @@ def _ui(args) -> int:
         while not server.healthy(base) and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         if process.poll() is None:
-            experiment, label = params.tracking.experiment, baseline_label(params.ngram)
-            every_run = views.view_url(base, experiment, views.share(experiment, views.runs_state(label)))
-            print(f"MLflow UI, every model evaluated so far, best test bpb first: {every_run}", flush=True)
-            runs = views.current_runs(experiment, [paths.model_dir(m) for m in params.models] + [paths.NGRAM])
-            if runs:
-                best_first = views.view_url(base, experiment,
-                                            views.share(experiment, views.leaderboard_state(runs, label)))
-                print(f"the models this workspace holds, best test bpb first: {best_first}")
-                chart = views.chart_url(base, experiment, views.share(experiment, views.chart_state(runs, label)))
-                print(f"their test bpb as a chart, best first: {chart}")
-                print(f"every setting and metric of them side by side: {views.compare_url(base, experiment, runs)}")
-            crowned = champion_versions(params.models)
-            print("champions (models:/lmpipe-<model>@champion): "
-                  + (", ".join(f"{m} v{v.version}" for m, v in crowned.items()) or "none yet (run the study)"),
-                  flush=True)
+            _print_views(base, params)
         return process.wait()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the server (its own process group) stops below
         return 0
@@ -134,6 +162,27 @@ def _ui(args) -> int:
         raise LmpipeError(f"the MLflow store {uri} did not answer as expected: {first_line(str(exc))}") from None
     finally:
         server.stop_group(process)
+
+
+def _print_views(base: str, params) -> None:
+    """The links of `lmpipe ui`'s views of this study on the MLflow UI at `base`, and the champions."""
+    from lmpipe import mlflow_views as views
+    from lmpipe.compare import baseline_label
+    from lmpipe.tracking.registry import champion_versions
+
+    experiment, label = params.tracking.experiment, baseline_label(params.ngram)
+    every_run = views.view_url(base, experiment, views.share(experiment, views.runs_state(label)))
+    print(f"MLflow UI, every model evaluated so far, best test bpb first: {every_run}", flush=True)
+    runs = views.current_runs(experiment, [paths.model_dir(m) for m in params.models] + [paths.NGRAM])
+    if runs:
+        best_first = views.view_url(base, experiment, views.share(experiment, views.leaderboard_state(runs, label)))
+        print(f"the models this workspace holds, best test bpb first: {best_first}")
+        chart = views.chart_url(base, experiment, views.share(experiment, views.chart_state(runs, label)))
+        print(f"their test bpb as a chart, best first: {chart}")
+        print(f"every setting and metric of them side by side: {views.compare_url(base, experiment, runs)}")
+    crowned = champion_versions(params.models)
+    print("champions (models:/lmpipe-<model>@champion): "
+          + (", ".join(f"{m} v{v.version}" for m, v in crowned.items()) or "none yet (run the study)"), flush=True)
 
 
 def interrupt(signum, frame) -> None:
@@ -163,7 +212,8 @@ def _scaling_args(p):
 
 
 @command("scaling", _scaling_args, help="run the scaling-law grid and its fits (reports/scaling.md; the study's report compares)",
-         description="Train the scaling grid (params.yaml's `scaling`: every size at every budget; finished runs are "
+         description="Train the scaling grid (params.yaml's `scaling`: every size at every budget, less a run that "
+                     "would read the training tokens more than lmpipe.scaling.MAX_EPOCHS times; finished runs are "
                      "cached, so only changed points train), commit it to its frozen DVC stage "
                      "(scaling/dvc.yaml:grid), then fit it (dvc repro scaling/dvc.yaml). The study's `dvc repro` "
                      "never trains the grid: its report compares with this one, or calls it stale.")
@@ -563,7 +613,7 @@ class Help(argparse.RawDescriptionHelpFormatter):
 
 # `lmpipe --help` lists the commands in the order a user meets them: the study, its models, then its variations.
 ORDER = ("check-params", "server", "generate", "ui", "plan", "diff", "serve", "retrain", "schedule", "seeds", "sweep",
-         "scaling", "profile", "restore", "ngram export-arpa")
+         "scaling", "profile", "restore", "ngram export-arpa", "team up", "team down")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -72,7 +72,7 @@ def trusted_app():
     return app
 
 
-def server_env(port: int) -> dict:
+def server_env(port: int, database: str | None = None) -> dict:
     """The environment of the project's Prefect server: no telemetry, and trust only its own pages. Prefect allows
     every origin by default (CORS `*`) with no login, so any web page the user visits could create flow runs of a
     served deployment (a retrain with arbitrary overrides); here only the server's own UI origin may call it from a
@@ -84,13 +84,16 @@ def server_env(port: int) -> dict:
            "PREFECT_UI_API_URL": f"{origin}/api",  # the UI reads this server, not 4200's
            "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": origin}
     env.pop("PREFECT_API_URL", None)
+    if database:  # e.g. a team's PostgreSQL (flows/team.py); else Prefect's own SQLite
+        env["PREFECT_API_DATABASE_CONNECTION_URL"] = database
     return env
 
 
-def start(port: int = PORT, log_dir: str | Path = ".cache/lmpipe", timeout: float = 120) -> tuple[str, subprocess.Popen | None]:
+def start(port: int = PORT, log_dir: str | Path = ".cache/lmpipe", timeout: float = 120,
+          database: str | None = None) -> tuple[str, subprocess.Popen | None]:
     """Start the project's Prefect server in the background (unless one already answers) and wait until healthy:
     Prefect's own app (API, UI and its services, as `prefect server start` runs it) behind `trusted_app`'s host
-    check."""
+    check, on `database` (a SQLAlchemy URL) where given."""
     url = api_url(port)
     if healthy(url):
         return url, None
@@ -98,7 +101,7 @@ def start(port: int = PORT, log_dir: str | Path = ".cache/lmpipe", timeout: floa
         raise LmpipeError(f"{HOST}:{port} is taken by another program (choose another: lmpipe server --port N)")
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    env = server_env(port)
+    env = server_env(port, database)
     with open(log_dir / f"prefect-server-{port}.log", "ab") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--factory", APP, "--host", HOST, "--port", str(port),

@@ -1,9 +1,11 @@
-"""What several test files share: a local HTTP server for a handler, run in a thread for the length of a block."""
+"""What several test files share: a local HTTP server for a handler, run in a thread for the length of a block; a
+port another program holds."""
 
 from __future__ import annotations
 
 import contextlib
 import http.server
+import socket
 import threading
 from typing import Iterator
 
@@ -26,3 +28,12 @@ def http_server(handler) -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextlib.contextmanager
+def taken_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that a listening socket holds for the length of a block: another program's."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield taken.getsockname()[1]

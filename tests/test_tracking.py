@@ -72,15 +72,11 @@ def test_default_uri_follows_dvc_root(monkeypatch, tmp_path):
 
 
 def test_a_taken_port_is_one_line_not_a_server_that_never_answers():
-    import socket
-
     from flows import server
     from lmpipe.errors import LmpipeError
+    from tests.helpers import taken_port
 
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
+    with taken_port() as port:
         with pytest.raises(LmpipeError, match=rf"^127.0.0.1:{port} is taken by another program \(choose another: "
                                               r"lmpipe server --port N\)$"):
             server.start(port, timeout=5)
