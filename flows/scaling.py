@@ -2,11 +2,12 @@
 
     lmpipe scaling          (the grid: frozen in DVC, so `dvc repro` never trains it; lmpipe scaling commits it)
 
-grid: every size in params.yaml's `scaling.models` at every budget in `scaling.budgets`, trained by the library's
-Trainer on the default pipeline's data/tokens until its FLOP budget is spent; one MLflow child run each under one
-`scaling` run. Writes scaling/runs.csv. A finished run's row is kept in .cache/lmpipe/scaling/runs/, keyed by
-everything that decides it, and a killed run resumes from its checkpoint: an interrupted grid continues where it
-stopped (in the same MLflow run), and a changed budget list retrains only the new points.
+grid: every size in params.yaml's `scaling.models` at every budget in `scaling.budgets`, less the runs that would
+read the training tokens more than lmpipe.scaling.MAX_EPOCHS times, trained by the library's Trainer on the default
+pipeline's data/tokens until its FLOP budget is spent; one MLflow child run each under one `scaling` run. Writes
+scaling/runs.csv. A finished run's row is kept in .cache/lmpipe/scaling/runs/, keyed by everything that decides it,
+and a killed run resumes from its checkpoint: an interrupted grid continues where it stopped (in the same MLflow
+run), and a changed budget list retrains only the new points.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from lmpipe import tracking
 from lmpipe.config import Params, load_params, params_hash
 from lmpipe.errors import ConfigError
 from lmpipe.io import csv_text, write_json, write_text
-from lmpipe.scaling import GridPoint, grid_points, made_with, size_label
+from lmpipe.flops import ANALYTIC, train_flops_per_token
+from lmpipe.models import arch_with_defaults
+from lmpipe.scaling import MAX_EPOCHS, GridPoint, grid_points, made_with, size_label
 from lmpipe.splits import TokenData, load_tokens
 from lmpipe.checkpoints import code_version, discard
 from lmpipe.train.job import Job, prepare, publish
@@ -44,6 +47,31 @@ def prepare_point(point: GridPoint, params: Params, data: TokenData) -> Job:
                        train={"evals_per_epoch": params.scaling.evals_per_epoch}, data=data, params_file=PARAMS_FILE)
     except ConfigError as exc:
         raise ConfigError(f"{PARAMS_FILE}: scaling, {point.name}: {exc}") from None
+
+
+def planned_epochs(settings, budget: float, vocab_size: int, epoch_tokens: int) -> float | None:
+    """How many times a run of `settings` (a family's ModelParams, with a grid size's arch) reads the training
+    tokens to spend `budget` FLOPs; None for a family lmpipe.flops has no formula for (it counts its parameters)."""
+    if settings.family not in ANALYTIC:
+        return None
+    arch = arch_with_defaults(settings.family, settings.arch)
+    return budget / train_flops_per_token(settings.family, arch, vocab_size, settings.seq_len) / epoch_tokens
+
+
+def plan(params: Params, data: TokenData) -> tuple[list[GridPoint], list[Job]]:
+    """The grid's points and their jobs, every one prepared (so every typo shows before the first hour of training),
+    less the runs that would read the training tokens more than MAX_EPOCHS times, each named as it is left out."""
+    points, jobs = [], []
+    for point in grid_points(params.scaling.models, params.scaling.budgets):
+        job = prepare_point(point, params, data)
+        epochs = planned_epochs(job.settings, point.budget, data.vocab_size, len(data.splits["train"].tokens))
+        if epochs is not None and epochs > MAX_EPOCHS:
+            print(f"{point.name}: left out, it would read the training tokens {epochs:.1f} times "
+                  f"(more than {MAX_EPOCHS}: lmpipe.scaling.MAX_EPOCHS)", flush=True)
+            continue
+        points.append(point)
+        jobs.append(job)
+    return points, jobs
 
 
 def point_key(job: Job) -> str:
@@ -102,8 +130,7 @@ def grid() -> str:
     if not params.scaling.models or not params.scaling.budgets:
         raise ConfigError(f"{PARAMS_FILE}: scaling.models and scaling.budgets must list at least one model and budget")
     check_declared(list(params.scaling.models), SCALING_PIPELINE, "grid")
-    points = grid_points(params.scaling.models, params.scaling.budgets)
-    jobs = [prepare_point(p, params, data) for p in points]  # every typo before the first hour of training
+    points, jobs = plan(params, data)
     section = params.section("scaling")
     key = params_hash({"scaling": {k: v for k, v in section.items() if k != "fit"}, "train": params.section("train"),
                        "models": {m: params.models[m].model_dump(mode="json") for m in params.scaling.models},

@@ -13,6 +13,7 @@ pin_kernel()  # before NumPy loads: the fits' L-BFGS runs on the same BLAS kerne
 import csv
 import json
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from prefect import flow
@@ -49,7 +50,8 @@ def fit() -> str:
     analysis = analyse(rows, settings.bootstrap, settings.seed, settings.huber_delta)
     best = best_per_budget(rows)
     baseline = (baseline_label(params.ngram), json.loads(NGRAM.read_text())["valid"]["bpb"]) if NGRAM.exists() else None
-    meta = {"sizes": max(len(v) for v in params.scaling.models.values()), "budgets": len({r["budget"] for r in rows}),
+    per_budget = Counter((r["model"], r["budget"]) for r in rows).values()
+    meta = {"sizes": (min(per_budget), max(per_budget)), "budgets": len({r["budget"] for r in rows}),
             "min_budget": min(float(r["budget"]) for r in rows), "max_budget": max(float(r["budget"]) for r in rows),
             "train_tokens": int(rows[0]["epoch_tokens"]), "flops": sum(float(r["flops"]) for r in rows),
             "device": ", ".join(sorted({r["device"] for r in rows})), "bootstrap": settings.bootstrap,

@@ -29,6 +29,9 @@ from lmpipe import paths
 
 KEEP_STARTS = 64
 HUBER_DELTA = 1e-3  # Hoffmann et al.'s choice: nearly an L1 fit of log-loss, robust to outlying runs
+MAX_EPOCHS = 8  # a grid run that would read the training tokens more often is left out: so many repeats make the
+# data, not the size, decide its loss (Muennighoff et al. 2023), it lies far below its budget's optimum, and on CPU it
+# is the slowest run of its budget (the smallest sizes run at the lowest FLOP/s)
 
 
 def size_label(size: dict) -> str:
@@ -190,53 +193,71 @@ def law_dict(law: Law) -> dict:
 
 # ---------------- the analysis of a finished grid ----------------
 
-def analyse(rows: list[dict], bootstrap: int = 200, seed: int = 0, delta: float = HUBER_DELTA) -> dict:
-    """Per family: the IsoFLOP minima and exponents, the parametric law with bootstrap intervals, its predictions
-    at 10x and 100x the largest budget, and how well a fit without the largest budget predicts those runs.
+def analyse(rows: list[dict], bootstrap: int = 200, seed: int = 0, delta: float = HUBER_DELTA,
+            workers: int | None = None, coarse: bool = False) -> dict:
+    """Per family (`analyse_family`): the families fitted side by side, one process each up to `workers` (default:
+    the CPU count), as they share nothing (the same numbers as one after the other). `coarse`: the main fits from
+    the 8 coarse starts only, a quick look (tests).
 
     `rows`: one per run with model, n_params, tokens, flops, budget, valid_bpb."""
-    out = {}
-    for model in sorted({r["model"] for r in rows}):
-        runs = [r for r in rows if r["model"] == model]
-        n, d, loss = (np.array([float(r[k]) for r in runs]) for k in ("n_params", "tokens", "valid_bpb"))
-        budgets = sorted({float(r["budget"]) for r in runs})
-        iso = []
-        for c in budgets:
-            at = [r for r in runs if float(r["budget"]) == c]
-            minimum = isoflop_minimum([float(r["n_params"]) for r in at], [float(r["valid_bpb"]) for r in at])
-            iso.append({"budget": c, **minimum, "d_opt": c / (6 * minimum["n_opt"])})
-        law = fit_law(n, d, loss, delta)
-        laws = bootstrap_laws(n, d, loss, bootstrap, seed, law, delta) if bootstrap else []
-        largest = budgets[-1]
-        fitted = np.array([float(r["budget"]) < largest for r in runs])
-        held_law = fit_law(n[fitted], d[fitted], loss[fitted], delta) if fitted.sum() >= 5 else None
-        held = [{"name": r["name"], "measured": float(r["valid_bpb"]),
-                 "predicted": float(held_law.loss(float(r["n_params"]), float(r["tokens"])))}
-                for r, f in zip(runs, fitted) if not f] if held_law else []
-        for h in held:
-            h["relative_error"] = (h["predicted"] - h["measured"]) / h["measured"]
-        predictions = {f"{k}x": {"budget": k * largest, "loss": law.optimal_loss(k * largest),
-                                 "n_opt": law.optimal_n(k * largest),
-                                 "interval": interval([b.optimal_loss(k * largest) for b in laws]) if laws else None}
-                       for k in (10, 100)}
-        bracketed = [p for p in iso if p["bracketed"]]
-        out[model] = {
-            "runs": len(runs),
-            "law": law_dict(law),
-            "law_intervals": {k: interval([getattr(b, k) for b in laws]) for k in ("E", "A", "alpha", "B", "beta")}
-            if laws else {},
-            "law_exponents": law.exponents(),
-            "law_exponent_intervals": {k: interval([b.exponents()[k] for b in laws]) for k in ("a", "b")} if laws else {},
-            "isoflop": iso,
-            "isoflop_exponents": ({"n_opt": power_law([p["budget"] for p in bracketed], [p["n_opt"] for p in bracketed]),
-                                   "d_opt": power_law([p["budget"] for p in bracketed], [p["d_opt"] for p in bracketed])}
-                                  if len(bracketed) >= 2 else None),
-            "predictions": predictions,
-            "holdout": {"budget": largest, "runs": held,
-                        "mean_abs_relative_error": float(np.mean([abs(h["relative_error"]) for h in held]))
-                        if held else None},
-        }
-    return out
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    models = sorted({r["model"] for r in rows})
+    families = [[r for r in rows if r["model"] == model] for model in models]
+    workers = min(len(models), workers or os.cpu_count() or 1)
+    if workers < 2:
+        return {m: analyse_family(runs, bootstrap, seed, delta, coarse) for m, runs in zip(models, families)}
+    # spawn, not fork: the caller is a Prefect flow with threads of its own; the children inherit the BLAS pin (env)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        each = [[value] * len(models) for value in (bootstrap, seed, delta, coarse)]
+        return dict(zip(models, pool.map(analyse_family, families, *each)))
+
+
+def analyse_family(runs: list[dict], bootstrap: int = 200, seed: int = 0, delta: float = HUBER_DELTA,
+                   coarse: bool = False) -> dict:
+    """One family's IsoFLOP minima and exponents, the parametric law with bootstrap intervals, its predictions at
+    10x and 100x the largest budget, and how well a fit without the largest budget predicts those runs."""
+    n, d, loss = (np.array([float(r[k]) for r in runs]) for k in ("n_params", "tokens", "valid_bpb"))
+    budgets = sorted({float(r["budget"]) for r in runs})
+    iso = []
+    for c in budgets:
+        at = [r for r in runs if float(r["budget"]) == c]
+        minimum = isoflop_minimum([float(r["n_params"]) for r in at], [float(r["valid_bpb"]) for r in at])
+        iso.append({"budget": c, **minimum, "d_opt": c / (6 * minimum["n_opt"])})
+    starts = starting_points(coarse)
+    law = fit_law(n, d, loss, delta, starts)
+    laws = bootstrap_laws(n, d, loss, bootstrap, seed, law, delta) if bootstrap else []
+    largest = budgets[-1]
+    fitted = np.array([float(r["budget"]) < largest for r in runs])
+    held_law = fit_law(n[fitted], d[fitted], loss[fitted], delta, starts) if fitted.sum() >= 5 else None
+    held = [{"name": r["name"], "measured": float(r["valid_bpb"]),
+             "predicted": float(held_law.loss(float(r["n_params"]), float(r["tokens"])))}
+            for r, f in zip(runs, fitted) if not f] if held_law else []
+    for h in held:
+        h["relative_error"] = (h["predicted"] - h["measured"]) / h["measured"]
+    predictions = {f"{k}x": {"budget": k * largest, "loss": law.optimal_loss(k * largest),
+                             "n_opt": law.optimal_n(k * largest),
+                             "interval": interval([b.optimal_loss(k * largest) for b in laws]) if laws else None}
+                   for k in (10, 100)}
+    bracketed = [p for p in iso if p["bracketed"]]
+    return {
+        "runs": len(runs),
+        "law": law_dict(law),
+        "law_intervals": {k: interval([getattr(b, k) for b in laws]) for k in ("E", "A", "alpha", "B", "beta")}
+        if laws else {},
+        "law_exponents": law.exponents(),
+        "law_exponent_intervals": {k: interval([b.exponents()[k] for b in laws]) for k in ("a", "b")} if laws else {},
+        "isoflop": iso,
+        "isoflop_exponents": ({"n_opt": power_law([p["budget"] for p in bracketed], [p["n_opt"] for p in bracketed]),
+                               "d_opt": power_law([p["budget"] for p in bracketed], [p["d_opt"] for p in bracketed])}
+                              if len(bracketed) >= 2 else None),
+        "predictions": predictions,
+        "holdout": {"budget": largest, "runs": held,
+                    "mean_abs_relative_error": float(np.mean([abs(h["relative_error"]) for h in held]))
+                    if held else None},
+    }
 
 
 def best_per_budget(rows: list[dict]) -> list[dict]:

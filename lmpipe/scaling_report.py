@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from lmpipe.report import html_page, plt
-from lmpipe.scaling import Law
+from lmpipe.scaling import MAX_EPOCHS, Law
 
 CAVEATS = (
     "Each point is one training run with one seed: differences between neighbouring runs as small as the study's "
@@ -122,6 +122,10 @@ def law_contours_figure(rows: list[dict], analysis: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def _count(span: tuple[int, int]) -> str:
+    return f"{span[0]}" if span[0] == span[1] else f"{span[0]} to {span[1]}"
+
+
 def _ci(pair) -> str:
     return f"[{pair[0]:.3g}, {pair[1]:.3g}]" if pair else "-"
 
@@ -175,9 +179,11 @@ def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], baselin
                      meta: dict) -> str:
     """The report's text: what was run, what the fits say, and how far to trust them."""
     lines = ["# lmpipe scaling study", "",
-             f"{len(rows)} runs: {meta['sizes']} sizes of each of {', '.join(analysis)} at {meta['budgets']} compute "
-             f"budgets C from {meta['min_budget']:.1e} to {meta['max_budget']:.1e} training FLOPs, on the default "
-             f"pipeline's tokens ({meta['train_tokens']:,} training tokens per epoch). Every run ends at its budget with "
+             f"{len(rows)} runs: {_count(meta['sizes'])} sizes of each of {', '.join(analysis)} at each of "
+             f"{meta['budgets']} compute budgets C from {meta['min_budget']:.1e} to {meta['max_budget']:.1e} training "
+             f"FLOPs, on the default pipeline's tokens ({meta['train_tokens']:,} training tokens per epoch). A size "
+             f"whose run would read those tokens more than {MAX_EPOCHS} times is left out at that budget (so many "
+             "repeats make the data, not the size, decide the loss). Every run ends at its budget with "
              "its learning-rate schedule annealed to it; its tokens D follow from C and the size. Loss is validation "
              "bits per byte (bpb); N counts all parameters; FLOPs are lmpipe.flops' analytic count. "
              f"Compute of the grid: {meta['flops']:.2e} training FLOPs on {meta['device']} (its wall time: the "

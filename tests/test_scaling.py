@@ -89,6 +89,12 @@ def test_analysis_predicts_held_out_runs_and_its_intervals_cover_the_truth():
     assert low <= TRUE.optimal_loss(1e17) <= high
 
 
+def test_families_fitted_side_by_side_give_the_numbers_of_one_after_the_other():
+    rows = [{**r, "model": model} for model, law in (("a", TRUE), ("b", Law(E=1.9, A=30.0, alpha=0.3, B=200.0, beta=0.35)))
+            for r in synthetic_runs(law, noise=0.003)]
+    assert analyse(rows, bootstrap=2, workers=2, coarse=True) == analyse(rows, bootstrap=2, workers=1, coarse=True)
+
+
 def test_power_law_fit_recovers_an_exponent():
     fit = power_law([1, 10, 100], [3, 3 * 10 ** 0.5, 3 * 100 ** 0.5])
     assert fit["exponent"] == pytest.approx(0.5) and fit["coefficient"] == pytest.approx(3)
@@ -138,6 +144,32 @@ def test_each_grid_point_trains_its_size_to_its_flop_budget():
         prepare_point(grid_points(bad.scaling.models, bad.scaling.budgets)[0], bad, synthetic_data())
 
 
+def test_the_grid_leaves_out_a_run_that_would_read_the_corpus_more_than_max_epochs_times(capsys):
+    from flows.scaling import plan, planned_epochs
+    from lmpipe.scaling import MAX_EPOCHS
+    from tests.test_train import synthetic_data
+
+    data = synthetic_data()
+    epoch_tokens = len(data.splits["train"].tokens)
+    params = parse_params({"models": {"gru": {"family": "rnn", "arch": {"cell": "gru", "emb": 64, "hidden": 64},
+                                              "epochs": 1}},
+                           "scaling": {"models": {"gru": [{"emb": 8, "hidden": 8}, {"emb": 32, "hidden": 32}]},
+                                       "budgets": [1.0], "overrides": {"batch_size": 4, "seq_len": 16}}})
+    small = parse_params({**params.model_dump(mode="json"), "scaling": {**params.section("scaling"), "budgets": [2e7]}})
+    points, jobs = plan(small, data)
+    assert len(points) == 2
+    per_epoch = {p.size["emb"]: p.budget / planned_epochs(j.settings, p.budget, data.vocab_size, epoch_tokens)
+                 for p, j in zip(points, jobs)}  # FLOPs of one pass over the training tokens, per size
+    for p, j in zip(points, jobs):  # counted as the trainer counts: the tokens its budget buys
+        assert per_epoch[p.size["emb"]] == pytest.approx(j.trainer.flops_per_token * epoch_tokens, rel=1e-12)
+    budget = MAX_EPOCHS * (per_epoch[8] + per_epoch[32]) / 2  # over the cap for the small size, under it for the other
+    capsys.readouterr()
+    points, _ = plan(parse_params({**small.model_dump(mode="json"),
+                                   "scaling": {**small.section("scaling"), "budgets": [budget]}}), data)
+    assert [p.size for p in points] == [{"emb": 32, "hidden": 32}]
+    assert f"gru-emb8-hidden8-C{budget:.1e}: left out, it would read the training tokens" in capsys.readouterr().out
+
+
 def test_scaling_must_name_models_of_the_study_and_positive_budgets():
     with pytest.raises(ConfigError, match="scaling.models names \\['gpt'\\]"):
         parse_params({"models": {"lstm": {"family": "rnn"}}, "scaling": {"models": {"gpt": [{}]}}})
@@ -168,9 +200,9 @@ def test_the_grid_depends_on_the_models_it_trains_not_on_the_whole_study():
         declared = yaml.safe_load((ROOT / "scaling/dvc.yaml").read_text())["stages"][stage]["params"]
         assert "models" not in declared
         check_declared(families, "scaling/dvc.yaml", stage)
-        with pytest.raises(ConfigError, match=f"scaling.models lists gru, but scaling/dvc.yaml's {stage} does not "
-                                              "name models.gru in its params"):
-            check_declared(families + ["gru"], "scaling/dvc.yaml", stage)
+        with pytest.raises(ConfigError, match=f"scaling.models lists my_lm, but scaling/dvc.yaml's {stage} does not "
+                                              "name models.my_lm in its params"):
+            check_declared(families + ["my_lm"], "scaling/dvc.yaml", stage)  # a model of the user's
 
 
 def test_the_grid_is_stale_exactly_where_its_data_or_settings_changed():
@@ -191,12 +223,11 @@ def test_the_grid_is_stale_exactly_where_its_data_or_settings_changed():
     assert changed_since(None, recorded) == ["the grid's record (scaling/made_with.json is missing)"]
 
 
-def test_the_report_of_a_five_family_grid_draws_each_family_and_says_where_each_minimum_lies(tmp_path, monkeypatch):
+def test_the_report_of_a_five_family_grid_draws_each_family_and_says_where_each_minimum_lies(tmp_path):
     """Five families (the grid's size since issue 50): the report names each, its figures lay the families out in
     rows of at most three, and a family whose best run is its smallest size is said to lie below the sizes tried."""
     from matplotlib.image import imread
 
-    from lmpipe import scaling
     from lmpipe.scaling_report import write_scaling_report
 
     rows = []
@@ -206,10 +237,8 @@ def test_the_report_of_a_five_family_grid_draws_each_family_and_says_where_each_
         rows += [{**r, "model": model, "name": f"{model}-{r['name']}", "flops": r["budget"], "device": "cpu",
                   "epoch_tokens": 600_000} for r in synthetic_runs(law, 0.0, sizes=sizes,
                                                                    budgets=np.geomspace(1e12, 1e14, 3))]
-    coarse = scaling.starting_points(coarse=True)
-    monkeypatch.setattr(scaling, "starting_points", lambda coarse_=False: coarse)  # the report, not the fit, is tested
-    analysis = analyse(rows, bootstrap=0)
-    meta = {"sizes": 4, "budgets": 3, "min_budget": 1e12, "max_budget": 1e14, "train_tokens": 600_000,
+    analysis = analyse(rows, bootstrap=0, coarse=True)  # the report, not the fit, is tested
+    meta = {"sizes": (4, 4), "budgets": 3, "min_budget": 1e12, "max_budget": 1e14, "train_tokens": 600_000,
             "flops": sum(r["budget"] for r in rows), "device": "cpu", "bootstrap": 0, "huber_delta": 1e-3,
             "stale": []}
     text = write_scaling_report(rows, analysis, best_per_budget(rows), ("KN-5", 2.3), meta, tmp_path).read_text()
