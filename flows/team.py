@@ -4,8 +4,9 @@ remote. Teammates point their clones at them with the environment lines `up` pri
 
 Everything lives under one folder (default `.team/`, ignored by git): postgres/ (the cluster, owned by the
 `postgres` user when run as root, as PostgreSQL refuses to run as root), artifacts/, dvc-remote/, logs/ and
-team.json (ports, pids, the database URLs; readable by its owner only). Each server answers its health check before
-`up` returns; `down` stops them by the pids recorded there and waits until their ports are free.
+team.json (ports, pids and the database password; readable by its owner only). Each server answers its health check
+before `up` returns; `down` stops them by the pids recorded there and waits until they have exited and their ports
+are free.
 """
 
 from __future__ import annotations
@@ -198,19 +199,20 @@ def _run(command: list[str], what: str) -> None:
 def start_mlflow(team: Team) -> int:
     """`mlflow server` on the team's database, serving the artifacts it stores in artifacts/ (clients upload and
     download through it, so they need no access to that folder)."""
-    log = open(Path(team.root) / "logs" / "mlflow.log", "ab")
+    log = Path(team.root) / "logs" / "mlflow.log"
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     env.pop("MLFLOW_TRACKING_URI", None)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", team.database("mlflow"),
-         "--artifacts-destination", str((Path(team.root) / "artifacts").resolve()), "--host", HOST,
-         "--port", str(team.ports["mlflow"]), "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+    with open(log, "ab") as out:  # the server keeps its own copy of the handle
+        process = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", team.database("mlflow"),
+             "--artifacts-destination", str((Path(team.root) / "artifacts").resolve()), "--host", HOST,
+             "--port", str(team.ports["mlflow"]), "--workers", "1"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
     deadline = time.monotonic() + WAIT
     while not server.healthy(team.mlflow_url):
         if process.poll() is not None or time.monotonic() > deadline:
             server.stop_group(process)
-            raise LmpipeError(f"the MLflow server did not answer on {team.mlflow_url}; see {log.name}")
+            raise LmpipeError(f"the MLflow server did not answer on {team.mlflow_url}; see {log}")
         time.sleep(0.5)
     return process.pid
 
@@ -248,8 +250,8 @@ def _start_prefect(team: Team) -> int:
 
 
 def down(root: Path = ROOT) -> list[str]:
-    """Stop the team's servers by their recorded pids, Prefect and MLflow first, and wait until each port is free.
-    Returns what was stopped."""
+    """Stop the team's servers by their recorded pids, Prefect and MLflow first, and wait until each has exited and
+    its port is free. Returns what was stopped."""
     team = load(root)
     if team is None:
         return []
