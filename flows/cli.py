@@ -521,6 +521,9 @@ def _schedule(args) -> int:
     # Prefect's own SIGTERM handler stops polling but leaves a running retrain training: SIGTERM (systemd,
     # supervisord, Docker) does what Ctrl-C does instead, which stops the retrain, its DVC run and its copy
     runner.handle_sigterm = as_ctrl_c
+    # started with SIGINT ignored (nohup, a background job of a script), the retrain Prefect spawns would inherit
+    # that and shrug off as_ctrl_c's SIGINT: Python's Ctrl-C handler here, so a spawned child starts with its own
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         asyncio.run(runner.start())
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM through as_ctrl_c
@@ -531,7 +534,7 @@ def _schedule(args) -> int:
 
 def as_ctrl_c(signum=None, frame=None) -> None:
     """SIGTERM as the terminal's Ctrl-C: SIGINT to the other processes of this one's group (a retrain Prefect runs),
-    then KeyboardInterrupt here."""
+    then to this one, whose handler (asyncio's, while the runner runs) cancels the runner cleanly."""
     import psutil
 
     group = os.getpgrp()
@@ -541,7 +544,7 @@ def as_ctrl_c(signum=None, frame=None) -> None:
                 child.send_signal(signal.SIGINT)
         except (psutil.Error, ProcessLookupError):
             continue
-    raise KeyboardInterrupt
+    signal.raise_signal(signal.SIGINT)
 
 
 def positive_seconds(text: str) -> float:

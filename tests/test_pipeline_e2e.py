@@ -1289,7 +1289,8 @@ def test_changed_training_code_starts_afresh_and_equals_a_clean_run_of_the_new_c
 
 def test_sigterm_stops_a_scheduled_retrain_as_ctrl_c_does(committed, prefect_api):
     """What systemd, supervisord and Docker send: SIGTERM to `lmpipe schedule` alone while its retrain trains. It exits
-    within 30 s, leaves no temporary copy, and no MLflow run or Prefect flow run stays RUNNING."""
+    within 30 s, leaves no temporary copy, and no MLflow run or Prefect flow run stays RUNNING. Started as `nohup ... &`
+    starts it, with SIGINT ignored: its retrain, which it stops by SIGINT, must not inherit that."""
     import signal
     import time
 
@@ -1304,7 +1305,8 @@ def test_sigterm_stops_a_scheduled_retrain_as_ctrl_c_does(committed, prefect_api
     run(git + ["commit", "-qam", "a long gru"], copy, env)  # the retrain needs a clean tree; DVC then retrains gru
     log = open(copy / "schedule.log", "wb")
     serve = subprocess.Popen(["lmpipe", "schedule", "--interval", "15", "--name", "e2e-sigterm"], cwd=copy, env=env,
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,  # as `nohup ... &` starts
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # it: Ctrl-C ignored
     try:
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline and not list((copy / ".dvc/tmp/exps").glob("standalone/tmp*/.cache/lmpipe/ckpt/gru-*/last.pt")) \
@@ -1314,7 +1316,10 @@ def test_sigterm_stops_a_scheduled_retrain_as_ctrl_c_does(committed, prefect_api
         assert time.monotonic() < deadline, (copy / "schedule.log").read_text()[-3000:]
         asked = time.monotonic()
         serve.send_signal(signal.SIGTERM)
-        serve.wait(timeout=30)
+        try:
+            serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("still running 30 s after SIGTERM:\n" + (copy / "schedule.log").read_text()[-6000:])
         assert time.monotonic() - asked <= 30
     finally:
         if serve.poll() is None:
