@@ -4,18 +4,17 @@ never import it; the pipeline itself is `dvc repro`."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Callable
 
+from flows import server
 from lmpipe import paths
 from lmpipe import __version__
 from lmpipe.config import STRATEGIES, DecodingParams, decoding_rule
-from lmpipe.errors import ConfigError, LmpipeError, first_line
+from lmpipe.errors import ConfigError, LmpipeError
 
 DESCRIPTION = """Tools around the lmpipe language-modelling study. The study itself is `dvc repro` (or `make study`);
 these commands sample from its models, serve and retrain them, open its MLflow and Prefect views,
@@ -37,11 +36,6 @@ shared server, or your Prefect Cloud workspace URL); without it `lmpipe server` 
 127.0.0.1:4200 and its UI shows the deployment and its runs. The command keeps running: it is the worker."""
 
 
-def this_environment() -> dict:
-    """os.environ with this interpreter's environment first on PATH: the tools it starts (dvc, uvicorn) run in it
-    even when the venv is not activated."""
-    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-
 
 COMMANDS: dict = {}  # "name" or "group name" -> (add_arguments, handler, parser options), in the order of this file
 GROUPS = {"ngram": "n-gram model tools", "team": "a team's servers on this machine: PostgreSQL, MLflow, Prefect"}  # commands of two words: `lmpipe ngram export-arpa`
@@ -62,8 +56,6 @@ def _server_args(p):
 
 @command("server", _server_args, help="start (or --stop) the local Prefect server the stages report to")
 def _server(args) -> int:
-    from flows import server
-
     if args.stop:
         print("stopped" if server.stop(args.port) else f"no server started by lmpipe on port {args.port}")
         return 0
@@ -126,68 +118,9 @@ def _ui_args(p):
 
 @command("ui", _ui_args, help="open the MLflow UI on this study's tracking store (127.0.0.1)")
 def _ui(args) -> int:
-    """`mlflow ui` on this study's store, one worker and no job runner (a viewer needs neither), on 127.0.0.1; the
-    links are printed once it answers."""
-    import time
+    from flows.ui import open_ui
 
-    from flows import server
-    from lmpipe.config import load_params
-    from lmpipe.tracking.store import relocate_store, tracking_uri
-
-    uri, params, base = tracking_uri(), load_params(), f"http://127.0.0.1:{args.port}"
-    if uri.startswith(("http://", "https://")):  # a tracking server (a team's: lmpipe team up) is its own UI
-        print(f"MLFLOW_TRACKING_URI={uri} is a tracking server, whose page is the MLflow UI: no local one started")
-        _print_views(uri.rstrip("/"), params)
-        return 0
-    if not server.port_free(args.port):
-        raise LmpipeError(f"127.0.0.1:{args.port} is taken by another program (choose another: lmpipe ui --port N)")
-    relocate_store()  # a copied or moved checkout: the UI serves this one's artifacts
-    command = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", "127.0.0.1",
-               "--port", str(args.port), "--workers", "1",
-               *([] if args.access_log else ["--uvicorn-opts", "--no-access-log"])]  # quiet: the links stay in view
-    env = {**this_environment(), "MLFLOW_DISABLE_TELEMETRY": "true", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    print(f"starting the MLflow UI over {uri} ...", flush=True)
-    process = subprocess.Popen(command, env=env, start_new_session=True)  # its own group: stopped whole, below
-    signal.signal(signal.SIGTERM, interrupt)  # a service manager's stop: as Ctrl-C
-    try:
-        deadline = time.monotonic() + 180
-        while not server.healthy(base) and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if process.poll() is None:
-            _print_views(base, params)
-        return process.wait()
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the server (its own process group) stops below
-        return 0
-    except Exception as exc:  # the store failed us (e.g. locked by a running study): one line, and the UI goes too
-        raise LmpipeError(f"the MLflow store {uri} did not answer as expected: {first_line(str(exc))}") from None
-    finally:
-        server.stop_group(process)
-
-
-def _print_views(base: str, params) -> None:
-    """The links of `lmpipe ui`'s views of this study on the MLflow UI at `base`, and the champions."""
-    from lmpipe import mlflow_views as views
-    from lmpipe.compare import baseline_label
-    from lmpipe.tracking.registry import champion_versions
-
-    experiment, label = params.tracking.experiment, baseline_label(params.ngram)
-    every_run = views.view_url(base, experiment, views.share(experiment, views.runs_state(label)))
-    print(f"MLflow UI, every model evaluated so far, best test bpb first: {every_run}", flush=True)
-    runs = views.current_runs(experiment, [paths.model_dir(m) for m in params.models] + [paths.NGRAM])
-    if runs:
-        best_first = views.view_url(base, experiment, views.share(experiment, views.leaderboard_state(runs, label)))
-        print(f"the models this workspace holds, best test bpb first: {best_first}")
-        chart = views.chart_url(base, experiment, views.share(experiment, views.chart_state(runs, label)))
-        print(f"their test bpb as a chart, best first: {chart}")
-        print(f"every setting and metric of them side by side: {views.compare_url(base, experiment, runs)}")
-    crowned = champion_versions(params.models)
-    print("champions (models:/lmpipe-<model>@champion): "
-          + (", ".join(f"{m} v{v.version}" for m, v in crowned.items()) or "none yet (run the study)"), flush=True)
-
-
-def interrupt(signum, frame) -> None:
-    """SIGTERM handler: stop as Ctrl-C stops (KeyboardInterrupt), so every `finally` runs."""
-    raise KeyboardInterrupt
+    return open_ui(args.port, args.access_log)
 
 
 def _sweep_args(p):
@@ -219,7 +152,7 @@ def _scaling_args(p):
                      "never trains the grid: its report compares with this one, or calls it stale.")
 def _scaling(args) -> int:
     """The tokens first (the grid trains on them), the grid flow, `dvc commit` of its frozen stage, then the fits."""
-    env = this_environment()
+    env = server.this_environment()
     steps = [["dvc", "repro", "--quiet", "tokenize"], [sys.executable, "-m", "flows.scaling"],
              ["dvc", "commit", "--force", "--quiet", f"{paths.SCALING_PIPELINE}:grid"],
              ["dvc", "repro", paths.SCALING_PIPELINE]]
@@ -244,7 +177,7 @@ def _seeds_args(p):
                      "Finished runs are cached: a second call retrains only models whose settings changed.")
 def _seeds(args) -> int:
     """The seeds flow, then `dvc commit` of its frozen stage: the report's seed spread, versioned."""
-    env = this_environment()
+    env = server.this_environment()
     code = subprocess.call([sys.executable, "-m", "flows.seeds", *(["--models", *args.models] if args.models else [])],
                            env=env)
     if code == 0:
@@ -293,52 +226,9 @@ def _restore_args(p):
 @command("restore", _restore_args, help="bring back a stage's outputs that DVC removed before a run that failed "
                                         "(from DVC's cache, and git for metrics and plots)")
 def _restore(args) -> int:
-    """A stage's outputs from one source, never a mix: the run dvc.lock records, when that run is committed (DVC's
-    cache holds its cached outputs, git the ones DVC leaves to git, `cache: false`: metrics, plots); else the commit's
-    run (HEAD's dvc.lock entry for the stage, which the workspace's dvc.lock then records again): an uncommitted
-    run's metrics were never in git, so its model cannot come back with them. `dvc checkout` alone restores only
-    the cached outputs, as the workspace's dvc.lock records them."""
-    import os
+    from flows.restore import restore
 
-    import yaml
-    from dvc.exceptions import DvcException
-    from dvc.repo import Repo
-    from dvc.utils.serialize import modify_yaml
-
-    from lmpipe.errors import first_line
-    from lmpipe.git import git, git_or_empty
-
-    try:
-        repo = Repo(".")
-        stages = repo.stage.collect(args.stage)
-    except DvcException as exc:
-        raise LmpipeError(f"{args.stage}: not a stage of this project ({first_line(str(exc))}); see: dvc stage list") from None
-    cached = [os.path.relpath(o.fs_path, repo.root_dir) for s in stages for o in s.outs if o.use_cache]
-    tracked = [os.path.relpath(o.fs_path, repo.root_dir) for s in stages for o in s.outs if not o.use_cache]
-    source = "the run dvc.lock records"
-    if tracked:  # outputs in two places: they must come from the same run
-        lock_file = os.path.relpath(stages[0].dvcfile.path, repo.root_dir).removesuffix(".yaml") + ".lock"
-        names = [s.name for s in stages]
-        ours = (yaml.safe_load(open(lock_file, encoding="utf-8")) if os.path.exists(lock_file) else {}) or {}
-        head = yaml.safe_load(git_or_empty("show", f"HEAD:{lock_file}") or "{}") or {}
-        committed = {n: head.get("stages", {}).get(n) for n in names}
-        if any(entry is None for entry in committed.values()):
-            raise LmpipeError(f"{args.stage}: no committed run of it (HEAD's {lock_file} has none), so its "
-                              f"{', '.join(tracked)} are in no git commit: make them with dvc repro -s {args.stage}")
-        if any(ours.get("stages", {}).get(n) != entry for n, entry in committed.items()):
-            with modify_yaml(lock_file) as lock:  # DVC's own reader and writer: the file keeps its form
-                lock.setdefault("stages", {}).update(committed)
-            source = f"the commit (HEAD): the run {lock_file} recorded since was not committed, and its metrics never were"
-    env = this_environment()
-    if cached and subprocess.call(["dvc", "checkout", "--force", "--quiet", args.stage], env=env) != 0:
-        raise LmpipeError(f"dvc checkout {args.stage} failed: its outputs are not in DVC's cache (re-run it: "
-                          f"dvc repro -s {args.stage})")
-    known = git_or_empty("ls-files", "--", *tracked).split() if tracked else []
-    if known:
-        git("checkout", "HEAD", "--", *tracked)  # a failure: one line, git's reason
-    left = [t for t in tracked if not any(k == t or k.startswith(t.rstrip("/") + "/") for k in known)]
-    print(f"restored {args.stage} from {source}: {', '.join(cached + [t for t in tracked if t not in left])}"
-          + (f"; not in git, so not restored: {', '.join(left)} (dvc repro -s {args.stage} makes them)" if left else ""))
+    print(restore(args.stage))
     return 0
 
 
@@ -464,16 +354,6 @@ def _serve(args) -> int:
     return serve(*named(args.model, args.alias), args.port)
 
 
-def check_cron(cron: str) -> None:
-    from prefect.client.schemas.schedules import CronSchedule
-    from pydantic import ValidationError
-
-    try:
-        CronSchedule(cron=cron)
-    except ValidationError:
-        raise LmpipeError(f'--cron {cron!r}: not a cron expression (five fields: minute hour day-of-month month '
-                          'day-of-week, e.g. "0 3 * * 1" for Mondays 03:00)') from None
-
 
 def _schedule_args(p):
     when = p.add_mutually_exclusive_group(required=True)
@@ -486,65 +366,9 @@ def _schedule_args(p):
 @command("schedule", _schedule_args, help="serve the retraining flow on a cron schedule", description=SCHEDULE_HELP,
          formatter_class=argparse.RawDescriptionHelpFormatter)
 def _schedule(args) -> int:
-    """Serve the retrain deployment on the project's Prefect server. Prefect reads PREFECT_API_URL once, when it is
-    first imported, so the server is settled before anything imports Prefect: a temporary server cannot schedule."""
-    from flows import server
+    from flows.schedule import serve_schedule
 
-    ours = not os.environ.get("PREFECT_API_URL")
-    if ours:
-        os.environ["PREFECT_API_URL"] = server.api_url()
-    if args.cron:
-        check_cron(args.cron)  # imports Prefect, which now reads the server's URL
-    if ours:
-        if server.start()[1]:
-            print(f"started the project's Prefect server: {server.api_url()} (stop it with: lmpipe server --stop)",
-                  flush=True)
-    elif not server.healthy(os.environ["PREFECT_API_URL"], timeout=5):
-        raise LmpipeError(f"PREFECT_API_URL={os.environ['PREFECT_API_URL']} does not answer: a schedule needs a "
-                          "running Prefect server (start one: lmpipe server, or unset PREFECT_API_URL)")
-    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
-
-    from flows.retrain import retrain
-    from lmpipe.config import load_params
-
-    timeout = load_params().retrain.timeout
-    when = f"cron '{args.cron}'" if args.cron else f"every {args.interval:g} s"
-    print(f"serving deployment 'retrain/{args.name}' on {when} via {os.environ['PREFECT_API_URL']}"
-          f" (one retrain at a time, a firing during one is cancelled; each may run {timeout:g} s; Ctrl-C stops it)",
-          flush=True)
-    from prefect.runner import Runner
-
-    runner = Runner(name=args.name, pause_on_shutdown=True)  # what Flow.serve builds
-    runner.add_flow(retrain.with_options(timeout_seconds=timeout), name=args.name, cron=args.cron,
-                    interval=args.interval, paused=False, concurrency_limit=ConcurrencyLimitConfig(
-                        limit=1, collision_strategy=ConcurrencyLimitStrategy.CANCEL_NEW))
-    # Prefect's own SIGTERM handler stops polling but leaves a running retrain training: SIGTERM (systemd,
-    # supervisord, Docker) does what Ctrl-C does instead, which stops the retrain, its DVC run and its copy
-    runner.handle_sigterm = as_ctrl_c
-    # started with SIGINT ignored (nohup, a background job of a script), the retrain Prefect spawns would inherit
-    # that and shrug off as_ctrl_c's SIGINT: Python's Ctrl-C handler here, so a spawned child starts with its own
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        asyncio.run(runner.start())
-    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM through as_ctrl_c
-        pass
-    print(f"stopped serving 'retrain/{args.name}'", flush=True)
-    return 0
-
-
-def as_ctrl_c(signum=None, frame=None) -> None:
-    """SIGTERM as the terminal's Ctrl-C: SIGINT to the other processes of this one's group (a retrain Prefect runs),
-    then to this one, whose handler (asyncio's, while the runner runs) cancels the runner cleanly."""
-    import psutil
-
-    group = os.getpgrp()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if os.getpgid(child.pid) == group:
-                child.send_signal(signal.SIGINT)
-        except (psutil.Error, ProcessLookupError):
-            continue
-    signal.raise_signal(signal.SIGINT)
+    return serve_schedule(args.name, cron=args.cron, interval=args.interval)
 
 
 def positive_seconds(text: str) -> float:

@@ -23,6 +23,12 @@ from lmpipe.errors import LmpipeError
 HOST, PORT = "127.0.0.1", 4200
 
 
+def this_environment() -> dict:
+    """os.environ with this interpreter's environment first on PATH: the tools a command starts (dvc, mlflow,
+    uvicorn) run in it even when the venv is not activated."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
 def api_url(port: int = PORT) -> str:
     return f"http://{HOST}:{port}/api"
 
