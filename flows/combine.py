@@ -13,6 +13,7 @@ from prefect.artifacts import create_table_artifact
 from lmpipe import paths
 from flows._stage import PARAMS_FILE, drop_removed, main, score_stage, stage_run
 from lmpipe import tracking
+from lmpipe.compare import BASELINE
 from lmpipe.combine import combinations
 from lmpipe.config import load_params
 from lmpipe.errors import LmpipeError
@@ -52,7 +53,7 @@ def combine() -> dict:
     params = load_params(PARAMS_FILE)
     drop_removed(list(params.models))  # a removed model's log-probabilities, before DVC hashes data/logprobs/
     with stage_run("combine", params, []):
-        rows = fit_combinations(["ngram", *params.models], params.combine.cache_windows)
+        rows = fit_combinations([BASELINE, *params.models], params.combine.cache_windows)
         write_json(paths.COMBINE, {"models": rows})
         create_table_artifact([{"combination": name, "test_bpb": r["test"]["bpb"], "test_word_ppl": r["test"]["word_ppl"],
                                 **{f"w_{m}": w for m, w in r["weights"].items()}} for name, r in rows.items()],

@@ -82,7 +82,7 @@ def label_each_model_run(params, models: dict) -> None:
         card = (f"{note} Against {label}: {gap}, word perplexity "
                 f"{result['test']['word_ppl']:,.0f} against {baseline['word_ppl']:,.0f}. Test bpb over the seeds: "
                 f"{shown['test bpb']}. Trained at commit {commit[:12] or '(none)'} from params.yaml sha256 {digest}.")
-        tracking.registry.describe_versions(f"lmpipe-{name}", paths.model_dir(name), card, {
+        tracking.registry.describe_versions(tracking.registry.registered_name(name), paths.model_dir(name), card, {
             "test_bpb": f"{result['test']['bpb']:.4f}", "test_bpb_sd": "unknown" if sd is None else f"{sd:.4f}",
             "seeds": str(seeds), f"vs_{label}_bpb": gap.split()[0],
             "test_word_ppl": f"{result['test']['word_ppl']:.1f}",
@@ -92,7 +92,7 @@ def label_each_model_run(params, models: dict) -> None:
 
 def check_covers(models: list[str]) -> None:
     """The evaluation must hold exactly the study's models: a stale row is worse than none."""
-    evaluated = set(json.loads(Path(EVAL).read_text())["models"]) - {"ngram"}
+    evaluated = set(json.loads(Path(EVAL).read_text())["models"]) - {BASELINE}
     if evaluated != set(models):
         raise LmpipeError(f"{EVAL} covers {sorted(evaluated)}, params.yaml's models are {sorted(models)} "
                           "(run the whole pipeline: dvc repro)")

@@ -56,7 +56,7 @@ def score(model: str) -> dict:
             tracking.log_metrics({f"test_{k}": v for k, v in scores["test"].items()} | {"n_params": scores["n_params"]},
                                  run_id=run_id)
         if model != "ngram":
-            tracking.registry.log_lm(paths.model_dir(model), paths.TOKENIZER, f"lmpipe-{model}",
+            tracking.registry.log_lm(paths.model_dir(model), paths.TOKENIZER, tracking.registry.registered_name(model),
                                      data.vocab_size, DecodeSettings.from_params(params.evaluate))
     return scores
 

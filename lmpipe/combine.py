@@ -21,7 +21,7 @@ from typing import Mapping
 import numpy as np
 from scipy.special import logsumexp
 
-from lmpipe.compare import CACHE
+from lmpipe.compare import BASELINE, CACHE
 from lmpipe.perplexity import perplexities
 
 
@@ -93,7 +93,7 @@ def with_cache(names: list[str], logprobs: Mapping[str, Mapping[str, np.ndarray]
     return best
 
 
-def combinations(logprobs: Mapping[str, Mapping[str, np.ndarray]], splits, baseline: str = "ngram",
+def combinations(logprobs: Mapping[str, Mapping[str, np.ndarray]], splits, baseline: str = BASELINE,
                  cache_windows: list[int] = (), vocab_size: int | None = None) -> dict:
     """{name: row}: each neural model with the baseline, the best pair of neural models (by valid loss), all models
     together, and (given `cache_windows`) all models with a unigram cache. Names join the models with '+' (e.g.

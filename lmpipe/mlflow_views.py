@@ -12,6 +12,7 @@ import urllib.parse
 from pathlib import Path
 
 
+from lmpipe.compare import BASELINE
 from lmpipe.tracking import LABELS, RANKED, run_of_output, tracker
 
 SHARED_VIEW = "mlflow.sharedViewState."  # MLflow's tag prefix for a shared view (its UI reads it back)
@@ -25,9 +26,9 @@ def labels(name: str, test: dict, baseline: tuple[str, float], n_params: float, 
     label, kn = baseline
     spread = f" ± {sd:.3f} ({seeds} seeds)" if sd is not None else ""
     return {"test bpb": f"{test['bpb']:.3f}{spread}",
-            f"vs {label}": "baseline" if name == "ngram" else f"{test['bpb'] - kn:+.3f} bpb",
+            f"vs {label}": "baseline" if name == BASELINE else f"{test['bpb'] - kn:+.3f} bpb",
             "word ppl": f"{test['word_ppl']:,.0f}",
-            "size": f"{n_params / 1e6:.2f}M {'n-grams' if name == 'ngram' else 'params'}",
+            "size": f"{n_params / 1e6:.2f}M {'n-grams' if name == BASELINE else 'params'}",
             "training FLOPs": f"{train_flops:.2e}" if train_flops else "-"}
 
 

@@ -61,13 +61,13 @@ def resolve(model: str, alias: str) -> tuple[str, str]:
     such, one line that names the versions and aliases it has (or the models the registry has)."""
     from mlflow.exceptions import MlflowException
 
-    from lmpipe.tracking.registry import registered_version
+    from lmpipe.tracking.registry import registered_name, registered_version
     from lmpipe.tracking.store import relocate_store
     from lmpipe.tracking import tracker
 
     store = tracker()
     relocate_store()  # a copied or moved checkout: serve this one's files
-    uri, name = model_uri(model, alias), f"lmpipe-{model}"
+    uri, name = model_uri(model, alias), registered_name(model)
     with contextlib.suppress(MlflowException):
         return uri, str(registered_version(uri).version)
     client = store.client

@@ -1,10 +1,11 @@
 """What several test files share: a local HTTP server for a handler, run in a thread for the length of a block; a
-port another program holds."""
+port another program holds; a child that takes Ctrl-C as a terminal's would."""
 
 from __future__ import annotations
 
 import contextlib
 import http.server
+import signal
 import socket
 import threading
 from typing import Iterator
@@ -37,3 +38,9 @@ def taken_port() -> Iterator[int]:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         yield taken.getsockname()[1]
+
+
+def as_in_a_terminal() -> None:
+    """A `preexec_fn`: SIGINT delivered as a terminal delivers it. A test run started as `nohup ... &` (or by a
+    script's background job) ignores SIGINT, and every child would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

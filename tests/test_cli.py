@@ -110,12 +110,14 @@ def started_ui(tmp_path, until: str) -> tuple[subprocess.Popen, int, list[str]]:
     import time
 
     from tests.conftest import free_port
+    from tests.helpers import as_in_a_terminal
 
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
     port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=tmp_path, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                          preexec_fn=as_in_a_terminal)
     lines, deadline = [], time.monotonic() + 180
     while not any(until in line for line in lines) and time.monotonic() < deadline and ui.poll() is None:
         lines.append(ui.stdout.readline())

@@ -22,7 +22,7 @@ from lmpipe.io import sha256_tree
 from lmpipe.ngram import NGramLM
 
 from tests.conftest import ROOT
-from tests.helpers import QuietHandler, http_server
+from tests.helpers import QuietHandler, as_in_a_terminal, http_server
 
 pytestmark = pytest.mark.e2e
 MODELS = ("nplm", "rnn", "lstm", "gru", "transformer")
@@ -745,7 +745,7 @@ def test_ctrl_c_stops_a_training_stage_in_one_line_and_its_run_ends_killed(scrat
     started = time.time()
     stage = subprocess.Popen([sys.executable, "-m", "flows.train", "--model", "gru"], cwd=copy, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal
+                             preexec_fn=as_in_a_terminal)
     def checkpointed():  # this run's own first checkpoint, not one an earlier run left behind
         return any(p.stat().st_mtime >= started for p in (copy / ".cache/lmpipe/ckpt").glob("gru-*/last.pt"))
 
@@ -1221,13 +1221,9 @@ def test_ctrl_c_stops_a_retrain_removes_its_copy_and_says_how_to_resume(committe
 
     copy, env = committed
     before = workspace(copy)
-    def as_in_a_terminal():  # its own process group, and SIGINT not ignored (a background shell ignores it)
-        os.setsid()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-
     retrain = subprocess.Popen(["lmpipe", "retrain", "models.gru.epochs=100000", "models.gru.patience=100000"],
                                cwd=copy, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               preexec_fn=as_in_a_terminal)
+                               start_new_session=True, preexec_fn=as_in_a_terminal)  # its own group, as a terminal's
     lines, deadline = [], time.monotonic() + 300
     for line in retrain.stdout:  # until the model trains: progress is said as it runs
         lines.append(line)
@@ -1266,7 +1262,7 @@ def test_changed_training_code_starts_afresh_and_equals_a_clean_run_of_the_new_c
     started = time.time()
     stage = subprocess.Popen([sys.executable, "-m", "flows.train", "--model", "gru"], cwd=copy, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                             preexec_fn=as_in_a_terminal)
     deadline = time.monotonic() + 300
     while not any(p.stat().st_mtime >= started for p in ckpts.glob("gru-*/last.pt")) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -149,7 +149,7 @@ def retire(models) -> list[str]:
         return []
     client, retired = tracker().client, []
     for model in models:
-        name = f"lmpipe-{model}"
+        name = registered_name(model)
         try:
             aliases = client.get_registered_model(name).aliases
         except MlflowException:
@@ -163,6 +163,11 @@ def retire(models) -> list[str]:
     return retired
 
 
+def registered_name(model: str) -> str:
+    """The registry's name of a model of params.yaml's `models`."""
+    return f"lmpipe-{model}"
+
+
 def champion_versions(models) -> dict:
     """{model: its champion ModelVersion}, for the models that have one (the n-gram is never registered)."""
     from mlflow.exceptions import MlflowException
@@ -170,7 +175,7 @@ def champion_versions(models) -> dict:
     client, found = tracker().client, {}
     for model in models:
         with contextlib.suppress(MlflowException):
-            found[model] = client.get_model_version_by_alias(f"lmpipe-{model}", CHAMPION)
+            found[model] = client.get_model_version_by_alias(registered_name(model), CHAMPION)
     return found
 
 
