@@ -893,15 +893,16 @@ def test_study_flow_trains_the_models_in_parallel_on_a_local_cluster(scratch, pr
     if runner == "ray":
         pytest.importorskip("prefect_ray", reason="the optional [ray] extra is not installed")
     copy, env = scratch
-    before = {m: json.loads((copy / f"metrics/train/{m}.json").read_text()) for m in MODELS}
+    retrained = ("gru", "transformer")  # two train stages stale: two tasks for the two workers, half the minutes of five
+    before = {m: json.loads((copy / f"metrics/train/{m}.json").read_text()) for m in retrained}
     params = copy / "params.yaml"
     override(params, {"orchestration": {"task_runner": runner, "workers": 2}})
-    for model in MODELS:  # make every train stage stale and really train again (no resumable checkpoint)
+    for model in retrained:  # make their train stages stale and really train again (no resumable checkpoint)
         shutil.rmtree(copy / f"models/{model}")
     shutil.rmtree(copy / ".cache/lmpipe/ckpt", ignore_errors=True)
     done = run([sys.executable, "-m", "flows.study"], copy, env)
     assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}  # dvc.lock records the tasks
-    for model in MODELS:
+    for model in retrained:
         after = json.loads((copy / f"metrics/train/{model}.json").read_text())
         assert after["valid_ppl"] == pytest.approx(before[model]["valid_ppl"], rel=1e-4)
         assert (copy / f"models/{model}/model.pt").exists()
@@ -913,8 +914,8 @@ def test_study_flow_trains_the_models_in_parallel_on_a_local_cluster(scratch, pr
         "flow_runs": {"id": {"any_": [models_run[0]["id"]]}}, "limit": 50}, timeout=10).json()
     spans = sorted((datetime.fromisoformat(t["start_time"]), datetime.fromisoformat(t["end_time"]))
                    for t in tasks if t["name"].startswith("train@"))
-    assert len(spans) == len(MODELS)
-    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))  # some ran side by side
+    assert len(spans) == len(retrained)
+    assert spans[1][0] < spans[0][1]  # side by side
     assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}  # orchestration is no stage param
 
 
