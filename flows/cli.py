@@ -36,7 +36,6 @@ shared server, or your Prefect Cloud workspace URL); without it `lmpipe server` 
 127.0.0.1:4200 and its UI shows the deployment and its runs. The command keeps running: it is the worker."""
 
 
-
 COMMANDS: dict = {}  # "name" or "group name" -> (add_arguments, handler, parser options), in the order of this file
 GROUPS = {"ngram": "n-gram model tools", "team": "a team's servers on this machine: PostgreSQL, MLflow, Prefect"}  # commands of two words: `lmpipe ngram export-arpa`
 
@@ -352,7 +351,6 @@ def _serve(args) -> int:
     from lmpipe.serve_app import named, serve
 
     return serve(*named(args.model, args.alias), args.port)
-
 
 
 def _schedule_args(p):

@@ -41,7 +41,9 @@ CALIBRATION_STEPS = 16  # new tokens of the generation that measures the model's
 
 def model_uri(model: str, alias: str) -> str:
     """models:/lmpipe-<model>/<version> for a number, else models:/lmpipe-<model>@<alias>."""
-    return f"models:/lmpipe-{model}" + (f"/{alias}" if alias.isdigit() else f"@{alias}")
+    from lmpipe.tracking.registry import registered_name
+
+    return f"models:/{registered_name(model)}" + (f"/{alias}" if alias.isdigit() else f"@{alias}")
 
 
 def named(model: str, alias: str) -> tuple[str, str]:
@@ -320,7 +322,7 @@ def serve(model: str, alias: str, port: int, say: Callable[[str], None] = _say) 
     try:  # both signals end in KeyboardInterrupt, loading or serving: uvicorn raises them again once it stopped
         uri, version = resolve(model, alias)
         sock = listen(port)
-        pyfunc = load(f"models:/lmpipe-{model}/{version}")
+        pyfunc = load(model_uri(model, version))
         app = build_app(pyfunc, {"model": uri, "version": version, "lmpipe": __version__}, say)
         worker = app.state.worker
         config = uvicorn.Config(app, log_config=None, log_level="warning", access_log=False, lifespan="off",
