@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from flows.server import running_server  # noqa: E402
-from lmpipe.config import apply_overrides  # noqa: E402
+from lmpipe.overrides import apply_overrides  # noqa: E402
 
 
 def copy_project(dest: Path, overrides: list[str]) -> None:

@@ -268,7 +268,8 @@ def _profile(args) -> int:
 
     import yaml
 
-    from lmpipe.config import apply_overrides, parse_params, profile_overrides
+    from lmpipe.config import parse_params
+    from lmpipe.overrides import apply_overrides, profile_overrides
 
     overrides = profile_overrides(yaml.safe_load(Path(args.file).read_text()))
     # check the merged params before anyone spends GPU hours on a typo

@@ -9,7 +9,6 @@ study` and `lmpipe retrain` print the same plan first.
 
 from __future__ import annotations
 
-import copy
 import socket
 from pathlib import Path
 
@@ -17,7 +16,8 @@ import yaml
 
 from flows._stage import PARAMS_FILE
 from flows.progress import budgets, planned_stages
-from lmpipe.config import apply_overrides, parse_assignments, parse_params
+from lmpipe.config import parse_params
+from lmpipe.overrides import apply_overrides, assignments
 
 # No training finished on this machine yet: the study's families ran at 187-328 GFLOP/s on the 2-core EPYC with
 # AVX512-BF16 (issue #51); without native bf16, fp32 is about 2.4x slower (README).
@@ -37,9 +37,9 @@ def moved(overrides: list[str], path: str | Path = PARAMS_FILE):
     """({dotted key: new value} of the overrides that change a value, the params with them applied); a bad override
     is a ConfigError of one line, as `check-params` gives."""
     raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    new = apply_overrides(copy.deepcopy(raw), overrides)
+    new = apply_overrides(raw, overrides)
     params = parse_params(new, f"{path} with {' '.join(overrides)}" if overrides else path)
-    changes = {k: v for k, v in parse_assignments(overrides, "-S").items() if _get(raw, k) != _get(new, k)}
+    changes = {k: v for k, v in assignments(overrides).items() if _get(raw, k) != _get(new, k)}
     return changes, params
 
 

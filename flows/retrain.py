@@ -35,7 +35,8 @@ from flows.progress import STARTED  # DVC's line as it starts a stage
 from flows.study import stage_env, dvc, one_study
 from lmpipe import tracking
 from lmpipe.compare import changed, compare_eval, comparison_markdown, describe, metrics_of
-from lmpipe.config import check_overrides, load_params
+from lmpipe.config import load_params
+from lmpipe.overrides import check_overrides
 from lmpipe.corpus.sources import corpus_sha256, fetch_corpus
 from lmpipe.errors import ConfigError, LmpipeError, first_line
 from lmpipe.git import git, git_or_empty

@@ -23,7 +23,8 @@ from prefect import flow, task
 from flows._stage import PARAMS_FILE, main
 from flows.runners import task_runner
 from lmpipe import tracking
-from lmpipe.config import OrchestrationParams, check_overrides, load_params
+from lmpipe.config import OrchestrationParams, load_params
+from lmpipe.overrides import check_overrides
 from lmpipe.errors import ConfigError, LmpipeError
 
 def stage_env(parent_run_id: str) -> dict:

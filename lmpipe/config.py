@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import copy
 import functools
 import hashlib
 import json
@@ -552,52 +551,15 @@ def _unstated_optim(raw, where: str) -> list[str]:
     return sorted(f"{where}{name}" for name in optimiser_fields(raw) - set(raw)) if isinstance(raw, dict) else []
 
 
-def _merge(old, new):
-    if isinstance(old, dict) and isinstance(new, dict):
-        return {**old, **{k: _merge(old.get(k), v) for k, v in new.items()}}
-    return new
-
-
-def parse_assignments(items: list[str], where: str = "--set") -> dict:
-    """`dotted.key=yaml value` strings, as `dvc exp run -S` takes them, as {dotted key: value}."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{where} {item!r}: expected KEY=VALUE (e.g. optim.lr=0.003)")
-        try:
-            out[key] = yaml.safe_load(value)
-        except yaml.YAMLError:
-            raise ConfigError(f"{where} {item!r}: the value is not YAML (quote it, e.g. 'budget={{tokens: 1000}}')") from None
-    return out
-
-
-def profile_overrides(tree: dict, prefix: str = "") -> list[str]:
-    """A profile's leaves as `key=value` overrides for `dvc exp run -S` (inline dicts stay one value)."""
-    out = []
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and key not in ("arch", "optim", "overrides"):  # these replace as a whole
-            out += profile_overrides(value, f"{name}.")
-        else:
-            text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
-            out.append(f"{name}={text}")
-    return out
-
-
-def apply_overrides(tree: dict, overrides: list[str]) -> dict:
-    """Apply `dotted.key=yaml value` overrides to `tree` in place, as `dvc exp run -S` does."""
-    for key, value in parse_assignments(overrides, "-S").items():
-        set_dotted(tree, key, value)
-    return tree
-
-
 def nested(overrides: dict, tree: dict | None = None) -> dict:
-    """Dotted settings written into a (copy of a) nested tree: {"optim.lr": 1} -> {"optim": {"lr": 1}}."""
-    tree = copy.deepcopy(tree) if tree is not None else {}
+    """Dotted settings written into a (copy of a) nested tree, a dict value merging into the one there (OmegaConf):
+    {"optim.lr": 1} -> {"optim": {"lr": 1}}."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.create(tree or {})
     for key, value in overrides.items():
-        set_dotted(tree, key, value)
-    return tree
+        OmegaConf.update(config, key, value, merge=True)
+    return OmegaConf.to_container(config)
 
 
 def with_overrides(base: ModelParams, overrides: dict, budget: dict | None = None) -> ModelParams:
@@ -620,15 +582,6 @@ def with_overrides(base: ModelParams, overrides: dict, budget: dict | None = Non
         return ModelParams.model_validate(tree)
     except ValidationError as exc:
         raise ConfigError(f"settings {overrides}: {describe_error(exc.errors()[0])}") from None
-
-
-def set_dotted(tree: dict, key: str, value) -> None:
-    """tree["a"]["b"] = value for the key "a.b", levels created as needed; a dict value merges into the old one."""
-    *path, last = key.split(".")
-    node = tree
-    for part in path:
-        node = node.setdefault(part, {})
-    node[last] = _merge(node.get(last), value)
 
 
 def params_hash(*sections: dict) -> str:
@@ -684,14 +637,6 @@ def yaml_error_place(exc: yaml.YAMLError) -> str:
     if isinstance(exc, yaml.scanner.ScannerError) and exc.context_mark is not None:
         mark, problem = exc.context_mark, f"{problem} ({exc.context})"
     return f" at line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else f": {problem}"
-
-
-def check_overrides(path: str | Path, overrides: list[str] | None) -> None:
-    """params.yaml with `-S` overrides applied, checked as DVC would run them: a typo fails here, before DVC runs
-    (and deletes the outputs of) any stage."""
-    if overrides:
-        merged = apply_overrides(yaml.safe_load(Path(path).read_text(encoding="utf-8")), overrides)
-        parse_params(merged, f"{path} with {' '.join(overrides)}")
 
 
 def parse_params(raw, source: str | Path = "params") -> Params:

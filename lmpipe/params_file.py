@@ -4,14 +4,13 @@ included, would rewrap the whole file and write `null` as nothing)."""
 
 from __future__ import annotations
 
-import copy
 
 import yaml
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-from lmpipe.config import apply_overrides, parse_assignments
 from lmpipe.errors import ConfigError
+from lmpipe.overrides import apply_overrides, assignments
 
 
 def edit_params(text: str, overrides: list[str]) -> str:
@@ -19,10 +18,10 @@ def edit_params(text: str, overrides: list[str]) -> str:
     value rewritten where it stands. A change that cannot be made in place (a new key, a block-style section) is a
     ConfigError; the result always loads to the same settings as the overrides applied to the loaded file."""
     edited = text
-    for key, value in parse_assignments(overrides, "-S").items():
+    for key, value in assignments(overrides).items():
         for path, leaf in _leaves(yaml.safe_load(edited), key.split("."), value):
             edited = _replace(edited, path, leaf)
-    expected = apply_overrides(copy.deepcopy(yaml.safe_load(text)), overrides)
+    expected = apply_overrides(yaml.safe_load(text), overrides)
     if yaml.safe_load(edited) != expected:
         raise ConfigError(f"params.yaml: {', '.join(overrides)} could not be written in place")
     return edited

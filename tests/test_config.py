@@ -4,7 +4,10 @@ import sys
 
 import pytest
 
-from lmpipe.config import apply_overrides, load_params, params_hash, parse_params
+import yaml
+
+from lmpipe.config import Params, load_params, params_hash, parse_params
+from lmpipe.overrides import apply_overrides
 from lmpipe.errors import ConfigError
 from tests.conftest import ROOT
 
@@ -70,15 +73,15 @@ def test_gpu_profile_is_valid_params_and_becomes_dvc_overrides(tmp_path, capsys)
     import yaml
 
     from flows.cli import main
-    from lmpipe.config import profile_overrides
+    from lmpipe.overrides import profile_overrides
 
     profile = yaml.safe_load((ROOT / "profiles/wikitext2-gpu.yaml").read_text())
     overrides = profile_overrides(profile)
     assert main(["profile", str(ROOT / "profiles/wikitext2-gpu.yaml")]) == 0
     printed = shlex.split(capsys.readouterr().out)  # what `eval "dvc exp run $(lmpipe profile ...)"` passes to dvc
     assert printed == [word for o in overrides for word in ("-S", o)]
-    assert "corpus.source=wikitext-2" in overrides
-    assert any(o.startswith("models.lstm.optim={") and "nt_asgd: true" in o for o in overrides)
+    assert "++corpus.source=wikitext-2" in overrides  # ++: set whether or not params.yaml holds the key
+    assert any(o.startswith("++models.lstm.optim={") and "nt_asgd: true" in o for o in overrides)
     merged = apply_overrides(yaml.safe_load((ROOT / "params.yaml").read_text()), overrides)
     params = parse_params(merged)
     assert params.models["lstm"].optim.name == "sgd" and params.models["lstm"].arch["hidden"] == 1150
@@ -94,17 +97,50 @@ def test_model_arch_must_fit_its_family(tmp_path):
         load_params(write(tmp_path, text))
 
 
-def test_overrides_merge_dicts_like_dvc_exp_run():
-    tree = {"models": {"lstm": {"arch": {"cell": "lstm", "tie": True}, "epochs": 2}}}
-    apply_overrides(tree, ["models.lstm.arch={emb: 400}", "models.lstm.epochs=100", "corpus.source=wikitext-2"])
-    assert tree == {"models": {"lstm": {"arch": {"cell": "lstm", "tie": True, "emb": 400}, "epochs": 100}},
-                    "corpus": {"source": "wikitext-2"}}
+def dvc_applies(tmp_path, overrides: list[str]) -> Params:
+    """params.yaml with `overrides` applied by DVC's own code for `dvc exp run -S`, loaded as a stage loads it."""
+    from dvc.utils.hydra import apply_overrides as dvc_apply
+
+    path = tmp_path / "params.yaml"
+    path.write_text((ROOT / "params.yaml").read_text())
+    dvc_apply(path, overrides)
+    return load_params(path)
+
+
+@pytest.mark.parametrize("overrides", [["models.lstm.arch={emb: 400}", "corpus.source=wikitext-2"],
+                                       ["+models.gru.budget={tokens: 3000000}", "study.budget={flops: 4.0e+13}"],
+                                       ["++models.gru.epochs=3", "++train.seed=7", "models.gru.optim.lr=3e-3"]])
+def test_overrides_are_applied_as_dvc_exp_run_applies_them(tmp_path, overrides):
+    """A dict value merges into the one there, `+` adds a key, `++` sets it either way: DVC's result, exactly."""
+    assert parse_params(apply_overrides(yaml.safe_load((ROOT / "params.yaml").read_text()), overrides)) == \
+        dvc_applies(tmp_path, overrides)
+
+
+@pytest.mark.parametrize("override, says", [
+    ("models.gru.budget={tokens: 1000}", r"the params have no models.gru.budget .*add it with '\+models.gru.budget="),
+    ("+corpus.source=local", r"corpus.source is already set \(change it with 'corpus.source=local'\)"),
+    ("tokenizer.boundary_token=<x>", r"expected KEY=VALUE in DVC's -S syntax")])
+def test_an_override_dvc_would_refuse_is_one_line_saying_how_to_write_it(tmp_path, override, says):
+    from dvc.exceptions import InvalidArgumentError
+
+    with pytest.raises(ConfigError, match=says):
+        apply_overrides(yaml.safe_load((ROOT / "params.yaml").read_text()), [override])
+    with pytest.raises(InvalidArgumentError):  # and DVC refuses it too
+        dvc_applies(tmp_path, [override])
+
+
+@pytest.mark.parametrize("profile", ["wikitext2-gpu", "scaling-gpu"])
+def test_a_profile_runs_under_dvc_exp_run_as_lmpipe_checked_it(tmp_path, profile):
+    """`eval "dvc exp run $(lmpipe profile FILE)"`: every override DVC accepts, with the params lmpipe checked."""
+    from lmpipe.overrides import profile_overrides
+
+    overrides = profile_overrides(yaml.safe_load((ROOT / f"profiles/{profile}.yaml").read_text()))
+    assert dvc_applies(tmp_path, overrides) == parse_params(
+        apply_overrides(yaml.safe_load((ROOT / "params.yaml").read_text()), overrides))
 
 
 def test_scaling_gpu_profile_is_valid_params():
-    import yaml
-
-    from lmpipe.config import profile_overrides
+    from lmpipe.overrides import profile_overrides
 
     overrides = profile_overrides(yaml.safe_load((ROOT / "profiles/scaling-gpu.yaml").read_text()))
     params = parse_params(apply_overrides(yaml.safe_load((ROOT / "params.yaml").read_text()), overrides))

@@ -5,8 +5,8 @@ import difflib
 import pytest
 import yaml
 
-from lmpipe.config import apply_overrides
 from lmpipe.errors import ConfigError
+from lmpipe.overrides import apply_overrides
 from lmpipe.params_file import edit_params
 from tests.conftest import ROOT
 
@@ -19,7 +19,7 @@ def changed_lines(before: str, after: str) -> list[str]:
 
 
 @pytest.mark.parametrize("override", ["corpus.sha256=" + "ab" * 32, "models.gru.max_steps_per_epoch=100",
-                                      "models.gru.optim.lr=0.003", "train.seed=7", "tokenizer.boundary_token=<x>"])
+                                      "models.gru.optim.lr=0.003", "train.seed=7", "tokenizer.boundary_token='<x>'"])
 def test_one_override_changes_one_line_and_loads_as_dvc_would_set_it(override):
     edited = edit_params(TEXT, [override])
     assert len(changed_lines(TEXT, edited)) == 2  # one line out, one in: comments, nulls, inline maps as they were

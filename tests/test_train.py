@@ -412,12 +412,13 @@ def test_every_run_outside_the_stages_is_set_up_by_one_function():
     budget and the train section the same way, validated as params.yaml is."""
     from pathlib import Path
 
-    from lmpipe.config import load_params, parse_assignments
+    from lmpipe.config import load_params
+    from lmpipe.overrides import assignments
     from lmpipe.errors import ConfigError
     from lmpipe.train import configure_run
 
     params = load_params(Path(__file__).parents[1] / "params.yaml")
-    changes = parse_assignments(["optim.lr=0.003", "arch.layers=2"])
+    changes = assignments(["optim.lr=0.003", "arch.layers=2"])
     settings, common = configure_run(params, "gru", changes, {"tokens": 1000}, {"seed": 7})
     assert settings.optim.lr == 0.003 and settings.arch["layers"] == 2 and settings.budget.tokens == 1000
     assert settings.optim.clip == params.models["gru"].optim.clip and common.seed == 7
@@ -429,7 +430,7 @@ def test_every_run_outside_the_stages_is_set_up_by_one_function():
     with pytest.raises(ConfigError, match=r"train \{'seed': 'x'\}: seed"):
         configure_run(params, "gru", train={"seed": "x"})
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
-        parse_assignments(["optim.lr"])
+        assignments(["optim.lr"])
 
 
 def test_a_decay_branch_is_the_standalone_run_of_its_budget_bit_for_bit(tmp_path):

@@ -12,7 +12,8 @@ import sys
 import time
 
 from lmpipe import checkpoints, distributed
-from lmpipe.config import load_params, parse_assignments
+from lmpipe.config import load_params
+from lmpipe.overrides import assignments
 from lmpipe.errors import Interrupted, LmpipeError
 from lmpipe.evaluate import evaluate_lm
 from lmpipe.io import OUT_MARK, check_out_dir, out_dir
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m lmpipe.train", description=main.__doc__.split(":")[0])
     parser.add_argument("--model", required=True, help="an entry of params.yaml's `models`")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="dotted settings of models.<model>, YAML values (optim.lr=0.003 arch.layers=2)")
+                        help="dotted settings of models.<model>, as dvc exp run -S reads them (optim.lr=0.003 arch.layers=2)")
     parser.add_argument("--seed", type=int, help="train.seed of this run (default: params.yaml's)")
     parser.add_argument("--budget", help="this run's length instead of the model's: '{tokens: N}' or '{flops: F}'")
     parser.add_argument("--threads", type=int, help="CPU threads (1: two runs side by side on 2 cores)")
@@ -46,9 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.out:  # before any training: a folder of the user's is never replaced
             check_out_dir(args.out, "python -m lmpipe.train")
-        budget = None if args.budget is None else parse_assignments([f"budget={args.budget}"], "--budget")["budget"]
+        budget = None if args.budget is None else assignments([f"budget={args.budget}"], "--budget")["budget"]
         params = load_params(args.params)
-        job = prepare(params, args.model, args.checkpoints, overrides=parse_assignments(args.set), budget=budget,
+        job = prepare(params, args.model, args.checkpoints, overrides=assignments(args.set, "--set"), budget=budget,
                       train=train, params_file=args.params, progress_bar=sys.stderr.isatty())
         result = job.trainer.run(on_eval=lambda record: print(json.dumps(record), flush=True))
     except LmpipeError as exc:
