@@ -16,6 +16,7 @@ from prefect.artifacts import create_table_artifact
 from lmpipe import paths
 from flows._stage import PARAMS_FILE, drop_removed, main, score_stage, stage_run
 from lmpipe import tracking
+from lmpipe.compare import BASELINE
 from lmpipe.config import load_params
 from lmpipe.errors import LmpipeError
 from lmpipe.io import write_json, write_text
@@ -25,7 +26,7 @@ METRICS, SAMPLES, PLOT = paths.EVAL, paths.SAMPLES, paths.PERPLEXITY_PLOT
 
 
 def model_names(params) -> list[str]:
-    return ["ngram", *params.models]
+    return [BASELINE, *params.models]
 
 
 def read_scores(names: list[str], strategies: list[str]) -> tuple[dict, dict]:

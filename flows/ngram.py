@@ -15,6 +15,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from lmpipe import paths
 from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import ngram_build, tracking
+from lmpipe.compare import BASELINE
 from lmpipe.config import load_params
 from lmpipe.io import atomic_path, without_timings, write_json
 from lmpipe.ngram import NGramLM, perplexity
@@ -74,7 +75,7 @@ def build_and_score(params) -> dict:
 @flow(name="ngram")
 def ngram() -> dict:
     params = load_params(PARAMS_FILE)
-    with stage_run("ngram", params, ["ngram"], model="ngram"):
+    with stage_run("ngram", params, ["ngram"], model=BASELINE):
         metrics = build_and_score(params)
         tracking.mark_output(MODEL_DIR)
         write_json(METRICS, without_timings(metrics))  # timings: MLflow only
@@ -85,7 +86,7 @@ def ngram() -> dict:
             "tokens_per_sec": metrics["tokens_per_sec"],
             "build_seconds": metrics["build_seconds"], "peak_rss_mb": metrics["peak_rss_mb"],
         })
-        tracking.log_compare_axes("ngram", metrics["n_params"], metrics["train_tokens"])
+        tracking.log_compare_axes(BASELINE, metrics["n_params"], metrics["train_tokens"])
         tracking.log_artifacts(METRICS)
         tracking.log_artifacts(MODEL_DIR, "model")
     return metrics

@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 from lmpipe import paths
 from flows._stage import PARAMS_FILE, main, score_stage, stage_run
 from lmpipe import tracking
+from lmpipe.compare import BASELINE
 from lmpipe.config import load_params
 from lmpipe.decode import DecodeSettings
 from lmpipe.evaluate import evaluate_lm, load_lm
@@ -55,7 +56,7 @@ def score(model: str) -> dict:
         if run_id:  # the model's own run carries its test numbers too
             tracking.log_metrics({f"test_{k}": v for k, v in scores["test"].items()} | {"n_params": scores["n_params"]},
                                  run_id=run_id)
-        if model != "ngram":
+        if model != BASELINE:
             tracking.registry.log_lm(paths.model_dir(model), paths.TOKENIZER, tracking.registry.registered_name(model),
                                      data.vocab_size, DecodeSettings.from_params(params.evaluate))
     return scores
