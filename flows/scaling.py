@@ -12,7 +12,6 @@ run), and a changed budget list retrains only the new points.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from lmpipe.flops import ANALYTIC, train_flops_per_token
 from lmpipe.models import arch_with_defaults
 from lmpipe.scaling import MAX_EPOCHS, GridPoint, grid_points, made_with, size_label
 from lmpipe.splits import TokenData, load_tokens
-from lmpipe.checkpoints import code_version, discard
+from lmpipe.checkpoints import code_version
 from lmpipe.train.job import Job, prepare, publish
 
 WORK = Path(CACHE_DIR) / "scaling"
@@ -74,54 +73,51 @@ def plan(params: Params, data: TokenData) -> tuple[list[GridPoint], list[Job]]:
     return points, jobs
 
 
-def point_key(job: Job) -> str:
-    """What decides a grid run: its settings, the `train` section, the code, the data and the precision it trains
-    in on this machine (`precision: auto` is bf16 where the CPU multiplies bf16 natively, else fp32), so a grid
-    resumed on another machine never mixes in rows of the other precision. fp32 runs keep the key they had before
-    the precision was part of it."""
-    precision = "fp32" if job.trainer.autocast is None else "bf16"
-    return params_hash({"settings": job.settings.model_dump(mode="json"), "train": job.common.model_dump(mode="json"),
-                        "code": code_version(), "data": job.data.fingerprint,
-                        **({} if precision == "fp32" else {"precision": precision})})
+def precision_key(job: Job) -> dict:
+    """The precision a grid run trains in on this machine (`precision: auto` is bf16 where the CPU multiplies bf16
+    natively, else fp32), part of its key so that a grid resumed on another machine never mixes in rows of the other
+    precision; fp32 runs keep the key they had before the precision was part of it."""
+    return {} if job.trainer.autocast is None else {"precision": "bf16"}
 
 
 @task(cache_policy=NO_CACHE)
 def train_point(point: GridPoint, job: Job, params: Params, parent_id: str) -> dict:
-    """One run of the grid (or its row from an earlier, identical run: the same settings, code, data and training
-    precision, so a grid resumed on a machine that trains in bf16 does not mix in rows trained in fp32)."""
-    settings, common, data = job.settings, job.common, job.data
-    key = point_key(job)
-    done = WORK / "runs" / f"{point.name}-{key}.json"
+    """One run of the grid, or its row from an earlier, identical run (`Job.cached`): the same settings, code, data
+    and training precision."""
+    settings, data = job.settings, job.data
+    extra = precision_key(job)
+    key = job.key(**extra)
     tags = {"lmpipe.role": "scaling-run", "lmpipe.model": point.model, "lmpipe.point": key}
-    if done.exists():  # trained before: its row again, and a child run here too when this scaling run lacks one
-        row = json.loads(done.read_text())
+
+    def reused(row: dict) -> None:  # a child run here too when this scaling run lacks one
         row.setdefault("valid_loss", math.log(row["valid_ppl"]))  # rows cached before the column existed
         if not tracking.runs.find_runs(params.tracking.experiment,
                                        {"lmpipe.point": key, "mlflow.parentRunId": parent_id}):
-            reused = {**tags, "lmpipe.reused": "a finished run of an earlier grid"}
             with tracking.runs.run(params.tracking.experiment, point.name, settings.model_dump(mode="json"),
-                                   parent_run_id=parent_id, tags=reused):
+                                   parent_run_id=parent_id,
+                                   tags={**tags, "lmpipe.reused": "a finished run of an earlier grid"}):
                 tracking.log_metrics({k: v for k, v in row.items() if k not in ("budget",)})
         print(f"{point.name}: valid bpb {row['valid_bpb']:.4f} (trained before, reused)", flush=True)
+
+    def train() -> dict:
+        started = time.perf_counter()
+        with tracking.runs.run(params.tracking.experiment, point.name, settings.model_dump(mode="json"),
+                               parent_run_id=parent_id, tags=tags) as run:
+            result = job.trainer.run(on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id))
+            publish(run, result)
+        m = result.metrics
+        row = {"name": point.name, "model": point.model, "family": settings.family, "size": size_label(point.size),
+               "budget": point.budget, "n_params": m["n_params"], "n_params_non_embedding": m["n_params_non_embedding"],
+               "tokens": m["tokens_seen"], "flops": m["train_flops"], "epochs": m["epochs"],
+               "epoch_tokens": len(data.splits["train"].tokens), "valid_bpb": m["valid_bpb"],
+               "valid_ppl": m["valid_ppl"], "valid_loss": math.log(m["valid_ppl"]),
+               "train_seconds": m["seconds"], "wall_seconds": time.perf_counter() - started,
+               "flops_per_sec": m["flops_per_sec"], "device": m["device"], "precision": m["precision"]}
+        print(f"{point.name}: valid bpb {m['valid_bpb']:.4f}, N {m['n_params']:,}, D {m['tokens_seen']:,} tokens, "
+              f"{row['wall_seconds']:.0f} s", flush=True)
         return row
-    started = time.perf_counter()
-    with tracking.runs.run(params.tracking.experiment, point.name, settings.model_dump(mode="json"),
-                           parent_run_id=parent_id, tags=tags) as run:
-        result = job.trainer.run(on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id))
-        publish(run, result)
-    m = result.metrics
-    row = {"name": point.name, "model": point.model, "family": settings.family, "size": size_label(point.size),
-           "budget": point.budget, "n_params": m["n_params"], "n_params_non_embedding": m["n_params_non_embedding"],
-           "tokens": m["tokens_seen"], "flops": m["train_flops"], "epochs": m["epochs"],
-           "epoch_tokens": len(data.splits["train"].tokens), "valid_bpb": m["valid_bpb"], "valid_ppl": m["valid_ppl"],
-           "valid_loss": math.log(m["valid_ppl"]),
-           "train_seconds": m["seconds"], "wall_seconds": time.perf_counter() - started,
-           "flops_per_sec": m["flops_per_sec"], "device": m["device"], "precision": m["precision"]}
-    write_json(done, row)
-    discard(job.ckpt_dir)
-    print(f"{point.name}: valid bpb {m['valid_bpb']:.4f}, N {m['n_params']:,}, D {m['tokens_seen']:,} tokens, "
-          f"{row['wall_seconds']:.0f} s", flush=True)
-    return row
+
+    return job.cached(WORK / "runs", point.name, train, reused, **extra)
 
 
 @flow(name="scaling-grid")

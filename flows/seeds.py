@@ -23,11 +23,11 @@ from prefect.cache_policies import NO_CACHE
 from lmpipe import paths
 from flows._stage import CACHE_DIR, PARAMS_FILE, main
 from lmpipe import tracking
-from lmpipe.checkpoints import code_version, discard
+from lmpipe.checkpoints import code_version
 from lmpipe.config import Params, load_params, params_hash
 from lmpipe.errors import LmpipeError
 from lmpipe.evaluate import evaluate_lm
-from lmpipe.io import write_json, write_text
+from lmpipe.io import write_text
 from lmpipe.seeds import csv_rows, read_rows, spread, study_row
 from lmpipe.splits import TokenData, load_tokens
 from lmpipe.train import autocast_dtype, pick_device
@@ -55,31 +55,30 @@ def study_runs(params: Params) -> dict[str, dict]:
 
 @task(cache_policy=NO_CACHE)
 def train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id: str) -> dict:
-    """One model at one seed, trained and scored (or its row from an earlier, identical run)."""
+    """One model at one seed, trained and scored, or its row from an earlier, identical run (`Job.cached`)."""
     job = prepare(params, model, WORK / "ckpt", train={"seed": seed}, data=data, params_file=PARAMS_FILE)
-    key = params_hash({"settings": job.settings.model_dump(mode="json"), "train": job.common.model_dump(mode="json"),
-                       "evaluate.chunk": params.evaluate.chunk, "code": code_version(), "data": data.fingerprint})
-    name, done = f"{model}-seed{seed}", WORK / "runs" / f"{model}-seed{seed}-{key}.json"
-    tags = {"lmpipe.role": "seed-run", "lmpipe.model": model, "lmpipe.seed_run": key}
-    if done.exists():
-        row = json.loads(done.read_text())
-        print(f"{name}: test bpb {row['test_bpb']:.4f} (trained before, reused)", flush=True)
+    extra = {"evaluate.chunk": params.evaluate.chunk}
+    name = f"{model}-seed{seed}"
+    tags = {"lmpipe.role": "seed-run", "lmpipe.model": model, "lmpipe.seed_run": job.key(**extra)}
+
+    def train() -> dict:
+        started = time.perf_counter()
+        with tracking.runs.run(params.tracking.experiment, name, {"model": job.settings.model_dump(mode="json"),
+                                                                  "seed": seed}, parent_run_id=parent_id, tags=tags) as run:
+            result = job.trainer.run(on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id))
+            scores = evaluate_lm(result.model.eval(), data, params.evaluate.chunk)
+            publish(run, result)
+            tracking.log_metrics({f"test_{k}": v for k, v in scores["test"].items()}, run_id=run.info.run_id)
+        row = {"model": model, "seed": seed, "valid_bpb": scores["valid"]["bpb"], "test_bpb": scores["test"]["bpb"],
+               "test_word_ppl": scores["test"]["word_ppl"], "precision": result.metrics["precision"],
+               "seconds": time.perf_counter() - started}
+        print(f"{name}: test bpb {row['test_bpb']:.4f}, word ppl {row['test_word_ppl']:.1f} ({row['seconds']:.0f} s)",
+              flush=True)
         return row
-    started = time.perf_counter()
-    with tracking.runs.run(params.tracking.experiment, name, {"model": job.settings.model_dump(mode="json"),
-                                                              "seed": seed}, parent_run_id=parent_id, tags=tags) as run:
-        result = job.trainer.run(on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id))
-        scores = evaluate_lm(result.model.eval(), data, params.evaluate.chunk)
-        publish(run, result)
-        tracking.log_metrics({f"test_{k}": v for k, v in scores["test"].items()}, run_id=run.info.run_id)
-    row = {"model": model, "seed": seed, "valid_bpb": scores["valid"]["bpb"], "test_bpb": scores["test"]["bpb"],
-           "test_word_ppl": scores["test"]["word_ppl"], "precision": result.metrics["precision"],
-           "seconds": time.perf_counter() - started}
-    write_json(done, row)
-    discard(job.ckpt_dir)
-    print(f"{name}: test bpb {row['test_bpb']:.4f}, word ppl {row['test_word_ppl']:.1f} ({row['seconds']:.0f} s)",
-          flush=True)
-    return row
+
+    return job.cached(WORK / "runs", name, train,
+                      lambda row: print(f"{name}: test bpb {row['test_bpb']:.4f} (trained before, reused)", flush=True),
+                      **extra)
 
 
 def summary_lines(rows: list[dict]) -> list[str]:

@@ -32,13 +32,17 @@ def code_version() -> str:
     return code_hash()
 
 
-def checkpoint_dir(root: str | Path, model: str, chosen: dict, fingerprint: str, world: int = 1) -> Path:
-    """The run's folder, keyed by its params (`chosen`), the training code, the token data's fingerprint and the
-    process count."""
+def run_key(chosen: dict, fingerprint: str, **extra) -> str:
+    """What decides a run, hashed: its params (`chosen`), the training code and the token data's fingerprint, and
+    whatever else a caller's result depends on (`extra`). The one key of checkpoint folders and cached rows."""
     from lmpipe.config import params_hash
 
-    key = params_hash({**chosen, "code": code_version(), "data": fingerprint})
-    return Path(root) / (f"{model}-{key}" + ("" if world == 1 else f"-x{world}"))
+    return params_hash({**chosen, "code": code_version(), "data": fingerprint, **extra})
+
+
+def checkpoint_dir(root: str | Path, model: str, chosen: dict, fingerprint: str, world: int = 1) -> Path:
+    """The run's folder, keyed by `run_key` and the process count."""
+    return Path(root) / (f"{model}-{run_key(chosen, fingerprint)}" + ("" if world == 1 else f"-x{world}"))
 
 
 def make_dir(ckpt_dir: str | Path, model: str) -> Path:

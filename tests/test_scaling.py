@@ -117,9 +117,7 @@ def test_grid_is_every_size_at_every_budget_smallest_budget_first():
 def test_each_grid_point_trains_its_size_to_its_flop_budget():
     import torch
 
-    from flows.scaling import point_key, prepare_point
-    from lmpipe.checkpoints import code_version
-    from lmpipe.config import params_hash
+    from flows.scaling import precision_key, prepare_point
     from tests.test_train import synthetic_data
 
     params = parse_params({"study": {"budget": {"flops": 3e13}},
@@ -132,12 +130,10 @@ def test_each_grid_point_trains_its_size_to_its_flop_budget():
     assert settings.arch == {"cell": "lstm", "emb": 32, "hidden": 32} and settings.batch_size == 16
     assert common.evals_per_epoch == params.scaling.evals_per_epoch and common.seed == params.train.seed
     assert settings.optim.warmup_steps == 5 and settings.budget.flops == 1e12
-    before = params_hash({"settings": settings.model_dump(mode="json"), "train": common.model_dump(mode="json"),
-                          "code": code_version(), "data": job.data.fingerprint})  # a row's key before precision
     job.trainer.autocast = None  # the run in fp32 (what `precision: auto` gives without native bf16)
-    assert point_key(job) == before
+    assert job.key(**precision_key(job)) == job.key()  # the key of its checkpoint folder too
     job.trainer.autocast = torch.bfloat16  # the same run where the CPU multiplies bf16: another row
-    assert point_key(job) != before
+    assert job.key(**precision_key(job)) != job.key()
     bad = parse_params({"models": {"lstm": {"family": "rnn", "epochs": 1}}, "scaling": {"models": {"lstm": [{"dim": 32}]},
                                                                           "budgets": [1e12]}})
     with pytest.raises(ConfigError, match=r"scaling, lstm-dim32-C1.0e\+12: settings .*: arch has \[.dim.\]"):

@@ -6,12 +6,14 @@ differ only in what they change of params.yaml's settings and where their result
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Callable
 
 from lmpipe import checkpoints, distributed, tracking
-from lmpipe.checkpoints import checkpoint_dir, prune
+from lmpipe.checkpoints import checkpoint_dir, prune, run_key
 from lmpipe.config import ModelParams, Params, TrainParams, with_overrides
 from lmpipe.io import atomic_path, csv_text, without_timings, write_json, write_text
 from lmpipe.models import save_model
@@ -35,6 +37,25 @@ class Job:
     def chosen(self) -> dict:
         """The settings that define the run: its MLflow params and its checkpoint key."""
         return {"train": self.common.model_dump(mode="json"), "model": self.settings.model_dump(mode="json")}
+
+    def key(self, **extra) -> str:
+        """What decides this run's result (`checkpoints.run_key`), with `extra`, e.g. the precision it trains in."""
+        return run_key(self.chosen, self.data.fingerprint, **extra)
+
+    def cached(self, folder: Path, name: str, train: Callable[[], dict], reused: Callable[[dict], None],
+               **extra) -> dict:
+        """This run's row, kept in `folder` under its key: read back (and `reused` told) when an identical run
+        finished before, else `train()`ed, kept, and its checkpoints dropped. The seeds and the scaling grid resume
+        by it."""
+        done = Path(folder) / f"{name}-{self.key(**extra)}.json"
+        if done.exists():
+            row = json.loads(done.read_text())
+            reused(row)
+            return row
+        row = train()
+        write_json(done, row)
+        checkpoints.discard(self.ckpt_dir)
+        return row
 
     @cached_property
     def ckpt_dir(self) -> Path:
