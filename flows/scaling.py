@@ -85,8 +85,7 @@ def train_point(point: GridPoint, job: Job, params: Params, parent_id: str) -> d
     """One run of the grid, or its row from an earlier, identical run (`Job.cached`): the same settings, code, data
     and training precision."""
     settings, data = job.settings, job.data
-    extra = precision_key(job)
-    key = job.key(**extra)
+    key = job.key(**precision_key(job))
     tags = {"lmpipe.role": "scaling-run", "lmpipe.model": point.model, "lmpipe.point": key}
 
     def reused(row: dict) -> None:  # a child run here too when this scaling run lacks one
@@ -117,7 +116,7 @@ def train_point(point: GridPoint, job: Job, params: Params, parent_id: str) -> d
               f"{row['wall_seconds']:.0f} s", flush=True)
         return row
 
-    return job.cached(WORK / "runs", point.name, train, reused, **extra)
+    return job.cached(WORK / "runs", point.name, key, train, reused)
 
 
 @flow(name="scaling-grid")

@@ -57,9 +57,9 @@ def study_runs(params: Params) -> dict[str, dict]:
 def train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id: str) -> dict:
     """One model at one seed, trained and scored, or its row from an earlier, identical run (`Job.cached`)."""
     job = prepare(params, model, WORK / "ckpt", train={"seed": seed}, data=data, params_file=PARAMS_FILE)
-    extra = {"evaluate.chunk": params.evaluate.chunk}
+    key = job.key(**{"evaluate.chunk": params.evaluate.chunk})
     name = f"{model}-seed{seed}"
-    tags = {"lmpipe.role": "seed-run", "lmpipe.model": model, "lmpipe.seed_run": job.key(**extra)}
+    tags = {"lmpipe.role": "seed-run", "lmpipe.model": model, "lmpipe.seed_run": key}
 
     def train() -> dict:
         started = time.perf_counter()
@@ -76,9 +76,8 @@ def train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id
               flush=True)
         return row
 
-    return job.cached(WORK / "runs", name, train,
-                      lambda row: print(f"{name}: test bpb {row['test_bpb']:.4f} (trained before, reused)", flush=True),
-                      **extra)
+    return job.cached(WORK / "runs", name, key, train,
+                      lambda row: print(f"{name}: test bpb {row['test_bpb']:.4f} (trained before, reused)", flush=True))
 
 
 def summary_lines(rows: list[dict]) -> list[str]:

@@ -5,8 +5,12 @@ to params.yaml in struct mode, so lmpipe's checks, plans and profiles read an ov
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import yaml
+
+from lmpipe.config import parse_params
 from lmpipe.errors import ConfigError
 
 
@@ -58,15 +62,9 @@ def apply_overrides(tree: dict, items: list[str], where: str = "-S") -> dict:
     return OmegaConf.to_object(config)
 
 
-def check_overrides(path, items: list[str] | None) -> None:
+def check_overrides(path: str | Path, items: list[str] | None) -> None:
     """params.yaml with `-S` overrides applied, checked as DVC would run them: a typo fails here, before DVC runs
     (and deletes the outputs of) any stage."""
-    from pathlib import Path
-
-    import yaml
-
-    from lmpipe.config import parse_params
-
     if items:
         merged = apply_overrides(yaml.safe_load(Path(path).read_text(encoding="utf-8")), items)
         parse_params(merged, f"{path} with {' '.join(items)}")

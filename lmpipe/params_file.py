@@ -4,7 +4,6 @@ included, would rewrap the whole file and write `null` as nothing)."""
 
 from __future__ import annotations
 
-
 import yaml
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq

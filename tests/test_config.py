@@ -3,7 +3,6 @@ import subprocess
 import sys
 
 import pytest
-
 import yaml
 
 from lmpipe.config import Params, load_params, params_hash, parse_params
@@ -69,8 +68,6 @@ def test_cli_reports_bad_params_without_traceback(tmp_path):
 
 def test_gpu_profile_is_valid_params_and_becomes_dvc_overrides(tmp_path, capsys):
     import shlex
-
-    import yaml
 
     from flows.cli import main
     from lmpipe.overrides import profile_overrides

@@ -42,12 +42,12 @@ class Job:
         """What decides this run's result (`checkpoints.run_key`), with `extra`, e.g. the precision it trains in."""
         return run_key(self.chosen, self.data.fingerprint, **extra)
 
-    def cached(self, folder: Path, name: str, train: Callable[[], dict], reused: Callable[[dict], None],
-               **extra) -> dict:
-        """This run's row, kept in `folder` under its key: read back (and `reused` told) when an identical run
-        finished before, else `train()`ed, kept, and its checkpoints dropped. The seeds and the scaling grid resume
-        by it."""
-        done = Path(folder) / f"{name}-{self.key(**extra)}.json"
+    def cached(self, folder: Path, name: str, key: str, train: Callable[[], dict],
+               reused: Callable[[dict], None]) -> dict:
+        """This run's row, kept in `folder` under `key` (`key(...)`, with what else the row depends on): read back
+        (and `reused` told) when an identical run finished before, else `train()`ed, kept, and its checkpoints
+        dropped. The seeds and the scaling grid resume by it."""
+        done = Path(folder) / f"{name}-{key}.json"
         if done.exists():
             row = json.loads(done.read_text())
             reused(row)
