@@ -11,6 +11,7 @@ each, one line says where the study is. Once a model has trained, the minutes le
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 
@@ -124,6 +125,9 @@ def main(targets: list[str]) -> int:
             out.flush()
         return process.wait()
     except KeyboardInterrupt:  # the terminal's Ctrl-C reached DVC too: it stops its stage and says so
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C reaches DVC as well; this one waits for it
+        out.write(process.stdout.read())  # DVC's last lines, the stage's own line on how it stopped among them
+        out.flush()
         return process.wait()
 
 

@@ -87,3 +87,38 @@ def test_the_plan_holds_every_changed_stage_and_all_below_it(tmp_path, monkeypat
     stages["b"]["cmd"] = "cp a.txt b.txt && true"
     (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": stages}))
     assert planned_stages() == ["b"]
+
+
+def test_ctrl_c_twice_passes_on_dvcs_last_lines_and_its_exit_status_without_a_traceback(tmp_path):
+    """The terminal's Ctrl-C reaches the whole group, pressed twice here: DVC (a fake on PATH that stops its stage
+    and says so) gets both; the study's progress relays DVC's last line and DVC's exit status, and no traceback."""
+    import os
+    import signal
+    import stat
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    from tests.helpers import as_in_a_terminal
+
+    fake = tmp_path / "dvc"
+    fake.write_text("#!/bin/sh\n"
+                    "if [ \"$2\" = --dry ]; then exit 0; fi\n"
+                    "trap 'trap \"\" INT; sleep 1; echo \"train@gru: interrupted; dvc repro resumes it\"; exit 130' INT\n"
+                    "printf \"Running stage 'train@gru':\\n\"\n"
+                    "while true; do sleep 0.1; done\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    study = subprocess.Popen([sys.executable, "-m", "flows.progress"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, start_new_session=True, preexec_fn=as_in_a_terminal)
+    while b"stage 1 of 1: train@gru" not in study.stdout.readline():  # the stage runs (a line per line of DVC's)
+        assert study.poll() is None, study.stderr.read().decode()
+    for _ in range(2):
+        os.killpg(study.pid, signal.SIGINT)
+        time.sleep(0.3)
+    out, err = study.communicate(timeout=60)
+    assert study.returncode == 130, err.decode()  # DVC's exit status
+    assert out.decode().endswith("train@gru: interrupted; dvc repro resumes it\n")
+    assert b"Traceback" not in err, err.decode()
