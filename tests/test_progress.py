@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
 from flows.progress import Progress
+from tests.conftest import ROOT
+from tests.helpers import as_in_a_terminal
 
 PLANNED = ["ngram", "train@nplm", "train@gru", "score@nplm", "report"]
 
@@ -32,26 +41,24 @@ def test_a_stage_dvc_runs_beyond_the_dry_runs_list_still_counts():
     assert progress.see("Running stage 'evaluate':") == "[study] stage 1 of 1: evaluate"
 
 
+def with_fake_dvc(tmp_path, script: str) -> dict:
+    """An environment whose `dvc` is a shell script of `script`, with the project's params.yaml in `tmp_path`."""
+    fake = tmp_path / "dvc"
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    return {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
 def test_dvcs_output_passes_through_byte_for_byte_with_a_progress_line_after_each_stage_start(tmp_path):
     """A fake `dvc` on PATH: `repro --dry` names two stages, `repro` prints them with a progress bar's carriage
     returns, which must reach the terminal as they are (the bar stays on its line), and exits 3."""
-    import os
-    import stat
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
-
-    fake = tmp_path / "dvc"
-    fake.write_text("#!/bin/sh\n"
-                    "if [ \"$2\" = --dry ]; then printf \"Running stage 'ngram':\\nRunning stage 'report':\\n\"; exit 0; fi\n"
-                    "printf \"Running stage 'ngram':\\nbar 1/2\\rbar 2/2\\n\"\n"
-                    "printf \"Running stage 'report':\\n\"\n"
-                    "exit 3\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
-    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = with_fake_dvc(tmp_path,
+                        "if [ \"$2\" = --dry ]; then printf \"Running stage 'ngram':\\nRunning stage 'report':\\n\"; exit 0; fi\n"
+                        "printf \"Running stage 'ngram':\\nbar 1/2\\rbar 2/2\\n\"\n"
+                        "printf \"Running stage 'report':\\n\"\n"
+                        "exit 3\n")
     done = subprocess.run([sys.executable, "-m", "flows.progress"], cwd=tmp_path, env=env, capture_output=True)
     assert done.returncode == 3  # DVC's exit status
     said = done.stdout.decode()
@@ -66,8 +73,6 @@ def test_dvcs_output_passes_through_byte_for_byte_with_a_progress_line_after_eac
 def test_the_plan_holds_every_changed_stage_and_all_below_it(tmp_path, monkeypatch):
     """A real DVC project of two stages, a -> b: a fresh one runs both; after a repro none; a changed input of a
     both (b's input is about to change, though `dvc status` cannot see it yet); a changed command of b b alone."""
-    import subprocess
-
     import yaml
 
     from flows.progress import planned_stages
@@ -92,25 +97,11 @@ def test_the_plan_holds_every_changed_stage_and_all_below_it(tmp_path, monkeypat
 def test_ctrl_c_twice_passes_on_dvcs_last_lines_and_its_exit_status_without_a_traceback(tmp_path):
     """The terminal's Ctrl-C reaches the whole group, pressed twice here: DVC (a fake on PATH that stops its stage
     and says so) gets both; the study's progress relays DVC's last line and DVC's exit status, and no traceback."""
-    import os
-    import signal
-    import stat
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
-    from tests.helpers import as_in_a_terminal
-
-    fake = tmp_path / "dvc"
-    fake.write_text("#!/bin/sh\n"
-                    "if [ \"$2\" = --dry ]; then exit 0; fi\n"
-                    "trap 'trap \"\" INT; sleep 1; echo \"train@gru: interrupted; dvc repro resumes it\"; exit 130' INT\n"
-                    "printf \"Running stage 'train@gru':\\n\"\n"
-                    "while true; do sleep 0.1; done\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
-    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
-           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = with_fake_dvc(tmp_path,
+                        "if [ \"$2\" = --dry ]; then exit 0; fi\n"
+                        "trap 'trap \"\" INT; sleep 1; echo \"train@gru: interrupted; dvc repro resumes it\"; exit 130' INT\n"
+                        "printf \"Running stage 'train@gru':\\n\"\n"
+                        "while true; do sleep 0.1; done\n")
     study = subprocess.Popen([sys.executable, "-m", "flows.progress"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True, preexec_fn=as_in_a_terminal)
     while b"stage 1 of 1: train@gru" not in study.stdout.readline():  # the stage runs (a line per line of DVC's)
