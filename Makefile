@@ -14,11 +14,15 @@ study: $(READY) server
 	@echo "report: reports/study.html   numbers: dvc metrics show   MLflow: lmpipe ui   (tools in $(VENV)/bin)"
 	@echo "the Prefect server (http://127.0.0.1:4200) is still up, for the next run and its UI: stop it with make stop"
 
+# -n auto: a worker per core (pytest-xdist); --dist loadgroup in collection order: a module per worker, the two
+# end-to-end groups first (tests/conftest.py)
+XDIST := -n auto --dist loadgroup --no-loadscope-reorder
+
 test: $(READY)
-	python -m pytest -q
+	python -m pytest -q $(XDIST) --durations=25
 
 test-fast: $(READY)
-	python -m pytest -q -m "not e2e"
+	python -m pytest -q $(XDIST) -m "not e2e"
 
 server: $(READY)
 	lmpipe server

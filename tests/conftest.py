@@ -9,6 +9,12 @@ import sys
 import time
 from pathlib import Path
 
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # `make test` runs on pytest-xdist's workers
+# Each worker, and every stage it starts, takes its share of the cores, set before numpy and torch start their thread
+# pools: two workers of two threads each on two cores wait on each other's threads.
+if WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // WORKERS)))
+
 import numpy as np
 import pytest
 
@@ -18,6 +24,22 @@ switch_off()  # telemetry off for everything the tests import and start
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(items):
+    """`make test` spreads the tests over pytest-xdist's workers by group (`--dist loadgroup`, in collection order):
+    a module's tests go to one worker, as with `--dist loadfile`, so its module fixtures are built once, except the
+    end-to-end tests a module names in SECOND_STUDY, a group of their own. The end-to-end groups come first, so the
+    two long ones start at once, on two workers, and the short modules fill in beside them."""
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is None or item.get_closest_marker("xdist_group"):
+            continue
+        second = getattr(item, "originalname", item.name) in getattr(module, "SECOND_STUDY", ())
+        item.add_marker(pytest.mark.xdist_group(module.__name__ + (".second-study" if second else "")))
+    items.sort(key=lambda item: (item.get_closest_marker("e2e") is None,
+                                 ".second-study" not in str(item.get_closest_marker("xdist_group"))))
 
 
 def free_port() -> int:

@@ -25,6 +25,15 @@ from tests.conftest import ROOT
 from tests.helpers import QuietHandler, as_in_a_terminal, http_server
 
 pytestmark = pytest.mark.e2e
+# `make test` runs on pytest-xdist's workers (tests/conftest.py): these tests, about half of this module's time, form
+# a group of their own, which a second worker runs beside a second copy of the study.
+SECOND_STUDY = ("test_a_team_shares_one_mlflow_and_prefect_on_postgresql_and_one_dvc_remote",
+                "test_a_failure_after_training_keeps_the_training_and_the_rerun_does_not_train_again",
+                "test_study_flow_trains_the_models_in_parallel_on_a_local_cluster",
+                "test_scaling_pipeline_trains_its_grid_to_budget_fits_and_reports",
+                "test_torchrun_runs_a_train_stage_on_two_processes_and_dvc_commit_records_it",
+                "test_seeds_retrain_every_model_and_the_report_gives_mean_sd_and_verdicts",
+                "test_a_store_without_the_runs_of_skipped_stages_gets_them_and_nothing_else_changes")
 MODELS = ("nplm", "rnn", "lstm", "gru", "transformer")
 STAGES = ("download", "prepare", "validate", "tokenize", "ngram") + tuple(f"train@{m}" for m in MODELS) + (
     "score_ngram",) + tuple(f"score@{m}" for m in MODELS) + ("evaluate", "combine", "word2vec", "audit", "report")
