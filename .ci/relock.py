@@ -19,11 +19,15 @@ from dvc.dependency import ParamsDependency
 from dvc.repo import Repo
 
 
+def is_tracked(path: str) -> bool:
+    return bool(subprocess.run(["git", "ls-files", "--", path], capture_output=True, text=True, check=True).stdout)
+
+
 def is_code(path: str, outputs: list[str]) -> bool:
     """Whether `path` is code or settings: tracked by git, and no stage's output, inside one or holding one."""
     if any(path == out or path.startswith(out + os.sep) or out.startswith(path + os.sep) for out in outputs):
         return False
-    return bool(subprocess.run(["git", "ls-files", "--", path], capture_output=True, text=True, check=True).stdout)
+    return is_tracked(path)
 
 
 def relock(patterns: list[str]) -> list[str]:
@@ -32,13 +36,20 @@ def relock(patterns: list[str]) -> list[str]:
         outputs = [out.fs_path for stage in repo.index.stages for out in stage.outs]
         for stage in repo.index.stages:
             name = stage.addressing  # `train@gru`; `seeds/dvc.yaml:seeds` outside dvc.yaml
-            if not any(fnmatch.fnmatchcase(name, p) for p in patterns) or not all(out.hash_info for out in stage.outs):
+            if not any(fnmatch.fnmatchcase(name, p) for p in patterns):
                 continue
-            for dep in stage.deps:  # code (what git tracks) and params anew; data (other stages' outputs) as recorded
-                if isinstance(dep, ParamsDependency) or is_code(dep.fs_path, outputs):
+            for out in stage.outs:  # an output new to the lock: hashed from the checkout where git holds it
+                if not out.hash_info and is_tracked(out.fs_path):
+                    out.save()
+            if not all(out.hash_info for out in stage.outs):
+                continue
+            for dep in stage.deps:  # code (what git tracks) and params anew; data (other stages' outputs) as recorded,
+                if isinstance(dep, ParamsDependency) or is_code(dep.fs_path, outputs):  # or from git where new
                     dep.save()
                 elif not dep.hash_info:
-                    raise SystemExit(f"{name}: {dep} is data that dvc.lock records no hash of")
+                    if not is_tracked(dep.fs_path):
+                        raise SystemExit(f"{name}: {dep} is data that dvc.lock records no hash of")
+                    dep.save()
             stage.dvcfile.dump(stage, update_pipeline=False)
             done.append(name)
     return done

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lmpipe import seeds  # noqa: E402
+from lmpipe import paths, seeds  # noqa: E402
 from lmpipe.compare import (BASELINE, MATCHED, best_model, best_of, not_compute_matched, vs_baseline,  # noqa: E402
                             without_cache)
 from lmpipe.compute_curves import against_grid, annealed  # noqa: E402
@@ -126,9 +126,10 @@ def combination_targets(models: dict, combined: dict) -> list[tuple[str, str, bo
     return out
 
 
-def annealed_targets(trained: dict, budget: float, divisors=BRANCH_DIVISORS) -> list[tuple[str, str, bool]]:
+def annealed_targets(trained: dict, budget: float, budget_sds: dict,
+                     divisors=BRANCH_DIVISORS) -> list[tuple[str, str, bool]]:
     """Every neural model's annealed points (`budgets` of metrics/train/<model>.json): one at each of C/16 .. C, its
-    training FLOPs within 1% of that budget."""
+    training FLOPs within 1% of that budget, and a seed sd at each (seeds/budgets.csv, `lmpipe seeds`)."""
     rows = []
     wanted = [budget / k for k in divisors]
     for name, t in sorted(trained.items()):
@@ -136,6 +137,9 @@ def annealed_targets(trained: dict, budget: float, divisors=BRANCH_DIVISORS) -> 
         off = [b for b in wanted if b not in points or abs(points[b] - b) > MATCHED * b]
         rows.append((f"{name}: annealed points at C/16, C/8, C/4, C/2, C (each within {100 * MATCHED:g}%)",
                      f"{len(wanted) - len(off)} of {len(wanted)}", not off))
+        with_sd = [b for b in points if b in budget_sds.get(name, {})]
+        rows.append((f"{name}: a seed sd at each annealed point", f"{len(with_sd)} of {len(wanted)}",
+                     len(with_sd) >= len(wanted)))
     return rows
 
 
@@ -196,8 +200,12 @@ def main() -> int:
     combined = {name: r for name, r in combined_models().items() if not set(r["weights"]) & set(unmatched)}
     rows += quality_targets(models)
     precisions = {name: t.get("precision", "") for name, t in trained.items()}
-    rows += seed_targets(evaluation, ROOT / "seeds/seeds.csv", params.train.seed, precisions)
-    rows += annealed_targets({n: t for n, t in trained.items() if n not in unmatched}, budget)
+    rows += seed_targets(evaluation, ROOT / paths.SEEDS, params.train.seed, precisions)
+    matched = {n: t for n, t in trained.items() if n not in unmatched}
+    spreads, _ = seeds.study_spreads(ROOT / paths.SEEDS, evaluation, precisions, params.train.seed, BASELINE)
+    budget_sds = seeds.budget_sds(seeds.read_rows(ROOT / paths.SEED_BUDGETS), annealed(matched), params.train.seed,
+                                  [n for n, s in spreads.items() if s.n > 1])
+    rows += annealed_targets(matched, budget, budget_sds)
     rows += scaling_targets(annealed(trained), (ROOT / "reports/study.md").read_text(encoding="utf-8"))
     if combined:
         rows += combination_targets(models, combined)

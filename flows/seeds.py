@@ -1,7 +1,9 @@
 """seeds pipeline (seeds/dvc.yaml), apart from the default study: every model of params.yaml retrained with the seeds
 of `seeds.extra`, exactly as its train@<model> stage trains it but for `train.seed`, and scored on valid and test as
 the evaluate stage scores it. Writes seeds/seeds.csv: those runs and the study's own (its numbers from
-metrics/eval.json), which the study's report turns into mean ± sd and verdicts (lmpipe/seeds.py).
+metrics/eval.json), which the study's report turns into mean ± sd and verdicts (lmpipe/seeds.py). With the study's
+decay branches (`study.branches`) each seed's run gives its branches too, as train@<model> does: seeds/budgets.csv
+holds every seed's annealed result at each budget, the sd of each point of the report's "As compute grows".
 
     lmpipe seeds        (runs this flow, then `dvc commit seeds/dvc.yaml`: the stage is frozen, so that the study's
                          `dvc repro` never starts its hour of training)
@@ -20,15 +22,15 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from lmpipe import paths
 from flows._stage import CACHE_DIR, PARAMS_FILE, main
-from lmpipe import tracking
+from flows.train import anneal, study_branches
+from lmpipe import checkpoints, paths, tracking
 from lmpipe.checkpoints import code_version
 from lmpipe.config import Params, load_params, params_hash
 from lmpipe.errors import LmpipeError
 from lmpipe.evaluate import evaluate_lm
 from lmpipe.io import write_text
-from lmpipe.seeds import csv_rows, read_rows, spread, study_row
+from lmpipe.seeds import BUDGET_COLUMNS, budget_rows, csv_rows, read_rows, spread, study_row
 from lmpipe.splits import TokenData, load_tokens
 from lmpipe.train import autocast_dtype, pick_device
 from lmpipe.train.job import prepare, publish
@@ -53,11 +55,23 @@ def study_runs(params: Params) -> dict[str, dict]:
     return {m: study_row(m, params.train.seed, evaluation[m], precision[m]) for m in params.models}
 
 
+def study_budget_rows(params: Params, models: list[str]) -> list[dict]:
+    """The study's own annealed results of `models` (metrics/train/<model>.json's `budgets`: none without
+    branches), as rows of seeds/budgets.csv."""
+    return [row for m in models for row in budget_rows(
+        m, params.train.seed, json.loads(Path(paths.train_metrics(m)).read_text()).get("budgets", []))]
+
+
 @task(cache_policy=NO_CACHE)
 def train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id: str) -> dict:
-    """One model at one seed, trained and scored, or its row from an earlier, identical run (`Job.cached`)."""
+    """One model at one seed, trained and scored, or its row from an earlier, identical run (`Job.cached`); with
+    the study's decay branches, its annealed results at each budget too, as train@<model> gives them."""
     job = prepare(params, model, WORK / "ckpt", train={"seed": seed}, data=data, params_file=PARAMS_FILE)
-    key = job.key(**{"evaluate.chunk": params.evaluate.chunk})
+    branches = study_branches(params, job)
+    decides = {"evaluate.chunk": params.evaluate.chunk}
+    if branches:
+        decides["branches"] = [b.settings.budget.flops for b in branches]
+    key = job.key(**decides)
     name = f"{model}-seed{seed}"
     tags = {"lmpipe.role": "seed-run", "lmpipe.model": model, "lmpipe.seed_run": key}
 
@@ -65,19 +79,24 @@ def train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id
         started = time.perf_counter()
         with tracking.runs.run(params.tracking.experiment, name, {"model": job.settings.model_dump(mode="json"),
                                                                   "seed": seed}, parent_run_id=parent_id, tags=tags) as run:
-            result = job.trainer.run(on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id))
+            result = job.run(on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id), branches=branches)
             scores = evaluate_lm(result.model.eval(), data, params.evaluate.chunk)
+            if branches:
+                result.metrics["budgets"] = anneal.fn(job, result, branches, run.info.run_id)
             publish(run, result)
             tracking.log_metrics({f"test_{k}": v for k, v in scores["test"].items()}, run_id=run.info.run_id)
         row = {"model": model, "seed": seed, "valid_bpb": scores["valid"]["bpb"], "test_bpb": scores["test"]["bpb"],
                "test_word_ppl": scores["test"]["word_ppl"], "precision": result.metrics["precision"],
-               "seconds": time.perf_counter() - started}
+               "budgets": result.metrics.get("budgets", []), "seconds": time.perf_counter() - started}
         print(f"{name}: test bpb {row['test_bpb']:.4f}, word ppl {row['test_word_ppl']:.1f} ({row['seconds']:.0f} s)",
               flush=True)
         return row
 
-    return job.cached(WORK / "runs", name, key, train,
-                      lambda row: print(f"{name}: test bpb {row['test_bpb']:.4f} (trained before, reused)", flush=True))
+    row = job.cached(WORK / "runs", name, key, train,
+                     lambda row: print(f"{name}: test bpb {row['test_bpb']:.4f} (trained before, reused)", flush=True))
+    for branch in branches:  # the row is kept: the branches' checkpoints go too
+        checkpoints.discard(branch.ckpt_dir)
+    return row
 
 
 def summary_lines(rows: list[dict]) -> list[str]:
@@ -90,10 +109,10 @@ def summary_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def kept_rows(models: list[str], params: Params) -> list[dict]:
-    """The rows of seeds/seeds.csv of the models not retrained this time, as they are: the report still drops a
-    model's rows whose study run no longer matches metrics/eval.json (lmpipe.seeds.current)."""
-    return [r for r in read_rows(paths.SEEDS) if r["model"] in params.models and r["model"] not in models]
+def kept_rows(path: str, models: list[str], params: Params) -> list[dict]:
+    """The rows of seeds/seeds.csv (or seeds/budgets.csv) of the models not retrained this time, as they are: the
+    report still drops a model's rows whose study run no longer matches the study's numbers (lmpipe.seeds)."""
+    return [r for r in read_rows(path) if r["model"] in params.models and r["model"] not in models]
 
 
 @flow(name="seeds")
@@ -110,11 +129,16 @@ def seeds(models: list[str] | None = None) -> str:
                        "code": code_version(), "data": data.fingerprint})
     with tracking.runs.run(params.tracking.experiment, f"seeds {key[:8]}", {"seeds": params.section("seeds")},
                            tags={"lmpipe.role": "seeds"}, resume={"lmpipe.seeds": key}) as parent:
-        rows = kept_rows(chosen, params) + [own[m] for m in chosen]
+        rows = kept_rows(paths.SEEDS, chosen, params) + [own[m] for m in chosen]
+        budgets = kept_rows(paths.SEED_BUDGETS, chosen, params) + study_budget_rows(params, chosen)
         for seed in params.seeds.extra:  # a seed of every model before the next: a stopped run has the most spread
-            rows += [train_seed(m, seed, params, data, parent.info.run_id) for m in chosen]
+            for m in chosen:
+                rows.append(train_seed(m, seed, params, data, parent.info.run_id))
+                budgets += budget_rows(m, seed, rows[-1].get("budgets", []))
         write_text(paths.SEEDS, csv_rows(rows))
+        write_text(paths.SEED_BUDGETS, csv_rows(budgets, BUDGET_COLUMNS))
         tracking.log_artifacts(paths.SEEDS)
+        tracking.log_artifacts(paths.SEED_BUDGETS)
     for line in summary_lines(rows):
         print(line, flush=True)
     return paths.SEEDS

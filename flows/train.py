@@ -23,7 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from lmpipe import paths
 from flows._stage import CACHE_DIR, PARAMS_FILE, main, stage_run
 from lmpipe import checkpoints, distributed, tracking
-from lmpipe.config import load_params
+from lmpipe.config import Params, load_params
 from lmpipe.evaluate import evaluate_lm
 from lmpipe.train.job import Job, Outputs, prepare, publish
 from lmpipe.train.trainer import TrainResult
@@ -92,12 +92,18 @@ def anneal(job: Job, result: TrainResult, branches: list[Job], run_id: str) -> l
     return records
 
 
+def study_branches(params: Params, job: Job) -> list[Job]:
+    """The decay branches of `study.branches` for a run on the study's budget (a model with a budget of its own, or
+    epochs, has none)."""
+    on_study_budget = params.study.budget is not None and job.settings.budget == params.study.budget
+    return [job.branch(flops) for flops in params.study.branch_budgets] if on_study_budget else []
+
+
 @flow(name="train", flow_run_name="train@{model}")
 def train(model: str) -> dict:
     params = load_params(PARAMS_FILE)
     job = prepare(params, model, CKPT_ROOT, params_file=PARAMS_FILE)
-    on_study_budget = params.study.budget is not None and job.settings.budget == params.study.budget
-    branches = [job.branch(flops) for flops in params.study.branch_budgets] if on_study_budget else []
+    branches = study_branches(params, job)
     outputs = Outputs(paths.model_dir(model), paths.train_metrics(model), paths.curve(model))
     with stage_run(f"train@{model}", params, job.chosen, model=model) as run:
         result = fit(job, run.info.run_id, branches)

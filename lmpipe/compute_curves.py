@@ -96,9 +96,14 @@ def crossing_interval(first: Curve, second: Curve, lo: float, hi: float, samples
     return math.exp(low), math.exp(high)
 
 
-def ranking(points: dict[str, list[dict]], sds: dict[str, float]) -> list[str]:
+def sd_at(sds: dict[str, dict[float, float]], name: str, budget: float) -> float:
+    """The seed sd of `name`'s annealed test bpb at `budget`; nan where no seeds measured it."""
+    return sds.get(name, {}).get(budget, math.nan)
+
+
+def ranking(points: dict[str, list[dict]], sds: dict[str, dict[float, float]]) -> list[str]:
     """A line per budget: the models best first by test bpb, each gap marked real ('<': more than twice the larger
-    seed sd) or not ('≈'); ',' where a seed sd is unknown."""
+    seed sd at that budget) or not ('≈'); ',' where a seed sd is unknown."""
     budgets = sorted({r["budget_flops"] for rows in points.values() for r in rows})
     lines = []
     for budget in budgets:
@@ -106,7 +111,7 @@ def ranking(points: dict[str, list[dict]], sds: dict[str, float]) -> list[str]:
                     if r["budget_flops"] == budget)
         parts = [f"{at[0][1]} {at[0][0]:.3f}"]
         for (better, b_name), (worse, w_name) in zip(at, at[1:]):
-            sd = max(sds.get(b_name, math.nan), sds.get(w_name, math.nan))
+            sd = max(sd_at(sds, b_name, budget), sd_at(sds, w_name, budget))
             mark = "," if not math.isfinite(sd) else "<" if worse - better > 2 * sd else "≈"
             parts.append(f"{mark} {w_name} {worse:.3f}")
         lines.append(f"- {budget:.2e} FLOPs: " + " ".join(parts).replace(" ,", ","))
@@ -133,10 +138,10 @@ def lead_sentence(points: dict[str, list[dict]]) -> str | None:
             "is better).")
 
 
-def compute_figure(points: dict[str, list[dict]], curves: dict[str, Curve | None], sds: dict[str, float],
-                   baseline: tuple[str, float] | None, out: Path) -> None:
-    """Test bpb against training FLOPs: each model's annealed points with its seed band (± sd), its fitted curve
-    dashed, the n-gram's level across."""
+def compute_figure(points: dict[str, list[dict]], curves: dict[str, Curve | None],
+                   sds: dict[str, dict[float, float]], baseline: tuple[str, float] | None, out: Path) -> None:
+    """Test bpb against training FLOPs: each model's annealed points with its seed band (± sd at each budget where
+    seeds measured it), its fitted curve dashed, the n-gram's level across."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -147,7 +152,8 @@ def compute_figure(points: dict[str, list[dict]], curves: dict[str, Curve | None
         c = np.array([r["train_flops"] for r in rows])
         y = np.array([r["test_bpb"] for r in rows])
         (line,) = ax.plot(c, y, marker="o", label=name)
-        if math.isfinite(sd := sds.get(name, math.nan)):
+        sd = np.array([sd_at(sds, name, r["budget_flops"]) for r in rows])
+        if np.isfinite(sd).any():  # no band where a budget has no sd
             ax.fill_between(c, y - sd, y + sd, color=line.get_color(), alpha=0.15, linewidth=0)
         if curves.get(name) is not None:
             span = np.geomspace(c.min(), c.max(), 50)
@@ -163,7 +169,7 @@ def compute_figure(points: dict[str, list[dict]], curves: dict[str, Curve | None
     plt.close(fig)
 
 
-def section(points: dict[str, list[dict]], sds: dict[str, float], baseline: tuple[str, float] | None,
+def section(points: dict[str, list[dict]], sds: dict[str, dict[float, float]], baseline: tuple[str, float] | None,
             figure: Path) -> list[str]:
     """The report's "As compute grows": the figure, the ranking at each budget, each model's alpha with its
     interval, the crossings, and how the transformer's lead moves."""
@@ -175,8 +181,9 @@ def section(points: dict[str, list[dict]], sds: dict[str, float], baseline: tupl
     lines = ["## As compute grows", "",
              "Each model's annealed test bpb at every budget: a decay branch of its study run from the stable phase "
              "(wsd), which equals a run of that budget from scratch (tests/test_train.py), with the settings tuned "
-             "at the largest budget. The band is ± the seed sd at the study's budget; '<' marks a gap beyond twice "
-             "the larger sd, '≈' one within it.", "", f"![Annealed test bpb against compute](figures/{figure.name})",
+             "at the largest budget. The band is ± the seed sd at each budget (`lmpipe seeds` with the branches; "
+             "a budget without it has no band); '<' marks a gap beyond twice the larger sd there, '≈' one within it, "
+             "',' one no sd judges.", "", f"![Annealed test bpb against compute](figures/{figure.name})",
              "", "Ranking at each budget (test bpb):", "", *ranking(points, sds), "",
              f"Fitted L(C) = E + A (C / C_max)^-alpha over each model's points ({int(LEVEL * 100)}% intervals):", ""]
     for name, curve in curves.items():

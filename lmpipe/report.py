@@ -387,7 +387,9 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
         families = {name: t.get("family", "") for name, t in trained.items()}
         lines += _seeds_section(spreads, stale, label, unmatched, families) + [""]
     if points:
-        sds = {name: s.bpb_sd for name, s in results.spreads.items() if s.bpb_sd is not None}
+        at_c = {name: {rows[-1]["budget_flops"]: results.spreads[name].bpb_sd} for name, rows in points.items()
+                if name in results.spreads and results.spreads[name].bpb_sd is not None}  # the seed spread at C
+        sds = {name: at_c.get(name, {}) | results.budget_sds.get(name, {}) for name in points}
         ngram = evaluation["models"].get(BASELINE, {}).get("test", {}).get("bpb") if evaluation else None
         lines += compute_section(points, sds, (label, ngram) if ngram else None, figures / "compute.png") + [""]
     if grid := against_grid(points, results.scaling):

@@ -10,6 +10,7 @@ from typing import Sequence
 from lmpipe import paths
 from lmpipe import seeds as seed_spread
 from lmpipe.compare import BASELINE, not_compute_matched
+from lmpipe.compute_curves import annealed
 
 
 def read_json(path: Path):
@@ -30,6 +31,7 @@ class Results:
     unmatched: list[str]  # models whose training FLOPs are off the study's budget (or stated exceptions)
     spreads: dict  # model -> its seed spread (lmpipe.seeds), where an evaluation exists
     stale: list[str]  # models whose seed rows no longer match their evaluation
+    budget_sds: dict  # model -> {budget: seed sd of its annealed test bpb}, where seeds/budgets.csv gives one
     scaling: dict | None  # metrics/scaling.json: the scaling grid's best runs, and whether it is current
 
 
@@ -44,9 +46,12 @@ def load_results(root: str | Path, models: Sequence[str] | None = None, study_se
     if models is not None:
         trained = {name: t for name, t in trained.items() if name in models}
     unmatched = not_compute_matched(trained, budget_flops, budget_exceptions)
-    spreads, stale = {}, []
+    spreads, stale, budget_sds = {}, [], {}
     if evaluation:
         precisions = {name: t.get("precision", "") for name, t in trained.items()}
         spreads, stale = seed_spread.study_spreads(root / paths.SEEDS, evaluation, precisions, study_seed, BASELINE,
                                                    list(models) if models is not None else None)
-    return Results(evaluation, combined, trained, unmatched, spreads, stale, read_json(root / paths.SCALING_METRICS))
+        budget_sds = seed_spread.budget_sds(seed_spread.read_rows(root / paths.SEED_BUDGETS), annealed(trained),
+                                            study_seed, [n for n, s in spreads.items() if s.n > 1])
+    return Results(evaluation, combined, trained, unmatched, spreads, stale, budget_sds,
+                   read_json(root / paths.SCALING_METRICS))

@@ -7,6 +7,9 @@ code that changed its numbers) has a stale spread, which is said and not shown.
 
 Two results differ only where their gap exceeds twice the larger of their sds (REAL_GAP_SDS); the n-gram baseline
 is deterministic (sd 0). With one seed there is no spread, so no gap between two models is called real.
+
+With the study's decay branches (`study.branches`), seeds/budgets.csv holds every seed's annealed result at each
+budget (one row per model, seed and budget), so each point of the report's "As compute grows" has its own sd.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from lmpipe.compare import best_of
 
 COLUMNS = ("model", "seed", "valid_bpb", "test_bpb", "test_word_ppl", "precision")
+BUDGET_COLUMNS = ("model", "seed", "budget_flops", "train_flops", "valid_bpb", "test_bpb")
 REAL_GAP_SDS = 2.0
 MATCH = 1e-9  # the study's row must carry eval.json's numbers: written from them, so equal but for the CSV's digits
 
@@ -45,23 +49,48 @@ class Spread:
         return f"{self.bpb:.{digits}f} ± {self.bpb_sd:.{digits}f} ({self.n} seeds)"
 
 
-def csv_rows(rows: list[dict]) -> str:
+def csv_rows(rows: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
+    """seeds/seeds.csv (or, with BUDGET_COLUMNS, seeds/budgets.csv): sorted by model, seed (and budget), every
+    digit of every number kept."""
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
-    for row in sorted(rows, key=lambda r: (r["model"], int(r["seed"]))):
-        writer.writerow({k: (repr(row[k]) if isinstance(row[k], float) else row[k]) for k in COLUMNS})
+    for row in sorted(rows, key=lambda r: (r["model"], int(r["seed"]), float(r.get("budget_flops", 0)))):
+        writer.writerow({k: (repr(float(row[k])) if isinstance(row[k], float) else row[k]) for k in columns})
     return out.getvalue()
 
 
 def read_rows(path: str | Path) -> list[dict]:
-    """seeds/seeds.csv's rows with numbers as numbers; none when the file is missing."""
+    """The rows of seeds/seeds.csv or seeds/budgets.csv, numbers as numbers; none when the file is missing."""
     path = Path(path)
     if not path.exists():
         return []
     with open(path, newline="") as f:
-        return [{**r, "seed": int(r["seed"]), **{k: float(r[k]) for k in ("valid_bpb", "test_bpb", "test_word_ppl")}}
+        return [{k: (v if k in ("model", "precision") else int(v) if k == "seed" else float(v)) for k, v in r.items()}
                 for r in csv.DictReader(f)]
+
+
+def budget_rows(model: str, seed: int, records: list[dict]) -> list[dict]:
+    """A run's annealed results (the `budgets` records of metrics/train/<model>.json, or of a seed's run) as rows
+    of seeds/budgets.csv."""
+    return [{"model": model, "seed": seed, **{k: r[k] for k in BUDGET_COLUMNS[2:]}} for r in records]
+
+
+def budget_sds(rows: list[dict], points: dict[str, list[dict]], study_seed: int | None,
+               models: list[str]) -> dict[str, dict[float, float]]:
+    """{model: {budget: the sd of its annealed test bpb over seeds}} at each budget two or more seeds have, for the
+    `models` whose seed rows hold (`current`): the rows of `study_seed` must also carry the study's annealed
+    numbers now (`points`, lmpipe.compute_curves.annealed), else the model's budget rows are stale and unused."""
+    out = {}
+    for name in models:
+        study = {r["budget_flops"]: r["test_bpb"] for r in points.get(name, [])}
+        mine = [r for r in rows if r["model"] == name]
+        own = {r["budget_flops"]: r["test_bpb"] for r in mine if r["seed"] == study_seed}
+        if not study or own.keys() != study.keys() or any(abs(own[b] - v) > MATCH * abs(v) for b, v in study.items()):
+            continue
+        by_budget = {b: [r["test_bpb"] for r in mine if r["budget_flops"] == b] for b in study}
+        out[name] = {b: statistics.stdev(v) for b, v in by_budget.items() if len(v) > 1}
+    return out
 
 
 def study_row(model: str, seed: int, result: dict, precision: str) -> dict:

@@ -9,11 +9,12 @@ import math
 
 import numpy as np
 
+from lmpipe import seeds
 from lmpipe.compute_curves import (against_grid, annealed, crossing, crossing_interval, fit_curve, lead_sentence,
                                    ranking)
 from lmpipe.scaling import frontier
 from lmpipe.report import build_report
-from tests.test_report import fixture_study
+from tests.test_report import fixture_study, write
 
 C = 3e13
 BUDGETS = [C / 16, C / 8, C / 4, C / 2, C]
@@ -54,7 +55,8 @@ def test_crossings_are_found_where_the_curves_meet_and_not_elsewhere():
 
 
 def test_the_ranking_marks_real_gaps_and_the_lead_sentence_says_which_way_it_moves():
-    lines = ranking(points(), {"transformer": 0.002, "lstm": 0.001, "gru": 0.004})
+    sds = {"transformer": 0.002, "lstm": 0.001, "gru": 0.004}
+    lines = ranking(points(), {name: {b: sd for b in BUDGETS} for name, sd in sds.items()})
     assert lines[0].startswith("- 1.88e+12 FLOPs: lstm ") and "< gru" in lines[0] and lines[0].endswith(
         f"< transformer {law(*TRUTH['transformer'])[0]:.3f}")
     assert lines[-1].startswith("- 3.00e+13 FLOPs: transformer ")
@@ -123,3 +125,26 @@ def test_the_grid_is_compared_with_the_study_at_the_budgets_both_have():
     assert against_grid(study, grid_summary(["data/tokens"]))[0].endswith(
         "not compared, as it was trained from other data/tokens than this study (run `lmpipe scaling` again).")
     assert against_grid(study, None) == [] and against_grid(study, {"stale": []}) == []  # no grid, or an old summary
+
+
+def test_with_seeds_at_every_budget_each_gap_is_judged_by_that_budgets_sd(tmp_path):
+    """seeds/budgets.csv (`lmpipe seeds` with the branches) gives each point its own sd: the ranking marks a gap real
+    or noise at every budget where both models have one, and says ',' where one lacks it."""
+    fixture_study(tmp_path)
+    evaluation = json.loads((tmp_path / "metrics/eval.json").read_text())["models"]
+    seed_rows, budget_rows = [], []
+    for name in ("lstm", "transformer"):
+        path = tmp_path / f"metrics/train/{name}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "precision": "bf16", "budgets": points()[name]}))
+        own = seeds.study_row(name, 1234, evaluation[name], "bf16")
+        seed_rows += [own] + [{**own, "seed": s, "test_bpb": own["test_bpb"] + d} for s, d in ((1, 0.01), (2, -0.01))]
+        budget_rows += seeds.budget_rows(name, 1234, points()[name])
+        for s, d in ((1, 0.001), (2, -0.001)):
+            kept = [r for r in points()[name] if not (name == "lstm" and r["budget_flops"] == C / 2)]
+            budget_rows += seeds.budget_rows(name, s, [{**r, "test_bpb": r["test_bpb"] + d} for r in kept])
+    write(tmp_path / "seeds/seeds.csv", seeds.csv_rows(seed_rows))
+    write(tmp_path / "seeds/budgets.csv", seeds.csv_rows(budget_rows, seeds.BUDGET_COLUMNS))
+    md = build_report(tmp_path, tmp_path / "reports", study_seed=1234, label="KN-5").read_text()
+    section = md[md.index("## As compute grows"):md.index("## Learning curves")]
+    assert "- 1.88e+12 FLOPs: lstm 2.128 < transformer 3.002" in section  # sd 0.001 at C/16: a real gap
+    assert "- 1.50e+13 FLOPs: " in section and ", " in section.split("- 1.50e+13 FLOPs: ")[1].splitlines()[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import json
 import os
@@ -269,7 +270,6 @@ def test_scaling_pipeline_trains_its_grid_to_budget_fits_and_reports(project):
     """`lmpipe scaling`: every size at every budget as MLflow children of one scaling run, each ending at its FLOP
     budget, committed to the frozen grid stage; the fits and the report; a second run does nothing. The study's
     report called the committed grid (made on the real corpus) stale; after the grid it compares with it."""
-    import csv
     import math
 
     copy, env, _ = project
@@ -318,8 +318,6 @@ def test_seeds_retrain_every_model_and_the_report_gives_mean_sd_and_verdicts(scr
     """`lmpipe seeds`: every model at each seed of seeds.extra beside the study's own run, in seeds/seeds.csv and
     committed to its frozen DVC stage; the study's repro then re-runs the report alone, which gives mean ± sd; a
     second call trains nothing."""
-    import csv
-
     copy, env = scratch
     done = run(["lmpipe", "seeds"], copy, env)
     with open(copy / "seeds/seeds.csv") as f:
@@ -1385,7 +1383,8 @@ def test_a_schedule_on_a_tree_a_reproduction_changed_fails_once_and_says_how_to_
 
 def test_the_train_stage_gives_each_branch_budget_as_its_standalone_run(scratch):
     """study.branches: the train stage also gives the model's annealed result at C/k, one record per budget, the run at
-    C last; the branch at C/2 is the run `python -m lmpipe.train --budget` gives at C/2, to the last digit."""
+    C last; the branch at C/2 is the run `python -m lmpipe.train --budget` gives at C/2, to the last digit; `lmpipe
+    seeds` gives every seed's branches, so each budget has a seed spread."""
     copy, env = scratch
     params = yaml.safe_load((copy / "params.yaml").read_text())
     flops = 3e9
@@ -1404,6 +1403,16 @@ def test_the_train_stage_gives_each_branch_budget_as_its_standalone_run(scratch)
     run([sys.executable, "-m", "lmpipe.train", "--model", "gru", "--budget", f"{{flops: {flops / 2}}}", "--out", "half"],
         copy, env)
     assert json.loads((copy / "half/metrics.json").read_text())["valid_bpb"] == budgets[1]["valid_bpb"]
+
+    run(["lmpipe", "seeds", "--models", "gru"], copy, env)  # each seed's run gives its branches too
+    with open(copy / "seeds/budgets.csv") as f:
+        rows = [{k: (v if k == "model" else float(v)) for k, v in r.items()} for r in csv.DictReader(f)]
+    assert sorted((r["seed"], r["budget_flops"]) for r in rows) == sorted(
+        (seed, r["budget_flops"]) for seed in (1, 2, 1234) for r in budgets)
+    assert [r["test_bpb"] for r in rows if r["seed"] == 1234] == [r["test_bpb"] for r in budgets]  # the study's own
+    assert all(abs(r["train_flops"] / r["budget_flops"] - 1) < 0.01 for r in rows), rows
+    assert len({r["test_bpb"] for r in rows if r["budget_flops"] == flops / 4}) == 3  # the seed decides each branch
+    assert not list((copy / ".cache/lmpipe/seeds/ckpt").glob("gru*"))  # the seeds' branches leave no checkpoint
 
 
 @pytest.mark.skipif(not (shutil.which("initdb") or list(Path("/usr/lib/postgresql").glob("*/bin/initdb"))),

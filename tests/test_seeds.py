@@ -105,3 +105,24 @@ def test_the_report_gives_mean_and_sd_and_dvc_metrics_carry_them(tmp_path):
     summary = json.loads((tmp_path / "metrics/models/transformer.json").read_text())
     assert summary["seeds"] == 3 and summary["bpb_mean"] == 1.8 and summary["bpb_sd"] == 0.02
     assert "seeds" not in json.loads((tmp_path / "metrics/models/lstm.json").read_text())
+
+
+def test_each_budget_gets_the_sd_of_its_seeds_while_the_study_seeds_rows_hold(tmp_path):
+    """seeds/budgets.csv: an sd per model and budget over the seeds that have it; a model whose study-seed rows no
+    longer carry the study's annealed numbers (retrained since) gets none."""
+    study = [{"budget_flops": b, "train_flops": b * 1.001, "valid_bpb": y + 0.1, "test_bpb": y}
+             for b, y in ((1.5e13, 2.10), (3e13, 1.97))]
+    seed_runs = {1: (2.12, 1.975), 2: (2.08, 1.965)}
+    rows = seeds.budget_rows("gru", 1234, study) + [
+        row for seed, ys in seed_runs.items()
+        for row in seeds.budget_rows("gru", seed, [{**r, "test_bpb": y} for r, y in zip(study, ys)])]
+    (tmp_path / "budgets.csv").write_text(seeds.csv_rows(rows, seeds.BUDGET_COLUMNS))
+    back = seeds.read_rows(tmp_path / "budgets.csv")
+    assert sorted(back, key=lambda r: (r["seed"], r["budget_flops"])) == sorted(
+        rows, key=lambda r: (r["seed"], r["budget_flops"]))  # every digit back
+    sds = seeds.budget_sds(back, {"gru": study}, 1234, ["gru"])
+    assert sds["gru"][1.5e13] == pytest.approx(0.02) and sds["gru"][3e13] == pytest.approx(0.005)
+    assert seeds.budget_sds(back, {"gru": study}, 1234, []) == {}  # its seed rows at C are stale
+    moved = [{**r, "test_bpb": r["test_bpb"] - 0.01} for r in study]  # retrained since: the study's numbers moved
+    assert seeds.budget_sds(back, {"gru": moved}, 1234, ["gru"]) == {}
+    assert seeds.budget_sds(back, {"gru": study}, 7, ["gru"]) == {}  # another train.seed: no row is the study's
