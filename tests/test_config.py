@@ -17,11 +17,14 @@ def write(tmp_path, text):
     return path
 
 
-def test_project_params_load_with_defaults():
-    params = load_params(ROOT / "params.yaml")
-    assert params.corpus.source == "enwiki-sample"
-    assert params.tokenizer.vocab_size == 8192
-    assert params.section("validate")["min_words"] == 1000
+def test_a_params_file_states_what_it_changes_and_the_schema_gives_the_rest(tmp_path):
+    """A section or setting the file leaves out takes the schema's default (the committed study's file loads too)."""
+    from lmpipe.config import CorpusParams, TokenizerParams, ValidateParams
+
+    load_params(ROOT / "params.yaml")
+    params = load_params(write(tmp_path, "tokenizer: {vocab_size: 1000}\n"))
+    assert params.tokenizer == TokenizerParams(vocab_size=1000) and params.tokenizer.min_frequency == 2
+    assert params.corpus == CorpusParams() and params.section("validate") == ValidateParams().model_dump(mode="json")
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -134,16 +137,6 @@ def test_a_profile_runs_under_dvc_exp_run_as_lmpipe_checked_it(tmp_path, profile
     overrides = profile_overrides(yaml.safe_load((ROOT / f"profiles/{profile}.yaml").read_text()))
     assert dvc_applies(tmp_path, overrides) == parse_params(
         apply_overrides(yaml.safe_load((ROOT / "params.yaml").read_text()), overrides))
-
-
-def test_scaling_gpu_profile_is_valid_params():
-    from lmpipe.overrides import profile_overrides
-
-    overrides = profile_overrides(yaml.safe_load((ROOT / "profiles/scaling-gpu.yaml").read_text()))
-    params = parse_params(apply_overrides(yaml.safe_load((ROOT / "params.yaml").read_text()), overrides))
-    assert params.corpus.source == "wikitext-103" and params.train.compile
-    assert len(params.scaling.models["transformer"]) == 5 and max(params.scaling.budgets) == 1e17
-    assert params.scaling.overrides["seq_len"] == 512 and params.scaling.overrides["optim.warmup_steps"] == 200
 
 
 def test_the_library_imports_without_prefect_or_the_command_line():
