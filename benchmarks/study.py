@@ -33,6 +33,7 @@ from lmpipe.compare import (BASELINE, MATCHED, best_model, best_of, not_compute_
                             without_cache)
 from lmpipe.compute_curves import against_grid, annealed  # noqa: E402
 from lmpipe.config import load_params  # noqa: E402
+from lmpipe.results import load_results  # noqa: E402
 from lmpipe.scaling_report import EXPONENT_HALF_WIDTH  # noqa: E402
 
 RECURRENT_AND_TRANSFORMER, NPLM = ("rnn", "lstm", "gru", "transformer"), "nplm"
@@ -201,11 +202,8 @@ def main() -> int:
     rows += quality_targets(models)
     precisions = {name: t.get("precision", "") for name, t in trained.items()}
     rows += seed_targets(evaluation, ROOT / paths.SEEDS, params.train.seed, precisions)
-    matched = {n: t for n, t in trained.items() if n not in unmatched}
-    spreads, _ = seeds.study_spreads(ROOT / paths.SEEDS, evaluation, precisions, params.train.seed, BASELINE)
-    budget_sds = seeds.budget_sds(seeds.read_rows(ROOT / paths.SEED_BUDGETS), annealed(matched), params.train.seed,
-                                  [n for n, s in spreads.items() if s.n > 1])
-    rows += annealed_targets(matched, budget, budget_sds)
+    budget_sds = load_results(ROOT, list(params.models), params.train.seed).budget_sds  # as the report reads them
+    rows += annealed_targets({n: t for n, t in trained.items() if n not in unmatched}, budget, budget_sds)
     rows += scaling_targets(annealed(trained), (ROOT / "reports/study.md").read_text(encoding="utf-8"))
     if combined:
         rows += combination_targets(models, combined)

@@ -32,14 +32,16 @@ def pytest_collection_modifyitems(items):
     a module's tests go to one worker, as with `--dist loadfile`, so its module fixtures are built once, except the
     end-to-end tests a module names in SECOND_STUDY, a group of their own. The end-to-end groups come first, so the
     two long ones start at once, on two workers, and the short modules fill in beside them."""
+    second_study = set()
     for item in items:
         module = getattr(item, "module", None)
         if module is None or item.get_closest_marker("xdist_group"):
             continue
-        second = getattr(item, "originalname", item.name) in getattr(module, "SECOND_STUDY", ())
-        item.add_marker(pytest.mark.xdist_group(module.__name__ + (".second-study" if second else "")))
-    items.sort(key=lambda item: (item.get_closest_marker("e2e") is None,
-                                 ".second-study" not in str(item.get_closest_marker("xdist_group"))))
+        if getattr(item, "originalname", item.name) in getattr(module, "SECOND_STUDY", ()):
+            second_study.add(item.nodeid)
+        item.add_marker(pytest.mark.xdist_group(module.__name__ + (".second-study" if item.nodeid in second_study
+                                                                   else "")))
+    items.sort(key=lambda item: (item.get_closest_marker("e2e") is None, item.nodeid not in second_study))
 
 
 def free_port() -> int:
