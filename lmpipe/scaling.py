@@ -163,22 +163,28 @@ def interval(values, level: float = 0.9) -> tuple[float, float]:
 # ---------------- IsoFLOP profiles ----------------
 
 def isoflop_minimum(n, loss) -> dict:
-    """At one budget: the parabola of loss against log N through the runs, and its minimum N_opt.
+    """At one budget: the parabola of loss against log N through the best run and its two neighbours in size, and
+    its minimum N_opt.
 
-    When the parabola opens downwards or its vertex lies outside the sizes tried, the minimum is not bracketed:
-    N_opt is then the best run's N, flagged `bracketed: False` (the grid should extend that way)."""
-    n, loss = np.asarray(n, dtype=float), np.asarray(loss, dtype=float)
-    x = np.log(n)
-    c2, c1, c0 = np.polyfit(x, loss, 2) if len(n) >= 3 else (0.0, 0.0, float(loss.min()))
-    vertex = -c1 / (2 * c2) if c2 > 0 else None
-    bracketed = vertex is not None and x.min() <= vertex <= x.max()
-    if bracketed:
-        return {"n_opt": float(math.exp(vertex)), "loss_opt": float(c0 + c1 * vertex + c2 * vertex ** 2),
-                "bracketed": True, "edge": None, "coefficients": [float(c2), float(c1), float(c0)]}
+    Local, not through every run: a profile over a 32x range of sizes is not a parabola (it rises faster on the
+    small side), and a far run tilts a global fit's vertex away from the best run, even outside the sizes. Through
+    three runs whose middle one is the lowest, the vertex lies between its neighbours; so the minimum is bracketed
+    exactly when the best run has a run on each side. When it sits at the edge of the sizes tried, N_opt is the
+    best run's N, flagged `bracketed: False` (the grid should extend that way). `span`: the sizes the parabola
+    was drawn through."""
+    order = np.argsort(np.asarray(n, dtype=float))
+    n, loss = np.asarray(n, dtype=float)[order], np.asarray(loss, dtype=float)[order]
     i = int(loss.argmin())
-    edge = "smallest" if n[i] == n.min() else "largest" if n[i] == n.max() else "inside"
+    if 0 < i < len(n) - 1:
+        x = np.log(n[i - 1:i + 2])
+        c2, c1, c0 = np.polyfit(x, loss[i - 1:i + 2], 2)
+        vertex = -c1 / (2 * c2)
+        return {"n_opt": float(math.exp(vertex)), "loss_opt": float(c0 + c1 * vertex + c2 * vertex ** 2),
+                "bracketed": True, "edge": None, "coefficients": [float(c2), float(c1), float(c0)],
+                "span": [float(n[i - 1]), float(n[i + 1])]}
+    edge = "smallest" if i == 0 else "largest"
     return {"n_opt": float(n[i]), "loss_opt": float(loss[i]), "bracketed": False, "edge": edge,
-            "coefficients": [float(c2), float(c1), float(c0)]}
+            "coefficients": None, "span": None}
 
 
 def power_law(x, y) -> dict:

@@ -73,7 +73,8 @@ def loss_vs_compute_figure(rows: list[dict], baseline: tuple[str, float] | None,
 
 
 def isoflop_figure(rows: list[dict], analysis: dict, out: Path) -> None:
-    """Per family, loss against N at each budget with the fitted parabola and its minimum (IsoFLOP profiles)."""
+    """Per family, loss against N at each budget with the parabola through the best run and its neighbours, and its
+    minimum (IsoFLOP profiles)."""
     models = _by_model(rows)
     fig, axes = _panels(len(models), 5.5, 4.2, sharey=True)
     for ax, (model, runs) in zip(axes, models.items()):
@@ -84,8 +85,9 @@ def isoflop_figure(rows: list[dict], analysis: dict, out: Path) -> None:
             at = sorted((r for r in runs if float(r["budget"]) == point["budget"]), key=lambda r: float(r["n_params"]))
             n = np.array([float(r["n_params"]) for r in at])
             ax.plot(n, [float(r["valid_bpb"]) for r in at], "o", color=colour, label=f"C = {point['budget']:.1e}")
-            grid = np.exp(np.linspace(np.log(n.min()), np.log(n.max()), 50))
-            ax.plot(grid, np.polyval(point["coefficients"], np.log(grid)), color=colour, alpha=0.7)
+            if point["bracketed"]:  # the parabola over the three runs it went through
+                grid = np.exp(np.linspace(*np.log(point["span"]), 50))
+                ax.plot(grid, np.polyval(point["coefficients"], np.log(grid)), color=colour, alpha=0.7)
             ax.plot(point["n_opt"], point["loss_opt"], "*" if point["bracketed"] else "x", color=colour, markersize=12)
         ax.set(xscale="log", xlabel="parameters N (log scale)", title=f"{model}: IsoFLOP profiles")
         ax.grid(alpha=0.3, which="both")
@@ -200,9 +202,10 @@ def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], baselin
               for b in best]
     lines += ["", "![Loss against compute](scaling/loss_vs_compute.png)", "",
               "## IsoFLOP profiles (Hoffmann et al.'s approach 2)", "",
-              "At each budget a parabola in log N through the runs; its minimum N_opt (a star when it lies inside the "
-              "sizes tried, a cross when the best run sits at the edge of the grid, where the true optimum is outside it); "
-              "D_opt = C / (6 N_opt).", "", "| model | C | N_opt | D_opt | bpb at N_opt | bracketed |", "|---|---|---|---|---|---|"]
+              "At each budget a parabola in log N through the best run and its two neighbours in size; its minimum N_opt "
+              "(a star: it lies between those neighbours), or a cross where the best run sits at the edge of the grid and "
+              "the true optimum lies outside it; D_opt = C / (6 N_opt). Local, not through every run: over a 32x range of "
+              "sizes a profile is not a parabola, and a far run would tilt a global fit's vertex.", "", "| model | C | N_opt | D_opt | bpb at N_opt | bracketed |", "|---|---|---|---|---|---|"]
     for model, a in analysis.items():
         lines += [f"| {model} | {p['budget']:.1e} | {p['n_opt']:,.0f} | {p['d_opt']:,.0f} | {p['loss_opt']:.4f} | "
                   f"{'yes' if p['bracketed'] else 'no'} |" for p in a["isoflop"]]

@@ -70,6 +70,22 @@ def test_isoflop_minimum_is_the_parabola_vertex_or_the_edge_of_the_grid():
     assert not falling["bracketed"] and falling["n_opt"] == pytest.approx(1e6) and falling["edge"] == "largest"
 
 
+
+def test_isoflop_minimum_is_local_to_the_best_run_so_a_far_run_cannot_unbracket_it():
+    # The RNN's C/32 profile in the grid: best at emb16, a run on each side, and emb256 0.27 bpb above it. A parabola
+    # through all six runs puts its vertex below the smallest size; the best run's own neighbours bracket it.
+    n = [73872, 139808, 272448, 540800, 1089792, 2236928]
+    loss = [2.779852, 2.768510, 2.803372, 2.884014, 2.993370, 3.041806]
+    c2, c1, _ = np.polyfit(np.log(n), loss, 2)
+    assert not math.log(n[0]) <= -c1 / (2 * c2) <= math.log(n[-1])  # what the global parabola did
+    shuffled = [5, 1, 3, 0, 4, 2]
+    minimum = isoflop_minimum([n[i] for i in shuffled], [loss[i] for i in shuffled])
+    assert minimum["bracketed"] and minimum["span"] == [73872.0, 272448.0]
+    assert 73872 < minimum["n_opt"] < 272448 and minimum["loss_opt"] <= 2.768510
+    assert np.polyval(minimum["coefficients"], math.log(139808)) == pytest.approx(2.768510)
+    at_edge = isoflop_minimum(n[1:], loss[1:])  # without emb8 the best run is the smallest: not bracketed
+    assert not at_edge["bracketed"] and at_edge["edge"] == "smallest" and at_edge["n_opt"] == 139808
+
 def test_isoflop_exponents_of_a_known_law_match_its_closed_form():
     rows = synthetic_runs(TRUE, noise=0.0, sizes=np.geomspace(1e4, 1e9, 21), budgets=np.geomspace(1e14, 1e17, 4))
     analysis = analyse(rows, bootstrap=0)["m"]
