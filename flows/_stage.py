@@ -29,9 +29,6 @@ MODEL_STAGES = ("train", "score")  # the foreach stages over `models` in dvc.yam
 def score_stage(model: str) -> str:
     """The DVC stage that scores `model`: score@<model>, or score_ngram for the baseline (dvc.yaml)."""
     return "score_ngram" if model == "ngram" else f"score@{model}"
-# Resumable state (downloads, checkpoints, cached rows). A retrain's stages run in a temporary copy of the checkout
-# and are given the checkout's own folder (flows/retrain.py), so an interrupted retrain keeps its training.
-CACHE_DIR = os.environ.get("LMPIPE_CACHE_DIR", ".cache/lmpipe")
 
 
 def is_transient(task, task_run, state) -> bool:

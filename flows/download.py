@@ -2,8 +2,8 @@
 
 from prefect import flow, task
 
-from flows._stage import CACHE_DIR, PARAMS_FILE, is_transient, main, stage_run
-from lmpipe.paths import RAW
+from flows._stage import PARAMS_FILE, is_transient, main, stage_run
+from lmpipe.paths import CACHE_DIR, RAW
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.corpus.sources import MANIFEST, fetch_corpus

@@ -21,7 +21,7 @@ from lmpipe.io import atomic_path, without_timings, write_json
 from lmpipe.ngram import NGramLM, perplexity
 from lmpipe.splits import load_tokens
 
-MODEL_DIR, METRICS, WORK_DIR = paths.NGRAM, paths.NGRAM_METRICS, ".cache/lmpipe/ngram"
+MODEL_DIR, METRICS, WORK_DIR = paths.NGRAM, paths.NGRAM_METRICS, f"{paths.CACHE}/ngram"
 TOKENS = paths.TRAIN_TOKENS
 
 

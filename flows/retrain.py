@@ -30,7 +30,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from lmpipe import paths
 from flows import server
-from flows._stage import CACHE_DIR, PARAMS_FILE, main
+from flows._stage import PARAMS_FILE, main
 from flows.progress import STARTED  # DVC's line as it starts a stage
 from flows.study import stage_env, dvc, one_study
 from lmpipe import tracking
@@ -104,8 +104,8 @@ def paused_firing():
 
 def fetched_sha256(corpus) -> str | None:
     """The source's corpus as it is now, pinned the way `corpus.sha256` pins it (fetched into a scratch folder)."""
-    Path(CACHE_DIR).mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=CACHE_DIR, prefix="retrain-fetch-") as scratch:
+    Path(paths.CACHE_DIR).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=paths.CACHE_DIR, prefix="retrain-fetch-") as scratch:
         fetch_corpus(corpus.model_copy(update={"sha256": None}), Path(scratch) / "raw", Path(scratch) / "downloads")
         return corpus_sha256(Path(scratch) / "raw")
 
@@ -250,7 +250,7 @@ def gated_retrain(params, parent: str, sets: list[str]) -> dict:
     """The retrain's steps: refetch, `dvc exp run --temp`, the gate, then apply or refuse. Returns the outcome with
     the closing line to say (`said`); a regression is an LmpipeError naming the models."""
     limit, log = params.retrain.max_regression, get_run_logger()
-    env = {**stage_env(parent), "LMPIPE_CACHE_DIR": str(Path(CACHE_DIR).resolve())}  # checkpoints outlive the copy
+    env = {**stage_env(parent), "LMPIPE_CACHE_DIR": str(Path(paths.CACHE_DIR).resolve())}  # checkpoints outlive the copy
     log.info("retrain: fetching the corpus source again")
     pinned = fetched_sha256(params.corpus)
     if pinned != corpus_sha256(paths.RAW):

@@ -19,8 +19,8 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows._stage import CACHE_DIR, PARAMS_FILE, check_declared, main
-from lmpipe.paths import GRID_MADE_WITH, RUNS, SCALING_PIPELINE
+from flows._stage import PARAMS_FILE, check_declared, main
+from lmpipe.paths import CACHE_DIR, GRID_MADE_WITH, RUNS, SCALING_PIPELINE
 from lmpipe import tracking
 from lmpipe.config import Params, load_params, params_hash
 from lmpipe.errors import ConfigError

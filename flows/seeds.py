@@ -22,7 +22,7 @@ from pathlib import Path
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows._stage import CACHE_DIR, PARAMS_FILE, main
+from flows._stage import PARAMS_FILE, main
 from flows.train import anneal, study_branches
 from lmpipe import checkpoints, paths, tracking
 from lmpipe.checkpoints import code_version
@@ -35,7 +35,7 @@ from lmpipe.splits import TokenData, load_tokens
 from lmpipe.train import autocast_dtype, pick_device
 from lmpipe.train.job import prepare, publish
 
-WORK = Path(CACHE_DIR) / "seeds"
+WORK = Path(paths.CACHE_DIR) / "seeds"
 
 
 def study_runs(params: Params) -> dict[str, dict]:

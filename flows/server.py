@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 from lmpipe.errors import LmpipeError
+from lmpipe.paths import CACHE
 
 HOST, PORT = "127.0.0.1", 4200
 
@@ -95,7 +96,7 @@ def server_env(port: int, database: str | None = None) -> dict:
     return env
 
 
-def start(port: int = PORT, log_dir: str | Path = ".cache/lmpipe", timeout: float = 120,
+def start(port: int = PORT, log_dir: str | Path = CACHE, timeout: float = 120,
           database: str | None = None) -> tuple[str, subprocess.Popen | None]:
     """Start the project's Prefect server in the background (unless one already answers) and wait until healthy:
     Prefect's own app (API, UI and its services, as `prefect server start` runs it) behind `trusted_app`'s host
@@ -138,7 +139,7 @@ def port_free(port: int) -> bool:
     return True
 
 
-def stop(port: int = PORT, log_dir: str | Path = ".cache/lmpipe") -> bool:
+def stop(port: int = PORT, log_dir: str | Path = CACHE) -> bool:
     """Stop a server `start` started from this checkout (found by its pid file). A copied checkout carries the pid
     file of its original's server: a pid whose process is not a Prefect server running in this directory is left
     alone, and its stale file removed."""

@@ -22,7 +22,7 @@ from prefect import flow, task
 
 from flows._stage import PARAMS_FILE, main
 from flows.runners import task_runner
-from lmpipe import tracking
+from lmpipe import paths, tracking
 from lmpipe.config import OrchestrationParams, load_params
 from lmpipe.overrides import check_overrides
 from lmpipe.errors import ConfigError, LmpipeError
@@ -36,7 +36,7 @@ def stage_env(parent_run_id: str) -> dict:
     return env
 
 
-STUDY_LOCK = Path(".cache/lmpipe/study.lock")  # held (flock) by the running study or retrain: its pid inside
+STUDY_LOCK = Path(paths.CACHE) / "study.lock"  # held (flock) by the running study or retrain: its pid inside
 
 
 def dvc_lock_holder(root: Path = Path(".")) -> str | None:

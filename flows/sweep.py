@@ -23,8 +23,8 @@ import optuna
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows._stage import CACHE_DIR, PARAMS_FILE, main
-from lmpipe import sweep as sw
+from flows._stage import PARAMS_FILE, main
+from lmpipe import paths, sweep as sw
 from lmpipe import tracking
 from lmpipe.config import Params, load_params
 from lmpipe.errors import ConfigError
@@ -33,7 +33,7 @@ from lmpipe.splits import TokenData, load_tokens
 from lmpipe.train.job import Job, prepare, publish
 
 SWEEPS_DIR, DOC = Path("sweeps"), Path("docs/tuning.md")
-WORK = Path(CACHE_DIR) / "sweeps"
+WORK = Path(paths.CACHE_DIR) / "sweeps"
 
 
 def sweep_dir(space_file: str | Path, model: str) -> Path:

@@ -21,14 +21,14 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
 from lmpipe import paths
-from flows._stage import CACHE_DIR, PARAMS_FILE, main, stage_run
+from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import checkpoints, distributed, tracking
 from lmpipe.config import Params, load_params
 from lmpipe.evaluate import evaluate_lm
 from lmpipe.train.job import Job, Outputs, prepare, publish
 from lmpipe.train.trainer import TrainResult
 
-CKPT_ROOT = Path(CACHE_DIR) / "ckpt"
+CKPT_ROOT = Path(paths.CACHE_DIR) / "ckpt"
 CURVE_COLUMNS = ("epoch", "tokens", "flops", "train_loss", "valid_bpb", "valid_ppl", "lr", "tokens_per_sec")
 
 

@@ -5,7 +5,6 @@ Unknown keys, wrong types and impossible values fail here with one line naming t
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
 import hashlib
@@ -19,6 +18,7 @@ from pydantic import (BaseModel, ByteSize, ConfigDict, Discriminator, Field, Tag
                       model_validator)
 
 from lmpipe.errors import ConfigError
+from lmpipe.families import FAMILIES
 
 SOURCES = ("enwiki-sample", "wikipedia-dump", "wikitext-2", "wikitext-103", "local")
 # A model's name is a DVC stage (train@<name>), a folder (models/<name>), a Prefect artifact key and an MLflow
@@ -172,33 +172,16 @@ OptimParams = Annotated[Union[Annotated[AdamParams, Tag("adam")], Annotated[SGDP
 OPTIMISER_TAGS = ("adam", "sgd")  # the tags pydantic puts in an error's location; describe_error leaves them out
 
 
-# The registry of model families: family -> (its file in lmpipe/models/, its StreamLM class). A family of your own is
-# one line here and one file there (README: "Add a model of your own").
-MODEL_CLASSES = {"nplm": ("nplm.py", "NPLM"), "rnn": ("rnn.py", "RNNModel"), "transformer": ("transformer.py", "TransformerLM")}
-
-
-def _model_class(family: str) -> ast.ClassDef:
-    """A family's model class, parsed from its source in lmpipe/models/ (params load without importing torch)."""
-    source, name = MODEL_CLASSES[family]
-    tree = ast.parse((Path(__file__).parent / "models" / source).read_text())
-    return next(cls for cls in tree.body if isinstance(cls, ast.ClassDef) and cls.name == name)
-
-
-@functools.cache
-def arch_defaults(family: str) -> dict:
-    """A family's arch settings with their defaults: its model constructor's keyword arguments, read from the source
-    in lmpipe/models/ (so params load without importing torch, and each setting is written once, in the model)."""
-    init = next(node for node in _model_class(family).body if isinstance(node, ast.FunctionDef) and node.name == "__init__")
-    with_defaults = init.args.args[len(init.args.args) - len(init.args.defaults):]
-    return {arg.arg: ast.literal_eval(default) for arg, default in zip(with_defaults, init.args.defaults)
-            if arg.arg != "boundary"}  # the boundary token comes from the data, not from params
-
-
-@functools.cache
-def is_recurrent(family: str) -> bool:
-    """Whether a family's model reads the train split as streams (`recurrent = True` in its class, lmpipe/models)."""
-    return any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "recurrent" for t in node.targets)
-               and ast.literal_eval(node.value) is True for node in _model_class(family).body)
+def arch_settings(family: str, arch: dict) -> BaseModel:
+    """A registered family's arch with its defaults, checked: a ValueError naming the first bad setting."""
+    schema = FAMILIES[family]
+    unknown = sorted(set(arch) - set(schema.model_fields))
+    if unknown:
+        raise ValueError(f"arch has {unknown}, not settings of a {family} (allowed: {', '.join(schema.model_fields)})")
+    try:
+        return schema.model_validate(arch)
+    except ValidationError as exc:
+        raise ValueError(describe_error(exc.errors()[0], "arch")) from None
 
 
 class Budget(_Section):
@@ -219,7 +202,7 @@ class ModelParams(_Section):
     something: `variable_bptt` on recurrent families, the SGD settings with SGD (OptimParams), and a run's length is
     the study's budget unless the entry states `epochs` (with `patience`) or a `budget` of its own, not both."""
 
-    family: str = Field(description="a registered family (config.MODEL_CLASSES): nplm, rnn, transformer, ...")
+    family: str = Field(description="a registered family (lmpipe.families): nplm, rnn, transformer, ...")
     arch: dict = Field(default_factory=dict)
     optim: OptimParams = AdamParams()
     batch_size: int = Field(32, ge=1)
@@ -243,27 +226,23 @@ class ModelParams(_Section):
         data = dict(data)
         if data.get("epochs") is not None and data.get("patience") is None:
             data["patience"] = 3
-        if data.get("family") in MODEL_CLASSES and is_recurrent(data["family"]) and data.get("variable_bptt") is None:
+        if data.get("family") in FAMILIES and FAMILIES[data["family"]].recurrent and data.get("variable_bptt") is None:
             data["variable_bptt"] = False
         return data
 
     @model_validator(mode="after")
     def _fits_family(self):
         """A registered family; one run length at most, and no setting that would do nothing; an arch it takes."""
-        if self.family not in MODEL_CLASSES:
-            raise ValueError(f"family {self.family!r} is not registered (have: {', '.join(MODEL_CLASSES)}; "
-                             "register yours in lmpipe/config.py MODEL_CLASSES)")
+        if self.family not in FAMILIES:
+            raise ValueError(f"family {self.family!r} is not registered (have: {', '.join(FAMILIES)}; "
+                             "register yours in lmpipe/families.py FAMILIES)")
         if self.epochs is not None and self.budget is not None:
             raise ValueError("states both epochs and budget: a run's length is one of them (remove one)")
         _refuse_idle(self, {
             "patience": "patience stops a run of `epochs` early; a budget trains to its end (remove it)",
             "variable_bptt": f"variable_bptt is a recurrent model's setting, not a {self.family}'s (remove it)"})
-        allowed = arch_defaults(self.family)
-        unknown = set(self.arch) - set(allowed)
-        if unknown:
-            raise ValueError(f"arch has {sorted(unknown)}, not settings of a {self.family} "
-                             f"(allowed: {', '.join(sorted(allowed))})")
-        if self.family == "transformer" and self.seq_len > self.arch.get("block_size", allowed["block_size"]):
+        arch = arch_settings(self.family, self.arch)
+        if self.family == "transformer" and self.seq_len > arch.block_size:
             raise ValueError("seq_len must not exceed arch.block_size for a transformer")
         return self
 
@@ -276,7 +255,7 @@ class ModelParams(_Section):
         """The settings that do something for this entry: what params.yaml states for it, and nothing else."""
         off = {"epochs", "patience"} if self.epochs is None else set()
         off |= {"budget"} if self.budget is None else set()
-        off |= set() if is_recurrent(self.family) else {"variable_bptt"}
+        off |= set() if FAMILIES[self.family].recurrent else {"variable_bptt"}
         return set(type(self).model_fields) - off
 
 
@@ -522,7 +501,7 @@ class Params(_Section):
 def unstated_settings(raw: dict, model: type[BaseModel] = Params, where: str = "") -> list[str]:
     """Settings the raw params leave to a default in this file, which DVC cannot see: params.yaml states every one
     that does something (tests/test_graph.py holds the project's file to it; `lmpipe check-params` names any left
-    out). `arch` is the exception (its defaults are the model constructors', in lmpipe/models), and so is a budget's
+    out). `arch` is the exception (its defaults are its family's, in lmpipe/families.py), and so is a budget's
     other half. A model entry or an optimiser states only its settings that apply (`stated_fields`)."""
     if not isinstance(raw, dict) or model is Budget:
         return []
@@ -590,10 +569,11 @@ def params_hash(*sections: dict) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def describe_error(error: dict) -> str:
-    """One pydantic error as `key: message (got value)`."""
-    key = ".".join(str(p) for p in error["loc"] if not str(p).startswith(("function-after", "function-before"))
-                   and p not in OPTIMISER_TAGS) or "(top level)"
+def describe_error(error: dict, within: str = "") -> str:
+    """One pydantic error as `key: message (got value)`, the key inside `within` (a section's name)."""
+    parts = [str(p) for p in error["loc"]
+             if p not in OPTIMISER_TAGS and not str(p).startswith(("function-after", "function-before"))]
+    key = ".".join(filter(None, [within, *parts])) or "(top level)"
     key = key.replace("validate_", "validate")
     if error["type"] == "extra_forbidden" and set(error["loc"]) & set(OPTIMISER_TAGS):
         if "sgd" in error["loc"]:

@@ -3,6 +3,15 @@ README read back. dvc.yaml is the map of which stage reads and writes which; tes
 together: each data path in dvc.yaml (all pipelines) is one of these, and no other module of flows/ or lmpipe/ spells
 a path out."""
 
+import os
+
+# Outside DVC's outputs (DVC deletes those before a stage runs), git-ignored. CACHE: the checkout's own state (the
+# study's lock, the Prefect server's pid and log, the n-gram's shards). CACHE_DIR: resumable runs (downloads,
+# checkpoints, cached rows); a retrain's stages run in a temporary copy and are given the checkout's own
+# (flows/retrain.py), so an interrupted retrain keeps its training.
+CACHE = ".cache/lmpipe"
+CACHE_DIR = os.environ.get("LMPIPE_CACHE_DIR", CACHE)
+
 RAW = "data/raw"  # the corpus as fetched, with its manifest
 CLEAN = "data/clean"  # {train,valid,test}.txt
 TRAIN_TEXT = f"{CLEAN}/train.txt"

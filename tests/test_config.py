@@ -219,15 +219,28 @@ def test_model_names_that_every_tool_takes_or_one_line_before_training(tmp_path,
 
 
 def test_the_family_registry_is_one_table(tmp_path):
-    """config.MODEL_CLASSES names each family's file and class; the model builder is derived from it, and a family
-    not in it is one line naming where to register it."""
-    from lmpipe.config import MODEL_CLASSES
+    """lmpipe.families.FAMILIES gives each family's settings, and they name its model class: the model builder is derived from
+    it, and a family not in it is one line naming where to register it."""
+    from lmpipe.families import FAMILIES as SETTINGS
     from lmpipe.models import FAMILIES
 
-    assert {f: (c.__module__.rsplit(".", 1)[1] + ".py", c.__name__) for f, c in FAMILIES.items()} == MODEL_CLASSES
+    assert {f: f"{c.__module__}:{c.__name__}" for f, c in FAMILIES.items()} == {f: s.model for f, s in SETTINGS.items()}
     with pytest.raises(ConfigError, match=r"family 'mylm' is not registered \(have: nplm, rnn, transformer; "
-                                          r"register yours in lmpipe/config.py MODEL_CLASSES\)"):
+                                          r"register yours in lmpipe/families.py FAMILIES\)"):
         load_params(write(tmp_path, "models:\n  mine: {family: mylm}\n"))
+
+
+@pytest.mark.parametrize("arch, expected", [
+    ("{dim: 30, heads: 4}", "models.t: arch: dim 30 must be divisible by heads 4"),
+    ("{position: rotary}", "models.t: arch.position: Input should be 'learned' or 'rope' (got 'rotary')"),
+    ("{layers: two}", "models.t: arch.layers: Input should be a valid integer, unable to parse string as an integer "
+                      "(got 'two')"),
+    ("{zero_init: true}", "models.t: arch: zero_init starts the head at zero: it needs an untied head (tie: false)")])
+def test_an_arch_setting_is_checked_by_its_familys_schema_when_params_load(tmp_path, arch, expected):
+    """Before any stage runs (and DVC deletes its outputs): a wrong type, an unknown choice or an inconsistent pair."""
+    with pytest.raises(ConfigError) as info:
+        load_params(write(tmp_path, f"models:\n  t:\n    family: transformer\n    arch: {arch}\n"))
+    assert str(info.value) == f"{tmp_path / 'params.yaml'}: {expected}"
 
 
 def test_the_study_budget_is_every_models_length_unless_an_entry_states_its_own():

@@ -20,11 +20,26 @@ from tests.conftest import ROOT
 PIPELINES = ("dvc.yaml", "scaling/dvc.yaml", "seeds/dvc.yaml")
 # The walk and the plumbing are lmpipe.codebase's, the same that keys checkpoints (code_version). config.py, the
 # typed reading of params.yaml, is plumbing for DVC alone: its defaults cannot reach an output because params.yaml
-# states every setting (test_params_yaml_states_every_setting); a checkpoint's key still hashes it.
-PLUMBING = codebase.PLUMBING | {"lmpipe/config.py"}
+# states every setting (test_params_yaml_states_every_setting); a checkpoint's key still hashes it. Nor can what it
+# imports only to check params (lmpipe/families.py's arch defaults reach an output where a stage builds a model,
+# through lmpipe/models/, which imports it itself): the walk does not go on through it.
+CONFIG = "lmpipe/config.py"
+PLUMBING = codebase.PLUMBING | {CONFIG}
 # Params sections that say where and how a stage runs, not what it computes.
 PLUMBING_PARAMS = {"tracking", "orchestration"}
-module_file, closure = codebase.module_file, codebase.closure
+module_file = codebase.module_file
+
+
+def closure(start: Path) -> set[Path]:
+    """codebase.closure, less what only config.py imports."""
+    seen, todo = set(), [start]
+    while todo:
+        path = todo.pop()
+        if path not in seen:
+            seen.add(path)
+            if path.relative_to(ROOT).as_posix() != CONFIG:
+                todo.extend(codebase.imports_of(path) - seen)
+    return seen
 
 
 def stages() -> list[tuple[str, str, dict]]:

@@ -148,19 +148,26 @@ def test_batched_next_token_distributions_match_single(name):
         np.testing.assert_allclose(row, model.next_token_distribution(context), atol=1e-6)
 
 
-def test_arch_settings_are_read_from_the_model_constructors():
-    """params.yaml's arch fields and defaults come from the constructors' source (config imports no torch): the
-    reader must agree with Python's own view of each signature."""
-    import inspect
+def test_a_model_takes_its_family_settings_defaults_and_checks_from_lmpipe_families():
+    """A family's arch defaults are written once (lmpipe.families): the model built from a partial arch is the
+    model built from the whole one, and a setting the family's schema refuses is refused by the constructor too."""
+    from pydantic import ValidationError
 
-    from lmpipe.config import MODEL_CLASSES, arch_defaults
-    from lmpipe.models import FAMILIES
+    from lmpipe.config import arch_settings
+    from lmpipe.families import FAMILIES as SETTINGS
 
-    for family, cls in FAMILIES.items():
-        assert MODEL_CLASSES[family][1] == cls.__name__
-        signature = {name: p.default for name, p in inspect.signature(cls).parameters.items()
-                     if p.default is not inspect.Parameter.empty and name != "boundary"}
-        assert arch_defaults(family) == signature, family
+    for family, schema in SETTINGS.items():
+        torch.manual_seed(0)
+        partial = build_model(family, {}, V, boundary=0)
+        torch.manual_seed(0)
+        whole = build_model(family, arch_settings(family, {}).model_dump(), V, boundary=0)
+        assert all(torch.equal(a, b) for a, b in zip(partial.state_dict().values(), whole.state_dict().values()))
+        assert partial.recurrent == schema.recurrent, family
+    assert build_model("rnn", {"cell": "gru", "layers": 1}, V, 0).rnns[0].rnn.__class__.__name__ == "GRU"
+    with pytest.raises(ValidationError, match="cell"):
+        build_model("rnn", {"cell": "lstn"}, V, 0)
+    with pytest.raises(ValidationError, match="divisible by heads"):
+        build_model("transformer", {"dim": 30, "heads": 4}, V, 0)
 
 
 class _Payload:

@@ -105,6 +105,20 @@ def test_same_seed_same_metrics(tmp_path):
     assert drop_timings(first.history) == drop_timings(second.history)
 
 
+
+def test_a_run_draws_the_same_whatever_the_process_drew_after_building_it(tmp_path):
+    """Dropout draws from torch's generator: a Trainer built, then other Trainers built and other draws made (a grid
+    that prepares every run before training one), still trains as one run alone does."""
+    settings = revised(SETTINGS["lstm"], epochs=1)
+    alone = train(tmp_path / "alone", "lstm", settings)
+    data = synthetic_data()
+    first = Trainer("lstm", settings, COMMON, data, tmp_path / "first", setup_process(COMMON), progress_bar=False)
+    Trainer("other", SETTINGS["nplm"], COMMON, data, tmp_path / "other", setup_process(COMMON), progress_bar=False)
+    torch.rand(1000)
+    after = first.run()
+    assert drop_timings(after.history) == drop_timings(alone.history)
+    assert all(torch.equal(a, b) for a, b in zip(after.model.state_dict().values(), alone.model.state_dict().values()))
+
 @pytest.mark.parametrize("name, step", [("lstm", 11), ("lstm", 30), ("lstm_asgd", 130), ("transformer", 9),
                                         ("modern", 9)])
 def test_kill_and_resume_gives_identical_weights_and_curve(tmp_path, name, step, capsys):

@@ -1,5 +1,5 @@
 """The neural LM families, built by name from params: `build_model(family, arch, vocab_size, boundary)`.
-The registry is `lmpipe.config.MODEL_CLASSES` (family -> file here, class), read without importing torch."""
+The registry is `lmpipe.families.FAMILIES` (family -> its settings, which name its class here), read without torch."""
 
 from __future__ import annotations
 
@@ -7,31 +7,29 @@ import importlib
 
 from torch import nn
 
+from lmpipe.families import FAMILIES as SETTINGS
 from lmpipe.models.base import StreamLM  # noqa: F401
 from lmpipe.models.nplm import NPLM
 from lmpipe.models.rnn import RNNModel
 from lmpipe.models.transformer import TransformerLM
 
-def _families() -> dict[str, type[StreamLM]]:
-    from lmpipe.config import MODEL_CLASSES
 
-    return {family: getattr(importlib.import_module(f"lmpipe.models.{source.removesuffix('.py')}"), name)
-            for family, (source, name) in MODEL_CLASSES.items()}
+def _model_class(family: str) -> type[StreamLM]:
+    module, name = SETTINGS[family].model.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
-FAMILIES = _families()
+FAMILIES = {family: _model_class(family) for family in SETTINGS}
 
 
 def build_model(family: str, arch: dict, vocab_size: int, boundary: int) -> StreamLM:
-    """`arch` holds the constructor's keyword arguments (params.yaml: models.<name>.arch)."""
+    """`arch`: the family's settings that differ from their defaults (params.yaml: models.<name>.arch)."""
     return FAMILIES[family](vocab_size=vocab_size, boundary=boundary, **arch)
 
 
 def arch_with_defaults(family: str, arch: dict) -> dict:
-    """`arch` with every constructor default filled in: the whole architecture, e.g. for counting FLOPs."""
-    from lmpipe.config import arch_defaults
-
-    return {**arch_defaults(family), **arch}
+    """`arch` with every default filled in (lmpipe.families): the whole architecture, e.g. for counting FLOPs."""
+    return SETTINGS[family].model_validate(arch).model_dump()
 
 
 def save_model(model: StreamLM, family: str, arch: dict, path) -> None:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lmpipe.families import NPLMArch
 from lmpipe.models.base import StreamLM
 
 
 class NPLM(StreamLM):
-    def __init__(self, vocab_size: int, context: int = 5, emb: int = 128, hidden: int = 512,
-                 direct: bool = False, dropout: float = 0.0, boundary: int = 0):
+    def __init__(self, vocab_size: int, boundary: int = 0, **arch):
+        """`arch`: lmpipe.families.NPLMArch's settings (their defaults and checks)."""
         super().__init__()
+        a = NPLMArch(**arch)
+        context, emb, hidden, direct, dropout = a.context, a.emb, a.hidden, a.direct, a.dropout
         self.context, self.boundary = context, boundary
         self.embed = nn.Embedding(vocab_size, emb)  # C, shared by every context position
         self.hidden = nn.Linear(context * emb, hidden)  # H and d

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmpipe.families import RNNArch
 from lmpipe.models.base import StreamLM
 
 CELLS = {"rnn_tanh": nn.RNN, "rnn_relu": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
@@ -52,22 +53,20 @@ class WeightDrop(nn.Module):
 class RNNModel(StreamLM):
     recurrent = True
 
-    def __init__(self, vocab_size: int, cell: str = "lstm", emb: int = 256, hidden: int = 512, layers: int = 2,
-                 tie: bool = True, dropout: float = 0.0, dropout_input: float = 0.0, dropout_hidden: float = 0.0,
-                 dropout_embedding: float = 0.0, weight_drop: float = 0.0, ar: float = 0.0, tar: float = 0.0,
-                 boundary: int = 0):
+    def __init__(self, vocab_size: int, boundary: int = 0, **arch):
+        """`arch`: lmpipe.families.RNNArch's settings (their defaults and checks)."""
         super().__init__()
-        if cell not in CELLS:
-            raise ValueError(f"cell must be one of {sorted(CELLS)}, got {cell!r}")
+        a = RNNArch(**arch)
+        cell, emb, hidden, layers, tie = a.cell, a.emb, a.hidden, a.layers, a.tie
         self.cell, self.layers, self.boundary = cell, layers, boundary
-        self.dropout, self.dropout_input, self.dropout_hidden = dropout, dropout_input, dropout_hidden
-        self.dropout_embedding, self.ar, self.tar = dropout_embedding, ar, tar
+        self.dropout, self.dropout_input, self.dropout_hidden = a.dropout, a.dropout_input, a.dropout_hidden
+        self.dropout_embedding, self.ar, self.tar = a.dropout_embedding, a.ar, a.tar
         self.embed = nn.Embedding(vocab_size, emb)
         self.lock = LockedDropout()
         sizes = [emb] + [hidden] * (layers - 1) + [emb if tie else hidden]  # the last layer matches a tied decoder
         extra = {"nonlinearity": cell.split("_")[1]} if cell.startswith("rnn_") else {}
         self.rnns = nn.ModuleList(
-            WeightDrop(CELLS[cell](sizes[i], sizes[i + 1], batch_first=True, **extra), weight_drop)
+            WeightDrop(CELLS[cell](sizes[i], sizes[i + 1], batch_first=True, **extra), a.weight_drop)
             for i in range(layers)
         )
         self.decoder = nn.Linear(sizes[-1], vocab_size)

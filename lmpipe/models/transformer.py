@@ -16,10 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmpipe.families import TransformerArch
 from lmpipe.models.base import StreamLM
-
-POSITIONS, NORMS, MLPS = ("learned", "rope"), ("layernorm", "rmsnorm"), ("gelu", "relu2", "swiglu")
-
 
 def mlp_hidden(dim: int, mlp: str) -> int:
     """The MLP's inner width: 4d, or 8d/3 for the gated SwiGLU (three matrices instead of two, same parameters)."""
@@ -98,20 +96,12 @@ class Block(nn.Module):
 
 
 class TransformerLM(StreamLM):
-    def __init__(self, vocab_size: int, dim: int = 256, layers: int = 4, heads: int = 4, block_size: int = 256,
-                 dropout: float = 0.1, tie: bool = True, position: str = "learned", norm: str = "layernorm",
-                 qk_norm: bool = False, mlp: str = "gelu", zero_init: bool = False, softcap: float = 0.0,
-                 boundary: int = 0):
+    def __init__(self, vocab_size: int, boundary: int = 0, **arch):
+        """`arch`: lmpipe.families.TransformerArch's settings (their defaults and checks)."""
         super().__init__()
-        for name, value, allowed in (("position", position, POSITIONS), ("norm", norm, NORMS), ("mlp", mlp, MLPS)):
-            if value not in allowed:
-                raise ValueError(f"arch.{name} {value!r} is unknown: use one of {', '.join(allowed)}")
-        if dim % heads:
-            raise ValueError(f"dim {dim} must be divisible by heads {heads}")
-        if position == "rope" and (dim // heads) % 2:
-            raise ValueError(f"rope needs an even head width: dim {dim} / heads {heads} is odd")
-        if zero_init and tie:
-            raise ValueError("zero_init starts the head at zero: it needs an untied head (arch.tie: false)")
+        a = TransformerArch(**arch)
+        dim, layers, heads, block_size, dropout, tie = a.dim, a.layers, a.heads, a.block_size, a.dropout, a.tie
+        position, norm, qk_norm, mlp, zero_init, softcap = a.position, a.norm, a.qk_norm, a.mlp, a.zero_init, a.softcap
         self.block_size, self.boundary, self.softcap = block_size, boundary, softcap
         self.embed = nn.Embedding(vocab_size, dim)
         self.pos = nn.Embedding(block_size, dim) if position == "learned" else None

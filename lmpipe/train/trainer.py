@@ -300,6 +300,7 @@ class Trainer:
         self.progress.reset_sums(self.device)
         self.optimizer = self._build_optimizer(asgd=False)
         self.hidden = None  # the recurrent state carried across chunks
+        self.fresh_rng = self._rng_states()  # where a run from step 0 starts, whatever the process draws before it
 
     # ---------- building ----------
     def _build_model(self) -> None:
@@ -596,9 +597,8 @@ class Trainer:
     def _save(self, branch: Path | None = None) -> None:
         """The resumable checkpoint; given a `branch` folder, a copy of the run's state there first (with the best
         weights so far), so that a checkpoint of this run past the branch point means the branch is saved."""
-        cuda_rng = torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None
         state = Checkpoint(self.model.state_dict(), self.optimizer.state_dict(), vars(self.progress),
-                           torch.get_rng_state(), cuda_rng, self.hidden)
+                           *self._rng_states(), self.hidden)
         if branch is not None:  # a folder its branch's run made (and marked)
             branch.mkdir(parents=True, exist_ok=True)
             if self.ranks.main and checkpoints.best_path(self.ckpt_dir).exists():
@@ -607,10 +607,21 @@ class Trainer:
         checkpoints.make_dir(self.ckpt_dir, self.name)
         state.save(checkpoints.last_path(self.ckpt_dir, self.ranks.rank))
 
+    def _rng_states(self) -> tuple:
+        """The random generators' states that dropout and the like draw from: the CPU's, and CUDA's on a GPU."""
+        return torch.get_rng_state(), torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None
+
+    def _set_rng_states(self, cpu: torch.Tensor, cuda: list | None) -> None:
+        torch.set_rng_state(cpu.cpu())
+        if cuda is not None:
+            torch.cuda.set_rng_state_all([state.cpu() for state in cuda])  # a checkpoint's are loaded onto the device
+
     def _resume(self) -> None:
+        """The run from its last checkpoint, or from step 0 with the generators as the Trainer was built: a run's
+        draws do not depend on what else the process drew in between (another Trainer built, a model evaluated)."""
         path = checkpoints.last_path(self.ckpt_dir, self.ranks.rank)
         if not path.exists():
-            return
+            return self._set_rng_states(*self.fresh_rng)
         initial = {k: v.clone() for k, v in self.model.state_dict().items()}
         try:
             ckpt = Checkpoint.load(path, self.device)
@@ -624,14 +635,12 @@ class Trainer:
             print(f"{path}: unreadable checkpoint ({type(exc).__name__}), set aside as {aside.name}; "
                   f"training {self.name} from the start", file=sys.stderr)
             self.model.load_state_dict(initial)  # load_state_dict may have copied some tensors before it failed
-            return
+            return self._set_rng_states(*self.fresh_rng)
         self.optimizer, self.progress = optimizer, progress
         if self.ranks.main:
             print(f"resuming {self.name} from step {progress.step} of {self.total_steps} ({path})", file=sys.stderr,
                   flush=True)
-        torch.set_rng_state(ckpt.torch_rng.cpu())
-        if ckpt.cuda_rng is not None:
-            torch.cuda.set_rng_state_all([state.cpu() for state in ckpt.cuda_rng])  # loaded onto the device
+        self._set_rng_states(ckpt.torch_rng, ckpt.cuda_rng)
         self.hidden = ckpt.hidden
 
     def _finish(self) -> TrainResult:
