@@ -1,14 +1,31 @@
 """What several test files share: a local HTTP server for a handler, run in a thread for the length of a block; a
-port another program holds; a child that takes Ctrl-C as a terminal's would."""
+port another program holds; a child that takes Ctrl-C as a terminal's would; the page `lmpipe ui`'s link opens, as
+headless Chromium has it; a learnable token stream; a study's metrics files for the report."""
 
 from __future__ import annotations
 
 import contextlib
 import http.server
+import json
+import os
+import shutil
 import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
+from pathlib import Path
 from typing import Iterator
+
+import numpy as np
+import pytest
+
+from lmpipe.splits import Split, TokenData
+from tests.conftest import ROOT, free_port
+
+CHROMIUM = shutil.which("chromium")
+browser = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
 
 
 class QuietHandler(http.server.BaseHTTPRequestHandler):
@@ -44,3 +61,104 @@ def as_in_a_terminal() -> None:
     """A `preexec_fn`: SIGINT delivered as a terminal delivers it. A test run started as `nohup ... &` (or by a
     script's background job) ignores SIGINT, and every child would inherit that."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def dom(url: str, seconds: int = 40) -> str:
+    """The page at `url` as headless Chromium has it after `seconds` of virtual time (the scripts have run)."""
+    with tempfile.TemporaryDirectory() as profile:
+        done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                               "--no-first-run", f"--user-data-dir={profile}", "--window-size=1400,1000",
+                               f"--virtual-time-budget={seconds * 1000}", "--dump-dom", url],
+                              capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def leaderboard_page(project: Path, link_text: str = "workspace holds, best test bpb first", env: dict | None = None) -> str:
+    """`lmpipe ui` in `project` (with `env`, default this process's): the page its link after `link_text` opens, as a
+    browser has it."""
+    port = free_port()
+    env = {**(os.environ if env is None else env), "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=project, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    stuck = threading.Timer(300, os.killpg, (ui.pid, 9))  # a UI that never answers ends the read below
+    stuck.start()
+    try:
+        lines = []
+        for line in ui.stdout:
+            lines.append(line)
+            if line.startswith("champions"):
+                break
+        link = next((line.split(": ", 1)[1].strip() for line in lines if link_text in line), None)
+        assert link, f"lmpipe ui printed no link to the models: {lines}"
+        return dom(link)
+    finally:
+        stuck.cancel()
+        os.killpg(ui.pid, 15)
+        ui.wait(timeout=30)
+
+
+def assert_best_first(page: str, results: dict) -> None:
+    """Every model's run on the page, in order of test bpb, each with its test bpb."""
+    names = {name: ("ngram" if name == "ngram" else f"train@{name}") for name in results}
+    shown = {name: page.find(f">{run}<") for name, run in names.items()}
+    assert all(at > 0 for at in shown.values()), f"not on the page: {[n for n, at in shown.items() if at < 0]}"
+    assert sorted(shown, key=shown.get) == sorted(results, key=results.get)  # best test bpb first
+    for bpb in results.values():  # what a person reads: three decimals, the gap to KN-5, size and FLOPs
+        assert f">{bpb:.3f}<" in page or f">{bpb:.3f} ± " in page, bpb
+    for column in ("vs KN-5", "word ppl", "size", "training FLOPs"):
+        assert f">{column}<" in page, column
+    assert "test_ppl" not in page  # the labels only
+
+
+SYNTHETIC_VOCAB = 30
+
+
+def synthetic_data(seed=0) -> TokenData:
+    """A learnable stream: token t+1 = (t * 7 + 3) mod the vocabulary most of the time, boundaries every ~20 tokens."""
+    rng = np.random.default_rng(seed)
+
+    def stream(n):
+        out, t = [], 1
+        for _ in range(n):
+            t = (t * 7 + 3) % (SYNTHETIC_VOCAB - 1) + 1 if rng.random() < 0.9 else int(rng.integers(1, SYNTHETIC_VOCAB))
+            out.append(0 if rng.random() < 0.05 else t)
+        return np.array(out, dtype=np.uint16)
+
+    splits = {name: Split(name, stream(n), n // 4, n * 3) for name, n in (("train", 6000), ("valid", 800), ("test", 800))}
+    return TokenData(SYNTHETIC_VOCAB, 0, splits)
+
+
+def write(path, obj):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
+
+
+def fixture_study(root, with_weat=True):
+    split = {"articles": 10, "lines": 100, "words": 1000, "chars": 6000}
+    write(root / "metrics/corpus.json", {"source": "enwiki-sample", "splits": {s: split for s in ("train", "valid", "test")},
+                                         "sha256": {}})
+    write(root / "metrics/validation.json", {"success": True, "evaluated": 12, "failed": 0})
+    write(root / "metrics/tokenize.json", {"vocab_size": 8192, "tokens": {"train": 1700}, "words": {"train": 1000}})
+    result = lambda p, bpb: {"ppl": p, "word_ppl": p * 3, "bpb": bpb, "loss": 5.0}  # noqa: E731
+    write(root / "metrics/eval.json", {"models": {
+        "ngram": {"valid": result(260, 2.1), "test": result(240, 2.0), "n_params": 1000},
+        "lstm": {"valid": result(300, 2.2), "test": result(280, 2.1), "n_params": 4_000_000},
+        "transformer": {"valid": result(200, 1.9), "test": result(190, 1.8), "n_params": 5_000_000},
+    }})
+    for name in ("lstm", "transformer"):
+        write(root / f"metrics/train/{name}.json", {"n_params_non_embedding": 1_000_000, "tokens_seen": 1_200_000,
+                                                    "epochs": 2.0, "train_flops": 3.4e13})
+    write(root / "plots/train/lstm.csv", "epoch,flops,valid_bpb\n1,1e13,2.6\n2,2e13,2.2\n")
+    write(root / "plots/train/transformer.csv", "epoch,flops,valid_bpb\n1,1.5e13,2.4\n2,3e13,1.9\n")
+    write(root / "reports/samples.md", "# Decoding samples\n\n## Diversity per strategy (mean over models)\n\n"
+                                       "| strategy | distinct-1 |\n|---|---|\n| greedy | 0.2 |\n\n## lstm\n\n### greedy\n- The history of x\n")
+    if with_weat:
+        write(root / "metrics/weat.json", {"models": {"lstm": {
+            "flowers_insects": {"effect_size": 1.2, "p_value": 0.01, "x_words": 8, "y_words": 8, "a_words": 20,
+                                "b_words": 20},
+            "math_arts": {"effect_size": None, "p_value": None, "status": "insufficient_coverage", "x_words": 2,
+                          "y_words": 8, "a_words": 20, "b_words": 20}}}})
+        write(root / "reports/weat_words.json", {"models": {"lstm": {"flowers_insects": {"title": "Flowers vs insects"},
+                                                                      "math_arts": {}}}})

@@ -6,7 +6,8 @@ import json
 import math
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
+
 spec = importlib.util.spec_from_file_location("reproduced", ROOT / ".ci" / "reproduced.py")
 reproduced = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(reproduced)

@@ -14,7 +14,7 @@ from lmpipe.compute_curves import (against_grid, annealed, crossing, crossing_in
                                    ranking)
 from lmpipe.scaling import frontier
 from lmpipe.report import build_report
-from tests.test_report import fixture_study, write
+from tests.helpers import fixture_study, write
 
 C = 3e13
 BUDGETS = [C / 16, C / 8, C / 4, C / 2, C]

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.test_train import synthetic_data
+from tests.helpers import synthetic_data
 
 MODELS = {
     "lstm": {"family": "rnn", "arch": {"cell": "lstm", "emb": 24, "hidden": 32, "layers": 2, "ar": 1.0, "tar": 1.0},

@@ -16,8 +16,8 @@ import pytest
 
 from lmpipe import tracking
 from lmpipe.errors import TrackingError
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_unreachable_tracking_server_fails_in_one_line_within_the_timeout(monkeypatch):
@@ -180,7 +180,6 @@ def test_a_model_name_with_a_space_fails_on_the_name_rule_not_on_dvcs_command_li
 
     import yaml
 
-    from tests.conftest import ROOT
 
     tree = yaml.safe_load((ROOT / "params.yaml").read_text())
     tree["models"]["gru small"] = tree["models"]["gru"]

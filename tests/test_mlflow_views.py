@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-import tempfile
-import threading
 from pathlib import Path
 
 import pytest
@@ -16,9 +11,9 @@ from mlflow.tracking import MlflowClient
 
 from lmpipe import mlflow_views as views
 from lmpipe import tracking
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT
+from tests.helpers import assert_best_first, browser, leaderboard_page
 
-CHROMIUM = shutil.which("chromium")
 # test bpb of each model folder's run: a model and the n-gram, in an order that is neither the runs' nor the names'
 RESULTS = {"gru": 1.9589, "nplm": 2.1947, "transformer": 1.9206, "ngram": 2.0485, "rnn": 2.0491, "lstm": 1.9563}
 
@@ -80,57 +75,6 @@ def test_the_leaderboard_view_holds_the_runs_that_made_the_models_the_workspace_
                   f"&viewStateShareKey={key}"
 
 
-def dom(url: str, seconds: int = 40) -> str:
-    """The page at `url` as headless Chromium has it after `seconds` of virtual time (the scripts have run)."""
-    with tempfile.TemporaryDirectory() as profile:
-        done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                               "--no-first-run", f"--user-data-dir={profile}", "--window-size=1400,1000",
-                               f"--virtual-time-budget={seconds * 1000}", "--dump-dom", url],
-                              capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
-
-
-def leaderboard_page(project: Path, link_text: str = "workspace holds, best test bpb first") -> str:
-    """`lmpipe ui` in `project`: the page its link after `link_text` opens, as a browser has it."""
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=project, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    stuck = threading.Timer(300, os.killpg, (ui.pid, 9))  # a UI that never answers ends the read below
-    stuck.start()
-    try:
-        lines = []
-        for line in ui.stdout:
-            lines.append(line)
-            if line.startswith("champions"):
-                break
-        link = next((line.split(": ", 1)[1].strip() for line in lines if link_text in line), None)
-        assert link, f"lmpipe ui printed no link to the models: {lines}"
-        return dom(link)
-    finally:
-        stuck.cancel()
-        os.killpg(ui.pid, 15)
-        ui.wait(timeout=30)
-
-
-def assert_best_first(page: str, results: dict) -> None:
-    """Every model's run on the page, in order of test bpb, each with its test bpb."""
-    names = {name: ("ngram" if name == "ngram" else f"train@{name}") for name in results}
-    shown = {name: page.find(f">{run}<") for name, run in names.items()}
-    assert all(at > 0 for at in shown.values()), f"not on the page: {[n for n, at in shown.items() if at < 0]}"
-    assert sorted(shown, key=shown.get) == sorted(results, key=results.get)  # best test bpb first
-    for bpb in results.values():  # what a person reads: three decimals, the gap to KN-5, size and FLOPs
-        assert f">{bpb:.3f}<" in page or f">{bpb:.3f} ± " in page, bpb
-    for column in ("vs KN-5", "word ppl", "size", "training FLOPs"):
-        assert f">{column}<" in page, column
-    assert "test_ppl" not in page  # the labels only
-
-
-browser = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
-
-
 @pytest.mark.browser
 @browser
 def test_the_printed_link_shows_every_model_s_test_bpb_best_first_without_a_click(store, tmp_path):
@@ -138,21 +82,6 @@ def test_the_printed_link_shows_every_model_s_test_bpb_best_first_without_a_clic
     assert_best_first(leaderboard_page(tmp_path), RESULTS)
     chart = leaderboard_page(tmp_path, "test bpb as a chart")  # the chart view: test bpb, one bar a model
     assert ">Test bits per byte (lower is better)<" in chart, chart[-2000:]
-
-
-@pytest.mark.browser
-@browser
-def test_after_the_study_its_six_models_are_on_the_printed_link(monkeypatch):
-    """On this checkout's own store, once `make study` has run: the five neural models and the n-gram."""
-    evaluated = ROOT / "metrics/eval"
-    results = {p.stem: json.loads(p.read_text())["test"]["bpb"] for p in sorted(evaluated.glob("*.json"))}
-    if len(results) < 6 or not (ROOT / "mlflow.db").exists():
-        pytest.skip("no study in this checkout's MLflow store yet: run make study first")
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.chdir(ROOT)
-    if len(views.current_runs("lmpipe", [ROOT / "models" / m for m in results])) < len(results):
-        pytest.skip("this checkout's MLflow store does not hold the runs of its models: run make study first")
-    assert_best_first(leaderboard_page(ROOT), results)
 
 
 def test_the_report_labels_each_model_run_and_describes_the_version_it_registered(store, tmp_path):

@@ -23,7 +23,7 @@ from lmpipe.io import sha256_tree
 from lmpipe.ngram import NGramLM
 
 from tests.conftest import ROOT
-from tests.helpers import QuietHandler, as_in_a_terminal, http_server
+from tests.helpers import QuietHandler, as_in_a_terminal, assert_best_first, browser, http_server, leaderboard_page
 
 pytestmark = pytest.mark.e2e
 # `make test` runs on pytest-xdist's workers (tests/conftest.py): these tests, about half of this module's time, form
@@ -243,12 +243,11 @@ def test_study_flow_with_nothing_to_do_adds_no_empty_study_run(project):
 
 
 @pytest.mark.browser
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (apt-get install chromium)")
+@browser
 def test_after_the_study_its_mlflow_views_and_registry_say_by_how_much(project, monkeypatch):
     """The study's own MLflow store, as `lmpipe ui` shows it in a browser: each of its six models once, best test
     bpb first, with the labels the report stage wrote (test bpb, the gap to KN-5, size, FLOPs); the "every model so
     far" view holds each model once (not its scoring run too); each champion's version states its numbers."""
-    from tests.test_mlflow_views import assert_best_first, leaderboard_page
     from lmpipe import mlflow_views as views
 
     copy, env, _ = project

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ROOT
+
 DVC = str(Path(sys.executable).parent / "dvc")
 PIPELINE = """stages:
   gru:
@@ -53,7 +55,7 @@ def test_only_an_override_that_changes_a_value_moves_it():
 
     from flows.plan import moved
 
-    params = Path(__file__).resolve().parents[1] / "params.yaml"
+    params = ROOT / "params.yaml"
     lr = yaml.safe_load(params.read_text())["models"]["gru"]["optim"]["lr"]
     assert moved([f"models.gru.optim.lr={lr * 2}"], params)[0] == {"models.gru.optim.lr": lr * 2}
     assert moved([f"models.gru.optim.lr={lr}"], params)[0] == {}  # DVC would re-run nothing for it
@@ -66,7 +68,7 @@ def test_the_plan_says_the_training_it_holds_and_the_rate_it_assumes(tmp_path, m
     from lmpipe.train import autocast_dtype, pick_device
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")  # a store with no runs
-    params = load_params(Path(__file__).resolve().parents[1] / "params.yaml")
+    params = load_params(ROOT / "params.yaml")
     text = summary(["train@gru", "score@gru", "evaluate"], params)
     flops = params.study.flops
     bf16 = autocast_dtype(params.train.precision, pick_device(params.train.device)) is not None

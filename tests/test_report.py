@@ -8,42 +8,8 @@ from pathlib import Path
 
 from lmpipe.paths import PERPLEXITY_PLOT as PERPLEXITY
 from lmpipe.report import build_report
+from tests.helpers import fixture_study, write
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def write(path, obj):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj) if not isinstance(obj, str) else obj)
-
-
-def fixture_study(root, with_weat=True):
-    split = {"articles": 10, "lines": 100, "words": 1000, "chars": 6000}
-    write(root / "metrics/corpus.json", {"source": "enwiki-sample", "splits": {s: split for s in ("train", "valid", "test")},
-                                         "sha256": {}})
-    write(root / "metrics/validation.json", {"success": True, "evaluated": 12, "failed": 0})
-    write(root / "metrics/tokenize.json", {"vocab_size": 8192, "tokens": {"train": 1700}, "words": {"train": 1000}})
-    result = lambda p, bpb: {"ppl": p, "word_ppl": p * 3, "bpb": bpb, "loss": 5.0}  # noqa: E731
-    write(root / "metrics/eval.json", {"models": {
-        "ngram": {"valid": result(260, 2.1), "test": result(240, 2.0), "n_params": 1000},
-        "lstm": {"valid": result(300, 2.2), "test": result(280, 2.1), "n_params": 4_000_000},
-        "transformer": {"valid": result(200, 1.9), "test": result(190, 1.8), "n_params": 5_000_000},
-    }})
-    for name in ("lstm", "transformer"):
-        write(root / f"metrics/train/{name}.json", {"n_params_non_embedding": 1_000_000, "tokens_seen": 1_200_000,
-                                                    "epochs": 2.0, "train_flops": 3.4e13})
-    write(root / "plots/train/lstm.csv", "epoch,flops,valid_bpb\n1,1e13,2.6\n2,2e13,2.2\n")
-    write(root / "plots/train/transformer.csv", "epoch,flops,valid_bpb\n1,1.5e13,2.4\n2,3e13,1.9\n")
-    write(root / "reports/samples.md", "# Decoding samples\n\n## Diversity per strategy (mean over models)\n\n"
-                                       "| strategy | distinct-1 |\n|---|---|\n| greedy | 0.2 |\n\n## lstm\n\n### greedy\n- The history of x\n")
-    if with_weat:
-        write(root / "metrics/weat.json", {"models": {"lstm": {
-            "flowers_insects": {"effect_size": 1.2, "p_value": 0.01, "x_words": 8, "y_words": 8, "a_words": 20,
-                                "b_words": 20},
-            "math_arts": {"effect_size": None, "p_value": None, "status": "insufficient_coverage", "x_words": 2,
-                          "y_words": 8, "a_words": 20, "b_words": 20}}}})
-        write(root / "reports/weat_words.json", {"models": {"lstm": {"flowers_insects": {"title": "Flowers vs insects"},
-                                                                      "math_arts": {}}}})
 
 
 def test_report_has_every_section(tmp_path):
@@ -170,28 +136,29 @@ def test_an_experiments_report_says_it_is_one(tmp_path):
 
 
 def test_the_readmes_results_block_is_the_committed_metrics(tmp_path):
-    """README.md's results table is generated (python -m lmpipe.readme README.md), never typed: it must equal what
-    the committed metrics/ and seeds/seeds.csv give: HEAD's, as a study re-run on another CPU rounds otherwise and
-    rewrites metrics/ in the working tree (.ci/reproduced.py allows that), not the README; or the working tree's,
-    which a developer regenerates the README from before committing both."""
+    """README.md's results table is generated (python -m lmpipe.readme README.md), never typed: it must equal what the
+    metrics of its own revision give. A committed README, HEAD's metrics (a study re-run on another CPU rounds
+    otherwise and rewrites metrics/ in the working tree, which .ci/reproduced.py allows, not the README); a README
+    changed in the working tree (regenerated before committing both), the working tree's."""
     import subprocess
     import tarfile
 
     from lmpipe.readme import sync_results
     from tests.conftest import ROOT
 
-    archive = tmp_path / "head.tar"
-    subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), "HEAD",
-                    "README.md", "params.yaml", "metrics", "seeds/seeds.csv"], check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(tmp_path, filter="data")
+    edited = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "README.md"]).returncode != 0
+    root = ROOT
+    if not edited:
+        archive, root = tmp_path / "head.tar", tmp_path / "head"
+        subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), "HEAD",
+                        "params.yaml", "metrics", "seeds/seeds.csv"], check=True)
+        with tarfile.open(archive) as tar:
+            tar.extractall(root, filter="data")
     readme = tmp_path / "README.md"
     readme.write_text((ROOT / "README.md").read_text())
-    stale = {"HEAD": sync_results(readme, tmp_path, tmp_path / "params.yaml")}
-    readme.write_text((ROOT / "README.md").read_text())
-    stale["working tree"] = sync_results(readme, ROOT, ROOT / "params.yaml")
-    assert not all(stale.values()), \
-        "README.md's results differ from the committed metrics: run python -m lmpipe.readme README.md"
+    assert not sync_results(readme, root, root / "params.yaml"), \
+        (f"README.md's results differ from {'the working tree' if edited else 'HEAD'}'s metrics: "
+         "run python -m lmpipe.readme README.md")
     assert "| gru |" in readme.read_text()
 
 

@@ -11,6 +11,7 @@ from scipy.optimize import minimize_scalar
 from lmpipe.config import parse_params
 from lmpipe.errors import ConfigError
 from lmpipe.flops import peak_flops
+from tests.helpers import synthetic_data
 from lmpipe.scaling import Law, analyse, best_per_budget, fit_law, grid_points, isoflop_minimum, power_law
 
 TRUE = Law(E=1.7, A=40.0, alpha=0.35, B=300.0, beta=0.4)
@@ -134,7 +135,6 @@ def test_each_grid_point_trains_its_size_to_its_flop_budget():
     import torch
 
     from flows.scaling import precision_key, prepare_point
-    from tests.test_train import synthetic_data
 
     params = parse_params({"study": {"budget": {"flops": 3e13}},
                            "models": {"lstm": {"family": "rnn", "arch": {"cell": "lstm", "emb": 256, "hidden": 256}}},
@@ -159,7 +159,6 @@ def test_each_grid_point_trains_its_size_to_its_flop_budget():
 def test_the_grid_leaves_out_a_run_that_would_read_the_corpus_more_than_max_epochs_times(capsys):
     from flows.scaling import plan, planned_epochs
     from lmpipe.scaling import MAX_EPOCHS
-    from tests.test_train import synthetic_data
 
     data = synthetic_data()
     epoch_tokens = len(data.splits["train"].tokens)

@@ -9,7 +9,7 @@ import pytest
 
 from lmpipe import seeds
 from lmpipe.report import build_report
-from tests.test_report import fixture_study, write
+from tests.helpers import fixture_study, write
 
 
 def result(bpb: float, word_ppl: float) -> dict:

@@ -17,8 +17,8 @@ import yaml
 from lmpipe import sweep as sw
 from lmpipe.config import ModelParams, with_overrides
 from lmpipe.errors import ConfigError
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SPACE = {"m": {"budget": {"tokens": 1000}, "space": {
     "optim.lr": {"low": 1e-3, "high": 1e-1, "log": True},
     "arch.layers": {"low": 1, "high": 3},

@@ -15,25 +15,11 @@ from lmpipe.config import ModelParams, TrainParams
 from lmpipe.errors import ConfigError, Interrupted
 from lmpipe.evaluate import evaluate_lm
 from lmpipe.checkpoints import checkpoint_dir, discard, prune
-from lmpipe.splits import Split, TokenData
 from lmpipe.train import Trainer, setup_process, stream_plan, window_plan
+from tests.conftest import ROOT
+from tests.helpers import SYNTHETIC_VOCAB, synthetic_data
 
-V = 30
-
-
-def synthetic_data(seed=0) -> TokenData:
-    """A learnable stream: token t+1 = (t * 7 + 3) % V most of the time, boundaries every ~20 tokens."""
-    rng = np.random.default_rng(seed)
-
-    def stream(n):
-        out, t = [], 1
-        for _ in range(n):
-            t = (t * 7 + 3) % (V - 1) + 1 if rng.random() < 0.9 else int(rng.integers(1, V))
-            out.append(0 if rng.random() < 0.05 else t)
-        return np.array(out, dtype=np.uint16)
-
-    splits = {name: Split(name, stream(n), n // 4, n * 3) for name, n in (("train", 6000), ("valid", 800), ("test", 800))}
-    return TokenData(V, 0, splits)
+V = SYNTHETIC_VOCAB
 
 
 COMMON = TrainParams(seed=7, log_every=5, checkpoint_every=7, eval_chunk=50)
@@ -431,7 +417,7 @@ def test_every_run_outside_the_stages_is_set_up_by_one_function():
     from lmpipe.errors import ConfigError
     from lmpipe.train import configure_run
 
-    params = load_params(Path(__file__).parents[1] / "params.yaml")
+    params = load_params(ROOT / "params.yaml")
     changes = assignments(["optim.lr=0.003", "arch.layers=2"])
     settings, common = configure_run(params, "gru", changes, {"tokens": 1000}, {"seed": 7})
     assert settings.optim.lr == 0.003 and settings.arch["layers"] == 2 and settings.budget.tokens == 1000
