@@ -1,6 +1,8 @@
 """Dotted overrides in DVC's own grammar: `dvc exp run -S` parses them with Hydra's override parser and applies them
 to params.yaml in struct mode, so lmpipe's checks, plans and profiles read an override exactly as DVC will apply it
 (`key=value` changes a setting the file holds, `+key=value` adds one, `++key=value` either; a dict value merges).
+The runs outside the stages (python -m lmpipe.train, seeds, sweeps, the grid, benchmarks) take theirs as a dict of
+dotted keys (`with_overrides`), merged the same way (OmegaConf).
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from typing import Any
 
 import yaml
 
-from lmpipe.config import parse_params
+from pydantic import ValidationError
+
+from lmpipe.config import ModelParams, describe_error, optimiser_fields, parse_params
 from lmpipe.errors import ConfigError
 
 
@@ -102,3 +106,36 @@ def profile_overrides(tree: dict, prefix: str = "") -> list[str]:
         else:
             out.append(f"++{name}={value_text(value)}")
     return out
+
+
+def nested(overrides: dict, tree: dict | None = None) -> dict:
+    """Dotted settings written into a (copy of a) nested tree, a dict value merging into the one there (OmegaConf):
+    {"optim.lr": 1} -> {"optim": {"lr": 1}}."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.create(tree or {})
+    for key, value in overrides.items():
+        OmegaConf.update(config, key, value, merge=True)
+    return OmegaConf.to_container(config)
+
+
+def with_overrides(base: ModelParams, overrides: dict, budget: dict | None = None) -> ModelParams:
+    """`base` with dotted overrides applied, validated as params.yaml would be: the one override function of every
+    run outside the stages (python -m lmpipe.train, seeds, sweeps, the scaling grid, benchmarks). A budget
+    ({tokens: N} or {flops: F}) sets the run's length; epochs given without one replace the base's budget."""
+    overrides = dict(overrides)
+    budget = overrides.pop("budget", budget)
+    tree = nested(overrides, base.model_dump(mode="json", exclude_none=True))  # a None is a setting left out
+    if budget is not None:
+        tree["budget"] = budget
+        tree.pop("epochs", None), tree.pop("patience", None)
+    elif "epochs" in overrides:
+        tree.pop("budget", None)
+    if "optim" in tree:  # a run that changes the optimiser or schedule drops what only the old one used
+        given = {key.removeprefix("optim.") for key in overrides if key.startswith("optim.")}
+        keep = optimiser_fields(tree["optim"]) | given
+        tree["optim"] = {k: v for k, v in tree["optim"].items() if k in keep}
+    try:
+        return ModelParams.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(f"settings {overrides}: {describe_error(exc.errors()[0])}") from None

@@ -32,8 +32,9 @@ from typing import Callable
 
 import yaml
 
-from lmpipe.config import ModelParams, nested, params_hash, yaml_error_place
+from lmpipe.config import ModelParams, params_hash, yaml_error_place
 from lmpipe.errors import ConfigError
+from lmpipe.overrides import nested
 
 SPACE_FILE = "sweeps/space.yaml"
 ABLATIONS = "benchmarks/results/transformer_ablation*.csv"  # benchmarks/transformer_ablation.py's tables

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from lmpipe import sweep as sw
-from lmpipe.config import ModelParams, with_overrides
+from lmpipe.config import ModelParams
+from lmpipe.overrides import with_overrides
 from lmpipe.errors import ConfigError
 from tests.conftest import ROOT
 

@@ -32,7 +32,8 @@ from tqdm.auto import tqdm
 
 from lmpipe import checkpoints, distributed
 from lmpipe.checkpoints import Checkpoint, checkpoint_dir
-from lmpipe.config import Budget, ModelParams, OptimParams, Params, TrainParams, describe_error, with_overrides
+from lmpipe.config import Budget, ModelParams, OptimParams, Params, TrainParams, describe_error
+from lmpipe.overrides import with_overrides
 from lmpipe.errors import ConfigError, Interrupted
 from lmpipe.evaluate import perplexities, stream_nll
 from lmpipe.optim import MuonAdamW
