@@ -1013,7 +1013,8 @@ def test_an_added_model_is_evaluated_audited_and_reported_and_removing_it_leaves
 
 def test_a_changed_code_default_makes_dvc_status_name_the_stages_it_affects(scratch):
     """A default that decides an output lives where DVC sees it: params.yaml states every setting (so a default in
-    config.py reaches nothing), and the arch defaults live in lmpipe/models, a dependency of what builds a model."""
+    config.py reaches nothing), and the arch defaults live in lmpipe/families.py, a dependency of what builds a model
+    (and of nothing else: the stages that only read params do not re-run)."""
     copy, env = scratch
     config = copy / "lmpipe/config.py"
     config.write_text(config.read_text().replace('data["patience"] = 3', 'data["patience"] = 1'))
@@ -1022,8 +1023,9 @@ def test_a_changed_code_default_makes_dvc_status_name_the_stages_it_affects(scra
                     copy, env)
     assert effective.stdout.split() == ["1", "3"]  # the copy's new default is in force, yet the study's setting holds
     assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}
-    rnn = copy / "lmpipe/models/rnn.py"
-    rnn.write_text(rnn.read_text().replace("dropout_hidden: float = 0.0", "dropout_hidden: float = 0.3"))
+    families = copy / "lmpipe/families.py"
+    families.write_text(families.read_text().replace("dropout_hidden: float = Field(0.0,",
+                                                     "dropout_hidden: float = Field(0.3,"))
     changed = set(json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout))
     assert {"train@rnn", "train@lstm", "train@gru", "score@gru", "audit"} <= changed
     assert not changed & {"download", "prepare", "validate", "tokenize", "ngram", "word2vec"}
