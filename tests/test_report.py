@@ -8,6 +8,7 @@ from pathlib import Path
 
 from lmpipe.paths import PERPLEXITY_PLOT as PERPLEXITY
 from lmpipe.report import build_report
+from tests.conftest import ROOT
 from tests.helpers import fixture_study, write
 
 
@@ -144,7 +145,6 @@ def test_the_readmes_results_block_is_the_committed_metrics(tmp_path):
     import tarfile
 
     from lmpipe.readme import sync_results
-    from tests.conftest import ROOT
 
     edited = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "README.md"]).returncode != 0
     root = ROOT

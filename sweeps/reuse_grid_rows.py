@@ -1,0 +1,104 @@
+"""Carry the committed scaling-grid rows over to changed training code, after checking that it reproduces them.
+
+A grid row is cached under a key that hashes the training code (lmpipe.checkpoints.run_key), so any edit to that
+code, even one that changes no number, makes `lmpipe scaling` retrain all ~100 rows (12.5 h on the 2-core CPU). This
+retrains the cheapest committed row of each model (or the rows named) with the code as it is now and compares their
+valid bpb bit for bit with the CSV; only if every one is equal does it write each committed row of the grid
+(params.yaml's `scaling`) into the row cache under the current key, marked `carried_from` with its old cache file.
+Then `lmpipe scaling` trains only the points the CSVs lack and reuses the rest. From the checkout's root:
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/reuse_grid_rows.py sweeps/grid_*.csv
+    PYTHONPATH=. python sweeps/reuse_grid_rows.py --export sweeps/grid_<date>.csv   # the rows the CSVs lack
+
+One thread, as the rows were trained; PYTHONPATH=. so that the checkout's own code is checked and keyed, the code
+`python -m flows.scaling` runs there (a script's own folder comes first on its path, so without it Python imports
+the lmpipe an editable install points at, perhaps another checkout's: refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from flows._stage import PARAMS_FILE
+from flows.scaling import WORK, plan, precision_key
+from lmpipe import checkpoints, codebase
+from lmpipe.config import load_params
+from lmpipe.io import write_json
+from lmpipe.splits import load_tokens
+
+ROWS = WORK / "runs"
+
+
+def keys_of(jobs: dict) -> dict:
+    """Each point's cache key, as flows.scaling computes it."""
+    return {name: job.key(**precision_key(job)) for name, job in jobs.items()}
+
+
+def committed(csvs: list[str]) -> pd.DataFrame:
+    """Every committed row, the last of each name (a re-run replaces an earlier one)."""
+    rows = pd.concat([pd.read_csv(path) for path in csvs], ignore_index=True)
+    return rows.drop_duplicates("name", keep="last").set_index("name")
+
+
+def check(jobs: dict, rows: pd.DataFrame, names: list[str]) -> None:
+    """Retrain `names` with the code as it is; stop at the first valid bpb that differs from its committed row."""
+    for name in names:
+        result = jobs[name].trainer.run()
+        checkpoints.discard(jobs[name].ckpt_dir)
+        now, then = result.metrics["valid_bpb"], float(rows.loc[name, "valid_bpb"])
+        print(f"{name}: valid bpb {now!r} now, {then!r} committed", flush=True)
+        if now != then:
+            sys.exit(f"{name}: the code as it is does not reproduce the committed row; retrain the grid instead")
+
+
+def carry(jobs: dict, keys: dict, rows: pd.DataFrame) -> int:
+    carried = 0
+    for name, job in jobs.items():
+        done = ROWS / f"{name}-{keys[name]}.json"
+        if name not in rows.index or done.exists():
+            continue
+        row = {k: (v.item() if hasattr(v, "item") else v) for k, v in rows.loc[name].items() if pd.notna(v)}
+        write_json(done, {"name": name, **row, "carried_from": row.pop("cache_file")})
+        carried += 1
+    return carried
+
+
+def export(out: Path, jobs: dict, keys: dict, rows: pd.DataFrame) -> None:
+    """The cached rows of the grid that no committed CSV holds, with their cache file, as a CSV."""
+    new = [{**json.loads((ROWS / f"{n}-{keys[n]}.json").read_text()), "cache_file": f"{n}-{keys[n]}.json"}
+           for n in jobs if n not in rows.index and (ROWS / f"{n}-{keys[n]}.json").exists()]
+    pd.DataFrame(new, columns=list(rows.reset_index().columns)).to_csv(out, index=False)
+    print(f"{out}: {len(new)} rows", flush=True)
+
+
+def main() -> None:
+    if codebase.ROOT != Path.cwd().resolve():  # the code it checks and keys by is the code `lmpipe scaling` runs here
+        sys.exit(f"run from the checkout whose code it checks, with PYTHONPATH=. (this imports {codebase.ROOT})")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("csvs", nargs="*", default=sorted(str(p) for p in Path("sweeps").glob("grid_*.csv")))
+    parser.add_argument("--names", nargs="*", default=None, help="the committed rows to retrain instead")
+    parser.add_argument("--export", type=Path, default=None)
+    args = parser.parse_args()
+    params, data = load_params(PARAMS_FILE), load_tokens()
+    points, prepared = plan(params, data)
+    jobs = {p.name: job for p, job in zip(points, prepared)}
+    rows = committed(args.csvs)
+    if args.export:
+        return export(args.export, jobs, keys_of(jobs), rows)
+    known = [name for name in jobs if name in rows.index]
+    cheapest = {}
+    for name in sorted(known, key=lambda n: -float(rows.loc[n, "train_seconds"])):
+        cheapest[rows.loc[name, "model"]] = name
+    names = args.names or list(cheapest.values())
+    check(jobs, rows, names)
+    print(f"{len(names)} committed rows reproduced bit for bit; {carry(jobs, keys_of(jobs), rows)} rows carried into {ROWS}; "
+          f"{len(jobs) - len(known)} points of the grid have no committed row", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""sweeps/reuse_grid_rows.py: committed grid rows are carried to new cache keys only after the code reproduces them."""
+
+import importlib.util
+import json
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from tests.conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("reuse_grid_rows", ROOT / "sweeps" / "reuse_grid_rows.py")
+reuse = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(reuse)
+
+
+def job(bpb: float):
+    """A grid point's job whose run ends at `bpb` (what check trains) and leaves no checkpoint folder."""
+    run = lambda: SimpleNamespace(metrics={"valid_bpb": bpb})  # noqa: E731
+    return SimpleNamespace(trainer=SimpleNamespace(run=run), ckpt_dir="/nonexistent/ckpt")
+
+
+def committed(tmp_path, rows: dict) -> pd.DataFrame:
+    path = tmp_path / "grid.csv"
+    pd.DataFrame([{"name": n, "model": n.split("-")[0], "valid_bpb": b, "train_seconds": 1.0,
+                   "cache_file": f"{n}-old.json"} for n, b in rows.items()]).to_csv(path, index=False)
+    return reuse.committed([str(path)])
+
+
+def test_a_row_the_code_does_not_reproduce_bit_for_bit_stops_everything(tmp_path):
+    rows = committed(tmp_path, {"gru-a": 2.5, "rnn-a": 2.75})
+    reuse.check({"gru-a": job(2.5), "rnn-a": job(2.75)}, rows, ["gru-a", "rnn-a"])  # equal: passes
+    with pytest.raises(SystemExit, match="rnn-a: the code as it is does not reproduce the committed row"):
+        reuse.check({"gru-a": job(2.5), "rnn-a": job(2.7500000000000004)}, rows, ["gru-a", "rnn-a"])
+
+
+def test_carried_rows_land_under_todays_keys_marked_and_never_over_a_row_trained_since(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rows = committed(tmp_path, {"gru-a": 2.5, "gru-b": 2.4})
+    trained = reuse.ROWS / "gru-b-k2.json"
+    trained.parent.mkdir(parents=True)
+    trained.write_text(json.dumps({"valid_bpb": 2.4, "trained": "here"}))
+    jobs = {"gru-a": job(2.5), "gru-b": job(2.4), "gru-new": job(2.3)}
+    assert reuse.carry(jobs, {"gru-a": "k1", "gru-b": "k2", "gru-new": "k3"}, rows) == 1
+    carried = json.loads((reuse.ROWS / "gru-a-k1.json").read_text())
+    assert carried["valid_bpb"] == 2.5 and carried["carried_from"] == "gru-a-old.json" and carried["name"] == "gru-a"
+    assert json.loads(trained.read_text())["trained"] == "here"  # a row trained under today's key stays
+    assert not (reuse.ROWS / "gru-new-k3.json").exists()  # a point no CSV holds is left to lmpipe scaling
