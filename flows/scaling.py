@@ -80,12 +80,17 @@ def precision_key(job: Job) -> dict:
     return {} if job.trainer.autocast is None else {"precision": "bf16"}
 
 
+def row_key(job: Job) -> str:
+    """The key a grid run's row is cached under: what decides the run, and its training precision."""
+    return job.key(**precision_key(job))
+
+
 @task(cache_policy=NO_CACHE)
 def train_point(point: GridPoint, job: Job, params: Params, parent_id: str) -> dict:
     """One run of the grid, or its row from an earlier, identical run (`Job.cached`): the same settings, code, data
     and training precision."""
     settings, data = job.settings, job.data
-    key = job.key(**precision_key(job))
+    key = row_key(job)
     tags = {"lmpipe.role": "scaling-run", "lmpipe.model": point.model, "lmpipe.point": key}
 
     def reused(row: dict) -> None:  # a child run here too when this scaling run lacks one

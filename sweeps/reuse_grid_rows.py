@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from flows._stage import PARAMS_FILE
-from flows.scaling import WORK, plan, precision_key
+from flows.scaling import WORK, plan, row_key
 from lmpipe import checkpoints, codebase
 from lmpipe.config import load_params
 from lmpipe.io import write_json
@@ -36,7 +36,7 @@ ROWS = WORK / "runs"
 
 def keys_of(jobs: dict) -> dict:
     """Each point's cache key, as flows.scaling computes it."""
-    return {name: job.key(**precision_key(job)) for name, job in jobs.items()}
+    return {name: row_key(job) for name, job in jobs.items()}
 
 
 def committed(csvs: list[str]) -> pd.DataFrame:

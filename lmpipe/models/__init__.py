@@ -7,6 +7,7 @@ import importlib
 
 from torch import nn
 
+from lmpipe.config import arch_settings
 from lmpipe.families import FAMILIES as SETTINGS
 from lmpipe.models.base import StreamLM  # noqa: F401
 from lmpipe.models.nplm import NPLM
@@ -29,7 +30,7 @@ def build_model(family: str, arch: dict, vocab_size: int, boundary: int) -> Stre
 
 def arch_with_defaults(family: str, arch: dict) -> dict:
     """`arch` with every default filled in (lmpipe.families): the whole architecture, e.g. for counting FLOPs."""
-    return SETTINGS[family].model_validate(arch).model_dump()
+    return arch_settings(family, arch).model_dump()
 
 
 def save_model(model: StreamLM, family: str, arch: dict, path) -> None:
