@@ -51,7 +51,8 @@ def main() -> None:
             params, "transformer",
             {"arch.dim": dim, "arch.layers": layers, "arch.heads": heads, "arch.block_size": args.seq_len,
              "arch.dropout": 0.0, "batch_size": batch, "seq_len": args.seq_len, "optim.warmup_steps": 0,
-             "epochs": 4, "max_steps_per_epoch": max(args.steps // 4, 1)},  # four evaluations: the last quarter timed
+             "epochs": 4, "patience": 3,
+             "max_steps_per_epoch": max(args.steps // 4, 1)},  # four evaluations: the last quarter timed
             None, {"compile": args.compile, "evals_per_epoch": 1})
         with tempfile.TemporaryDirectory() as ckpt:
             run = Trainer("transformer", settings, common, data, ckpt, setup_process(common), progress_bar=False).run()

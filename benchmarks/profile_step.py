@@ -57,7 +57,8 @@ def main() -> None:
     args = parser.parse_args()
     params, data = load_params(), load_tokens()
     steps = args.warmup + args.steps
-    settings, common = configure_run(params, args.model, {"epochs": 1, "max_steps_per_epoch": steps + 1}, None,
+    run_settings = {"epochs": 1, "patience": 3, "max_steps_per_epoch": steps + 1}
+    settings, common = configure_run(params, args.model, run_settings, None,
                                      {"evals_per_epoch": 1, "checkpoint_every": 10**9}, "params.yaml")
     prof = profile(activities=[ProfilerActivity.CPU])
     times: list[float] = []

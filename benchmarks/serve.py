@@ -34,7 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lmpipe import paths  # noqa: E402
-from lmpipe.config import MAX_NEW_TOKENS, load_params  # noqa: E402
+from lmpipe.config import load_params  # noqa: E402
+from lmpipe.decode_rules import MAX_NEW_TOKENS  # noqa: E402
 from lmpipe.decode import DecodeSettings, filter_top_p, generate  # noqa: E402
 from lmpipe.models import build_model  # noqa: E402
 from lmpipe.serving import MAX_PROMPT_TOKENS, MAX_PROMPTS, MAX_WORK, PROMPT_TOKENS_PER_STEP  # noqa: E402

@@ -96,7 +96,7 @@ def lmpipe_rate(args, params, data) -> float:
     """Tokens/s of lmpipe's Trainer between its last two evaluations (the steady state, evaluation excluded)."""
     changes = {"arch.dim": args.dim, "arch.layers": args.layers, "arch.heads": args.heads,
                "arch.block_size": args.seq_len, "arch.dropout": 0.0, "batch_size": args.batch,
-               "seq_len": args.seq_len, "optim.warmup_steps": 0, "epochs": 2,
+               "seq_len": args.seq_len, "optim.warmup_steps": 0, "epochs": 2, "patience": 3,
                "max_steps_per_epoch": args.warmup + args.steps}
     if args.recipe == "gpt2":
         changes.update(GPT2_RECIPE)

@@ -13,7 +13,7 @@ from typing import Callable
 from flows import server
 from lmpipe import paths
 from lmpipe import __version__
-from lmpipe.config import STRATEGIES, DecodingParams, decoding_rule
+from lmpipe.decode_rules import STRATEGIES, DecodingParams, decoding_rule
 from lmpipe.errors import ConfigError, LmpipeError
 
 DESCRIPTION = """Tools around the lmpipe language-modelling study. The study itself is `dvc repro` (or `make study`);
@@ -195,9 +195,7 @@ def _check_params_args(p):
 
 @command("check-params", _check_params_args, help="validate params.yaml and say what is wrong in one line")
 def _check_params(args) -> int:
-    import yaml
-
-    from lmpipe.config import load_params, unstated_settings
+    from lmpipe.config import load_params
     from lmpipe.preflight import input_problems, output_problems
 
     params = load_params(args.file)
@@ -211,10 +209,6 @@ def _check_params(args) -> int:
         print(f"{args.file}: ok; MLflow store {tracking_uri()}: ok")
     else:
         print(f"{args.file}: ok")
-    left = unstated_settings(yaml.safe_load(Path(args.file).read_text(encoding="utf-8")) or {})
-    if left:  # valid, but DVC cannot see a change of these defaults
-        print(f"note: {len(left)} settings are left to lmpipe's defaults, which DVC does not track; state them to "
-              f"make a change of default re-run what it affects: {', '.join(left[:8])}" + (" ..." if len(left) > 8 else ""))
     return 0
 
 
@@ -294,7 +288,7 @@ def _generate_args(p):
     for name in DECODE_FLAGS:  # one definition of each setting: params.yaml's `evaluate` gives the default
         field = DecodingParams.model_fields[name]
         p.add_argument(f"--{name.replace('_', '-')}", type=field.annotation, default=None,
-                       help=f"{decoding_rule(name)}; default: params.yaml evaluate.{name} ({field.default})")
+                       help=f"{decoding_rule(name)}; default: params.yaml evaluate.{name}")
     p.add_argument("--tokenizer", default=paths.TOKENIZER,
                    help=f"the study's tokenizer, for models under models/ (default: {paths.TOKENIZER}; a registered "
                         "model carries its own)")
@@ -311,7 +305,7 @@ def _generate(args) -> int:
 
     params = load_params()
     flags = {name: getattr(args, name) for name in DECODE_FLAGS if getattr(args, name) is not None}
-    try:  # each flag by its one rule (lmpipe.config.check_decoding), before any model loads
+    try:  # each flag by its one rule (lmpipe.decode_rules.check_decoding), before any model loads
         settings = DecodeSettings.from_params(params.evaluate, strategy=args.strategy, **flags)
     except ConfigError as exc:
         name = str(exc).split()[0]

@@ -24,6 +24,10 @@ PLUMBING = frozenset({
 # serving code; tracking.runs.git_commit: the commit a run is tagged with), which DVC does not version: only their
 # module-level imports are followed.
 SIDE_OUTPUTS = frozenset({"lmpipe/tracking/registry.py", "lmpipe/tracking/runs.py"})
+# The typed reading of params.yaml: plumbing for DVC, which tracks params.yaml itself (every setting is stated there,
+# none is a default in these files), yet part of a checkpoint's key. What they import only to check params (the
+# families' arch classes, the decoding rules) reaches an output only where a stage imports it itself.
+PARAMS_SCHEMA = frozenset({"lmpipe/config.py", "lmpipe/model_params.py"})
 TRAINING_ENTRY = "lmpipe.train.job"  # what every training entry point calls: prepare, the Trainer, publish
 
 
@@ -64,14 +68,16 @@ def imports_of(path: Path, root: Path = ROOT) -> set[Path]:
     return found
 
 
-def closure(start: Path, root: Path = ROOT) -> set[Path]:
-    """`start` and every project file it imports, directly or through other project files."""
+def closure(start: Path, root: Path = ROOT, stop: frozenset[str] = frozenset()) -> set[Path]:
+    """`start` and every project file it imports, directly or through other project files; the files in `stop`
+    (relative paths) are reached but not walked through."""
     seen, todo = set(), [start]
     while todo:
         path = todo.pop()
         if path not in seen:
             seen.add(path)
-            todo.extend(imports_of(path, root) - seen)
+            if path.relative_to(root).as_posix() not in stop:
+                todo.extend(imports_of(path, root) - seen)
     return seen
 
 

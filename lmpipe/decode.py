@@ -15,31 +15,31 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from lmpipe.config import DecodingParams, EvaluateParams, Strategy, check_decoding
+from lmpipe.config import EvaluateParams
+from lmpipe.decode_rules import DecodingParams, Strategy, check_decoding
 from lmpipe.utf8 import Utf8Guard
-
-_PARAMS = EvaluateParams()  # the defaults of params.yaml's `evaluate`: written once, in lmpipe.config
 
 
 @dataclass(frozen=True)
 class DecodeSettings:
-    """One generation call's settings; those shared with params.yaml's `evaluate` default to its defaults."""
+    """One generation call's settings. The defaults are the library's, for a call from Python; the study's stages,
+    `lmpipe generate` and a registered model take theirs from params.yaml's `evaluate` (`from_params`)."""
 
     strategy: Strategy = "top-p"
-    max_new_tokens: int = _PARAMS.max_new_tokens
-    temperature: float = _PARAMS.temperature
-    top_k: int = _PARAMS.top_k
-    top_p: float = _PARAMS.top_p
-    typical_p: float = _PARAMS.typical_p
-    beam_size: int = _PARAMS.beam_size
+    max_new_tokens: int = 40
+    temperature: float = 1.0
+    top_k: int = 40
+    top_p: float = 0.9
+    typical_p: float = 0.9
+    beam_size: int = 5
     length_penalty: float = 1.0  # beam: score / length**alpha
     stop_at_boundary: bool = False  # end at the boundary token (end of line)
-    seed: int | tuple[int, ...] = _PARAMS.seed  # numpy seed entropy: one number, or several (seed, prompt position)
+    seed: int | tuple[int, ...] = 0  # numpy seed entropy: one number, or several (seed, prompt position)
 
     def __post_init__(self):
-        """Each setting by its one rule (lmpipe.config.check_decoding): a ConfigError names the first that breaks it."""
-        check_decoding({f.name: getattr(self, f.name) for f in fields(self) if f.name in DecodingParams.model_fields
-                        and not (f.name == "seed" and isinstance(self.seed, tuple))})
+        """Each setting by its one rule (lmpipe.decode_rules): a ConfigError names the first that breaks it."""
+        seed = 0 if isinstance(self.seed, tuple) else self.seed  # a tuple is made by the library, not given
+        check_decoding({**{name: getattr(self, name) for name in DecodingParams.model_fields}, "seed": seed})
 
     @classmethod
     def from_params(cls, params: EvaluateParams, **changes) -> "DecodeSettings":

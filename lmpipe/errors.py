@@ -9,6 +9,32 @@ def first_line(text: str, limit: int = 300) -> str:
     return line[:limit].rsplit(" ", 1)[0].rstrip(" ,;:") + " ..."
 
 
+UNION_TAGS = ("adam", "sgd")  # the tags of lmpipe.model_params.OptimParams, which pydantic puts in an error's
+# location: describe_error leaves them out of the key
+
+
+def describe_error(error: dict, within: str = "") -> str:
+    """One pydantic error as `key: message (got value)`, the key inside `within` (a section's name)."""
+    parts = [str(p) for p in error["loc"]
+             if p not in UNION_TAGS and not str(p).startswith(("function-after", "function-before"))]
+    key = ".".join(filter(None, [within, *parts])) or "(top level)"
+    key = key.replace("validate_", "validate")
+    if error["type"] == "extra_forbidden" and set(error["loc"]) & set(UNION_TAGS):
+        if "sgd" in error["loc"]:
+            return f"'{key}' is not a setting of SGD (remove it or fix its spelling)"
+        return f"'{key}' is not a setting of adam, adamw and muon (remove it; momentum and nt_asgd are SGD's)"
+    if error["type"] == "extra_forbidden":
+        return f"unknown key '{key}' (remove it or fix its spelling)"
+    if error["type"] == "missing":
+        return f"'{key}' is missing: params.yaml states every setting, so that DVC sees it (add it)"
+    message = error["msg"].removeprefix("Value error, ")
+    got = error.get("input")
+    shown = "" if isinstance(got, (dict, list)) or got is None else f" (got {got!r})"
+    return f"{key}: {message}{shown}"
+
+
+
+
 class LmpipeError(Exception):
     """A mistake in the user's input or environment; printed as one line, never as a traceback."""
 

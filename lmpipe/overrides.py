@@ -14,7 +14,9 @@ import yaml
 
 from pydantic import ValidationError
 
-from lmpipe.config import ModelParams, describe_error, optimiser_fields, parse_params
+from lmpipe.config import parse_params
+from lmpipe.errors import describe_error
+from lmpipe.model_params import ModelParams, optimiser_type
 from lmpipe.errors import ConfigError
 
 
@@ -125,16 +127,18 @@ def with_overrides(base: ModelParams, overrides: dict, budget: dict | None = Non
     ({tokens: N} or {flops: F}) sets the run's length; epochs given without one replace the base's budget."""
     overrides = dict(overrides)
     budget = overrides.pop("budget", budget)
-    tree = nested(overrides, base.model_dump(mode="json", exclude_none=True))  # a None is a setting left out
+    tree = nested(overrides, base.model_dump(mode="json"))
     if budget is not None:
         tree["budget"] = budget
         tree.pop("epochs", None), tree.pop("patience", None)
     elif "epochs" in overrides:
         tree.pop("budget", None)
     if "optim" in tree:  # a run that changes the optimiser or schedule drops what only the old one used
-        given = {key.removeprefix("optim.") for key in overrides if key.startswith("optim.")}
-        keep = optimiser_fields(tree["optim"]) | given
-        tree["optim"] = {k: v for k, v in tree["optim"].items() if k in keep}
+        optim, given = tree["optim"], {key.removeprefix("optim.") for key in overrides if key.startswith("optim.")}
+        idle = set(optim) - set(optimiser_type(optim).model_fields)
+        if optim.get("schedule") != "wsd":
+            idle.add("decay_fraction")
+        tree["optim"] = {k: v for k, v in optim.items() if k not in idle - given}
     try:
         return ModelParams.model_validate(tree)
     except ValidationError as exc:

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from mlflow.pyfunc import PythonModel
 
-from lmpipe.config import STRATEGIES
+from lmpipe.decode_rules import STRATEGIES
 from lmpipe.errors import ConfigError
 from lmpipe.decode import DecodeSettings, continuations
 

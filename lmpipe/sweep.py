@@ -32,7 +32,8 @@ from typing import Callable
 
 import yaml
 
-from lmpipe.config import ModelParams, params_hash, yaml_error_place
+from lmpipe.config import params_hash, yaml_error_place
+from lmpipe.model_params import ModelParams
 from lmpipe.errors import ConfigError
 from lmpipe.overrides import nested
 

@@ -85,12 +85,12 @@ def sample_articles():
 @pytest.fixture(scope="session")
 def default_tokens(tmp_path_factory):
     """The default study's corpus and tokenizer (all 106 articles), built with the default params."""
-    from lmpipe.config import Params
+    from lmpipe.config import load_params
     from lmpipe.corpus.prepare import prepare_corpus
     from lmpipe.corpus.sources import fetch_corpus
     from lmpipe.tokenize import tokenize_corpus
 
-    root, params = tmp_path_factory.mktemp("default"), Params()
+    root, params = tmp_path_factory.mktemp("default"), load_params(ROOT / "params.yaml")  # the study's corpus
     fetch_corpus(params.corpus, root / "raw", root / "cache")
     prepare_corpus(root / "raw", root / "clean", params.corpus, params.split)
     metrics = tokenize_corpus(root / "clean", root / "tokens", params.tokenizer)

@@ -1,6 +1,7 @@
 """What several test files share: a local HTTP server for a handler, run in a thread for the length of a block; a
 port another program holds; a child that takes Ctrl-C as a terminal's would; the page `lmpipe ui`'s link opens, as
-headless Chromium has it; a learnable token stream; a study's metrics files for the report."""
+headless Chromium has it; a learnable token stream; a study's metrics files for the report; params as params.yaml
+states them (every setting), with a test's changes."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from typing import Iterator
 
 import numpy as np
 import pytest
+import yaml
 
+from lmpipe.families import FAMILIES
 from lmpipe.splits import Split, TokenData
 from tests.conftest import ROOT, free_port
 
@@ -162,3 +165,41 @@ def fixture_study(root, with_weat=True):
                           "y_words": 8, "a_words": 20, "b_words": 20}}}})
         write(root / "reports/weat_words.json", {"models": {"lstm": {"flowers_insects": {"title": "Flowers vs insects"},
                                                                       "math_arts": {}}}})
+
+
+# ---------------- params as params.yaml states them (every setting), with a test's changes ----------------
+
+def committed_params() -> dict:
+    """The project's params.yaml as data: a fresh copy each call."""
+    return yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def project_params(**sections) -> dict:
+    """The committed params with `sections` merged in, one level deep; `models` replaced whole (and the scaling grid,
+    which names the committed models, emptied unless `scaling` is given)."""
+    tree = committed_params()
+    if "models" in sections:
+        tree["scaling"]["models"] = {}
+    for name, changes in sections.items():
+        tree[name] = changes if name == "models" or not isinstance(changes, dict) else {**tree[name], **changes}
+    return tree
+
+
+def section(name: str, **changes) -> dict:
+    """One committed section with `changes`: e.g. TokenizerParams(**section("tokenizer", vocab_size=600))."""
+    return {**committed_params()[name], **changes}
+
+
+ADAMW = {"name": "adamw", "lr": 1e-3, "weight_decay": 0.0, "clip": 1.0, "schedule": "cosine", "warmup_steps": 0}
+
+
+def entry(family: str, arch: dict | None = None, **settings) -> dict:
+    """A model entry with every setting stated: a test's own small settings on AdamW at 1e-3 with a cosine schedule,
+    batch 32 of 64 tokens; patience 3 with epochs, variable_bptt false on a recurrent family."""
+    tree = {"family": family, "arch": arch or {}, "optim": ADAMW, "batch_size": 32, "seq_len": 64,
+            "max_steps_per_epoch": None, **settings}
+    if "epochs" in settings:
+        tree.setdefault("patience", 3)
+    if FAMILIES[family].recurrent:
+        tree.setdefault("variable_bptt", False)
+    return tree

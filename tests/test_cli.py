@@ -36,7 +36,7 @@ def test_every_option_has_help_and_there_is_a_version(capsys):
                                                  ("--max-new-tokens", "5000",
                                                   "max_new_tokens must be a whole number from 1 to 1024")])
 def test_an_out_of_range_sampling_value_is_one_line_before_any_model_loads(flag, value, reason):
-    """The same rule as params.yaml's `evaluate` and a served request's (lmpipe.config.check_decoding)."""
+    """The same rule as params.yaml's `evaluate` and a served request's (lmpipe.decode_rules.check_decoding)."""
     done = subprocess.run([sys.executable, "-m", "flows.cli", "generate", "--model", "no-such-model", flag, value],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1

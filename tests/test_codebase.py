@@ -53,9 +53,11 @@ def test_a_new_module_the_training_code_imports_joins_the_key(tmp_path):
 
 
 def test_the_train_stage_depends_on_every_file_of_the_training_code():
-    """DVC re-runs a train stage exactly when its checkpoint key changes: the deps cover the key's files (config.py
-    aside: params.yaml states every setting, tests/test_graph.py)."""
+    """DVC re-runs a train stage exactly when its checkpoint key changes: the deps cover the key's files (the typed
+    reading of params.yaml, and what only it imports, aside: params.yaml states every setting)."""
     deps = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["train"]["do"]["deps"]
-    missing = [f for f in codebase.code_files() if f != "lmpipe/config.py"
+    entry = codebase.module_file(codebase.TRAINING_ENTRY)
+    walked = {p.relative_to(ROOT).as_posix() for p in codebase.closure(entry, stop=codebase.PARAMS_SCHEMA)}
+    missing = [f for f in codebase.code_files() if f in walked - codebase.PARAMS_SCHEMA
                and not any(f == d or f.startswith(d.rstrip("/") + "/") for d in deps)]
     assert not missing, f"dvc.yaml train@: {missing} key checkpoints but are not deps"

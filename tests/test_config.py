@@ -9,22 +9,41 @@ from lmpipe.config import Params, load_params, params_hash, parse_params
 from lmpipe.overrides import apply_overrides
 from lmpipe.errors import ConfigError
 from tests.conftest import ROOT
+from tests.helpers import ADAMW, committed_params, entry, project_params
 
 
 def write(tmp_path, text):
+    """params.yaml: the committed one with `text`'s sections merged in, or `text` itself where it is no mapping."""
     path = tmp_path / "params.yaml"
-    path.write_text(text)
+    try:
+        changes = yaml.safe_load(text)
+    except yaml.YAMLError:
+        changes = None
+    path.write_text(yaml.safe_dump(project_params(**changes)) if isinstance(changes, dict) else text)
     return path
 
 
-def test_a_params_file_states_what_it_changes_and_the_schema_gives_the_rest(tmp_path):
-    """A section or setting the file leaves out takes the schema's default (the committed study's file loads too)."""
-    from lmpipe.config import CorpusParams, TokenizerParams, ValidateParams
-
+@pytest.mark.parametrize("leave_out, key, message", [
+    (("tokenizer", "min_frequency"), "tokenizer.min_frequency", "is missing"),
+    (("models", "gru", "variable_bptt"), "models.gru", "a rnn states variable_bptt: true for AWD-LSTM's"),
+    (("models", "gru", "optim", "decay_fraction"), "models.gru.optim", "schedule wsd needs decay_fraction"),
+    (("models", "gru", "max_steps_per_epoch"), "models.gru.max_steps_per_epoch", "is missing"),
+    (("audit", "word2vec", "seed"), "audit.word2vec.seed", "is missing"),
+    (("seeds",), "seeds", "is missing")])
+def test_a_setting_left_out_is_one_line_naming_it(tmp_path, leave_out, key, message):
+    """params.yaml states every setting, so that DVC sees it: none is left to a default that DVC cannot see. The
+    committed file states them all (it loads)."""
     load_params(ROOT / "params.yaml")
-    params = load_params(write(tmp_path, "tokenizer: {vocab_size: 1000}\n"))
-    assert params.tokenizer == TokenizerParams(vocab_size=1000) and params.tokenizer.min_frequency == 2
-    assert params.corpus == CorpusParams() and params.section("validate") == ValidateParams().model_dump(mode="json")
+    tree = committed_params()
+    *parents, last = leave_out
+    node = tree
+    for name in parents:
+        node = node[name]
+    del node[last]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(tree))
+    with pytest.raises(ConfigError) as info:
+        load_params(tmp_path / "params.yaml")
+    assert key in str(info.value) and message in str(info.value) and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -92,7 +111,7 @@ def test_gpu_profile_is_valid_params_and_becomes_dvc_overrides(tmp_path, capsys)
 
 
 def test_model_arch_must_fit_its_family(tmp_path):
-    text = "models:\n  x:\n    family: nplm\n    arch: {context: 3, heads: 4}\n"
+    text = yaml.safe_dump({"models": {"x": entry("nplm", {"context": 3, "heads": 4})}})
     with pytest.raises(ConfigError, match=r"models.x: .*arch has \['heads'\], not settings of a nplm"):
         load_params(write(tmp_path, text))
 
@@ -109,7 +128,8 @@ def dvc_applies(tmp_path, overrides: list[str]) -> Params:
 
 @pytest.mark.parametrize("overrides", [["models.lstm.arch={emb: 400}", "corpus.source=wikitext-2"],
                                        ["+models.gru.budget={tokens: 3000000}", "study.budget={flops: 4.0e+13}"],
-                                       ["++models.gru.epochs=3", "++train.seed=7", "models.gru.optim.lr=3e-3"]])
+                                       ["++models.gru.epochs=3", "++models.gru.patience=3", "++train.seed=7",
+                                        "models.gru.optim.lr=3e-3"]])
 def test_overrides_are_applied_as_dvc_exp_run_applies_them(tmp_path, overrides):
     """A dict value merges into the one there, `+` adds a key, `++` sets it either way: DVC's result, exactly."""
     assert parse_params(apply_overrides(yaml.safe_load((ROOT / "params.yaml").read_text()), overrides)) == \
@@ -209,7 +229,7 @@ with server.on_running_server() as url:
 ])
 def test_model_names_that_every_tool_takes_or_one_line_before_training(tmp_path, name, expected):
     """A name is a DVC stage, a folder, a Prefect artifact key and an MLflow model: refused before any training."""
-    text = f"models:\n  '{name}': {{family: rnn, arch: {{cell: gru}}, epochs: 1}}\n"
+    text = yaml.safe_dump({"models": {name: entry("rnn", {"cell": "gru"}, epochs=1)}})
     if expected is None:
         assert list(load_params(write(tmp_path, text)).models) == [name]
         return
@@ -227,7 +247,7 @@ def test_the_family_registry_is_one_table(tmp_path):
     assert {f: f"{c.__module__}:{c.__name__}" for f, c in FAMILIES.items()} == {f: s.model for f, s in SETTINGS.items()}
     with pytest.raises(ConfigError, match=r"family 'mylm' is not registered \(have: nplm, rnn, transformer; "
                                           r"register yours in lmpipe/families.py FAMILIES\)"):
-        load_params(write(tmp_path, "models:\n  mine: {family: mylm}\n"))
+        load_params(write(tmp_path, yaml.safe_dump({"models": {"mine": {**entry("nplm"), "family": "mylm"}}})))
 
 
 @pytest.mark.parametrize("arch, expected", [
@@ -239,47 +259,49 @@ def test_the_family_registry_is_one_table(tmp_path):
 def test_an_arch_setting_is_checked_by_its_familys_schema_when_params_load(tmp_path, arch, expected):
     """Before any stage runs (and DVC deletes its outputs): a wrong type, an unknown choice or an inconsistent pair."""
     with pytest.raises(ConfigError) as info:
-        load_params(write(tmp_path, f"models:\n  t:\n    family: transformer\n    arch: {arch}\n"))
+        load_params(write(tmp_path, yaml.safe_dump({"models": {"t": entry("transformer", yaml.safe_load(arch))}})))
     assert str(info.value) == f"{tmp_path / 'params.yaml'}: {expected}"
 
 
 def test_the_study_budget_is_every_models_length_unless_an_entry_states_its_own():
     from lmpipe.config import parse_params
 
-    gru = {"family": "rnn", "arch": {"cell": "gru"}}
-    params = parse_params({"study": {"budget": {"flops": 3e13}},
-                           "models": {"gru": gru, "own": {**gru, "budget": {"tokens": 1000}}}})
+    gru = entry("rnn", {"cell": "gru"})
+    params = parse_params(project_params(study={"budget": {"flops": 3e13}},
+                                         models={"gru": gru, "own": {**gru, "budget": {"tokens": 1000}}}))
     assert params.model_settings("gru").budget.flops == 3e13 and params.models["gru"].budget is None
     assert params.model_settings("own").budget.tokens == 1000  # the stated exception (the report marks it)
-    by_epochs = parse_params({"models": {"gru": {**gru, "epochs": 2}}}).model_settings("gru")
-    assert by_epochs.budget is None and by_epochs.epochs == 2 and by_epochs.patience == 3  # its early stopping's default
+    by_epochs = parse_params(project_params(models={"gru": {**gru, "epochs": 2, "patience": 3}})).model_settings("gru")
+    assert by_epochs.budget is None and by_epochs.epochs == 2 and by_epochs.patience == 3
     assert params.budget_exceptions() == ["own"]
     with pytest.raises(ConfigError, match=r"models.gru states neither epochs nor budget, and study.budget is null"):
-        parse_params({"models": {"gru": gru}})
+        parse_params(project_params(study={"budget": None}, models={"gru": gru}))
+    with pytest.raises(ConfigError, match=r"a run of `epochs` needs patience"):
+        parse_params(project_params(models={"gru": {**gru, "epochs": 2}}))
 
 
-@pytest.mark.parametrize("entry, message", [
+@pytest.mark.parametrize("changes, message", [
     ({"epochs": 2, "budget": {"tokens": 1000}}, "states both epochs and budget: a run's length is one of them"),
     ({"patience": 2}, "patience stops a run of `epochs` early; a budget trains to its end (remove it)"),
     ({"family": "transformer", "variable_bptt": False}, "variable_bptt is a recurrent model's setting, not a "
                                                         "transformer's (remove it)"),
-    ({"optim": {"name": "adamw", "momentum": 0.9}}, "models.gru.optim.momentum' is not a setting of adam, adamw and muon"),
-    ({"optim": {"name": "muon", "schedule": "cosine", "decay_fraction": 0.2}}, "decay_fraction is the wsd schedule's"),
+    ({"optim": {**ADAMW, "momentum": 0.9}}, "models.gru.optim.momentum' is not a setting of adam, adamw and muon"),
+    ({"optim": {**ADAMW, "name": "muon", "decay_fraction": 0.2}}, "decay_fraction is the wsd schedule's"),
 ])
-def test_a_setting_that_would_do_nothing_is_refused_in_one_line(entry, message):
+def test_a_setting_that_would_do_nothing_is_refused_in_one_line(changes, message):
     """A model states only what changes its training: a run's length once, SGD's settings with SGD, variable BPTT on
     recurrent models, the wsd decay with wsd."""
     from lmpipe.config import parse_params
 
-    gru = {"family": "rnn", "arch": {"cell": "gru"}}
+    gru = entry("rnn", {"cell": "gru"})
     with pytest.raises(ConfigError) as info:
-        parse_params({"study": {"budget": {"flops": 3e13}}, "models": {"gru": {**gru, **entry}}})
+        parse_params(project_params(models={"gru": {**gru, **changes}}))
     assert message in str(info.value) and "\n" not in str(info.value)
-    sgd = parse_params({"study": {"budget": {"flops": 3e13}}, "models": {"gru": {**gru, "optim": {
-        "name": "sgd", "lr": 20.0, "momentum": 0.0, "nt_asgd": True, "nonmono": 5}}}}).models["gru"].optim
+    sgd = parse_params(project_params(models={"gru": {**gru, "optim": {
+        **ADAMW, "name": "sgd", "lr": 20.0, "momentum": 0.0, "nt_asgd": True, "nonmono": 5}}})).models["gru"].optim
     assert (sgd.name, sgd.nt_asgd, sgd.nonmono, sgd.decay_fraction) == ("sgd", True, 5, None)
     with pytest.raises(ConfigError, match=r"study: budget must be \{flops: F\}: the study compares the families"):
-        parse_params({"study": {"budget": {"tokens": 1000}}})
+        parse_params(project_params(study={"budget": {"tokens": 1000}}))
 
 
 def test_branches_divide_the_study_budget():
@@ -287,7 +309,7 @@ def test_branches_divide_the_study_budget():
 
     study = StudyParams.model_validate({"budget": {"flops": 3e13}, "branches": [2, 16, 4, 8]})
     assert study.branch_budgets == [3e13 / 16, 3e13 / 8, 3e13 / 4, 3e13 / 2]
-    for bad, why in (({"branches": [2]}, "set study.budget"), ({"budget": {"flops": 1e12}, "branches": [1]}, "above 1"),
+    for bad, why in (({"budget": None, "branches": [2]}, "set study.budget"), ({"budget": {"flops": 1e12}, "branches": [1]}, "above 1"),
                      ({"budget": {"flops": 1e12}, "branches": [2, 2]}, "once")):
         with pytest.raises(ValueError, match=why):
             StudyParams.model_validate(bad)

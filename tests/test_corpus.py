@@ -13,6 +13,7 @@ from lmpipe.corpus.sources import ENWIKI_SAMPLE, fetch_corpus
 from lmpipe.corpus.wiki import clean_paragraphs, iter_wiki_articles
 from lmpipe.corpus.wikitext import parse_wikitext
 from lmpipe.errors import CorpusError
+from tests.helpers import section
 
 PAGE = """<page><title>{title}</title><ns>0</ns><id>{id}</id><revision><id>1</id>
 <text xml:space="preserve">{text}</text></revision></page>"""
@@ -89,9 +90,9 @@ def test_wikitext_headings_become_plain_lines():
 
 
 def test_prepare_on_real_sample_writes_splits_and_stats(tmp_path):
-    corpus = CorpusParams(max_articles=12)
+    corpus = CorpusParams(**section("corpus", max_articles=12))
     fetch_corpus(corpus, tmp_path / "raw", tmp_path / "cache")
-    stats = prepare_corpus(tmp_path / "raw", tmp_path / "clean", corpus, SplitParams(seed=3))
+    stats = prepare_corpus(tmp_path / "raw", tmp_path / "clean", corpus, SplitParams(**section("split", seed=3)))
     for split in ("train", "valid", "test"):
         text = (tmp_path / "clean" / f"{split}.txt").read_text()
         assert stats["splits"][split]["words"] == len(text.split())
@@ -111,7 +112,7 @@ def test_bad_local_files_fail_with_the_field_and_leave_nothing(tmp_path, content
     good.write_text(" = A = \nsome text here\n\n")
     bad = tmp_path / "bad.txt"
     bad.write_bytes(content)
-    corpus = CorpusParams(source="local", files=LocalFiles(train=str(good), valid=str(bad), test=str(good)))
+    corpus = CorpusParams(**section("corpus", source="local", files=LocalFiles(train=str(good), valid=str(bad), test=str(good))))
     raw = tmp_path / "data" / "raw"
     with pytest.raises(CorpusError, match=f"corpus.files.valid: .*bad.txt {expected}"):
         fetch_corpus(corpus, raw, tmp_path / "cache")
@@ -119,7 +120,8 @@ def test_bad_local_files_fail_with_the_field_and_leave_nothing(tmp_path, content
 
 
 def test_missing_local_file(tmp_path):
-    corpus = CorpusParams(source="local", files=LocalFiles(train="nope.txt", valid="nope.txt", test="nope.txt"))
+    corpus = CorpusParams(**section("corpus", source="local", files=LocalFiles(train="nope.txt", valid="nope.txt",
+                                                                                  test="nope.txt")))
     with pytest.raises(CorpusError, match="corpus.files.train: nope.txt does not exist"):
         fetch_corpus(corpus, tmp_path / "raw", tmp_path / "cache")
 
@@ -139,10 +141,10 @@ def test_wikitext_source_downloads_and_keeps_given_splits(tmp_path):
                        f" \n = {split.title()} two = \n \n Second . \n")
     handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(tmp_path), **k)  # noqa: E731
     with http_server(handler) as base:
-        corpus = CorpusParams(source="wikitext-2", url=f"{base}/{archive.name}")
+        corpus = CorpusParams(**section("corpus", source="wikitext-2", url=f"{base}/{archive.name}"))
         manifest = fetch_corpus(corpus, tmp_path / "raw", tmp_path / "cache")
     assert manifest["files"][archive.name]["bytes"] == archive.stat().st_size
-    stats = prepare_corpus(tmp_path / "raw", tmp_path / "clean", corpus, SplitParams())
+    stats = prepare_corpus(tmp_path / "raw", tmp_path / "clean", corpus, SplitParams(**section("split")))
     assert (tmp_path / "clean" / "valid.txt").read_text() == (
         " = Valid one = \nText of valid .\nPart\nMore .\n\n = Valid two = \nSecond .\n\n")
     assert {s: v["articles"] for s, v in stats["splits"].items()} == {"train": 2, "valid": 2, "test": 2}
@@ -153,9 +155,9 @@ def test_local_source_keeps_the_users_splits(tmp_path):
     for split in ("train", "valid", "test"):
         files[split] = tmp_path / f"my-{split}.txt"
         files[split].write_text(f"First {split} paragraph.\nSecond line.\n\nAnother {split} block.\n")
-    corpus = CorpusParams(source="local", files=LocalFiles(**{k: str(v) for k, v in files.items()}))
+    corpus = CorpusParams(**section("corpus", source="local", files=LocalFiles(**{k: str(v) for k, v in files.items()})))
     fetch_corpus(corpus, tmp_path / "raw", tmp_path / "cache")
-    stats = prepare_corpus(tmp_path / "raw", tmp_path / "clean", corpus, SplitParams())
+    stats = prepare_corpus(tmp_path / "raw", tmp_path / "clean", corpus, SplitParams(**section("split")))
     assert (tmp_path / "clean" / "test.txt").read_text() == "First test paragraph.\nSecond line.\n\nAnother test block.\n\n"
     assert stats["splits"]["train"]["articles"] == 2
 
@@ -169,7 +171,8 @@ def test_local_sha256_is_of_the_three_files_concatenated(tmp_path):
     for split, path in files.items():
         path.write_text(f"Some {split} text.\n")
     expected = hashlib.sha256(b"".join(files[s].read_bytes() for s in ("train", "valid", "test"))).hexdigest()
-    good = CorpusParams(source="local", files=LocalFiles(**{k: str(v) for k, v in files.items()}), sha256=expected)
+    good = CorpusParams(**section("corpus", source="local", files=LocalFiles(**{k: str(v) for k, v in files.items()}),
+                                 sha256=expected))
     fetch_corpus(good, tmp_path / "raw", tmp_path / "cache")
     wrong = good.model_copy(update={"sha256": "0" * 64})
     with pytest.raises(DownloadError, match=f"corpus.files: sha256 of train\\+valid\\+test mismatch: expected {'0' * 64}, "

@@ -15,16 +15,15 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.helpers import synthetic_data
+from tests.helpers import ADAMW, entry, project_params, synthetic_data
 
 MODELS = {
-    "lstm": {"family": "rnn", "arch": {"cell": "lstm", "emb": 24, "hidden": 32, "layers": 2, "ar": 1.0, "tar": 1.0},
-             "optim": {"name": "sgd", "lr": 10.0, "clip": 0.5, "schedule": "constant"},
-             "batch_size": 8, "seq_len": 20, "variable_bptt": True, "epochs": 3},
-    "transformer": {"family": "transformer", "arch": {"dim": 32, "layers": 1, "heads": 2, "block_size": 32,
-                                                      "dropout": 0.0},
-                    "optim": {"name": "adamw", "lr": 3e-3, "warmup_steps": 5}, "batch_size": 8, "seq_len": 32,
-                    "epochs": 3},
+    "lstm": entry("rnn", {"cell": "lstm", "emb": 24, "hidden": 32, "layers": 2, "ar": 1.0, "tar": 1.0},
+                  optim={**ADAMW, "name": "sgd", "lr": 10.0, "clip": 0.5, "schedule": "constant", "momentum": 0.0,
+                         "nt_asgd": False, "nonmono": 2},
+                  batch_size=8, seq_len=20, variable_bptt=True, epochs=3),
+    "transformer": entry("transformer", {"dim": 32, "layers": 1, "heads": 2, "block_size": 32, "dropout": 0.0},
+                         optim={**ADAMW, "lr": 3e-3, "warmup_steps": 5}, batch_size=8, seq_len=32, epochs=3),
 }
 
 
@@ -40,9 +39,8 @@ def workdir(tmp_path_factory):
         "vocab_size": data.vocab_size, "boundary_id": data.boundary,
         "words": {n: s.words for n, s in data.splits.items()}, "bytes": {n: s.bytes for n, s in data.splits.items()}}))
     # fp32: the test checks the gradient averaging, and bf16 rounds a 4-row batch otherwise than an 8-row one
-    (root / "params.yaml").write_text(yaml.safe_dump({"train": {"seed": 7, "log_every": 5, "eval_chunk": 50,
-                                                                "precision": "fp32"},
-                                                      "models": MODELS}))
+    train = {"seed": 7, "log_every": 5, "eval_chunk": 50, "evals_per_epoch": 1, "precision": "fp32"}
+    (root / "params.yaml").write_text(yaml.safe_dump(project_params(train=train, models=MODELS)))
     return root
 
 

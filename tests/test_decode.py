@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lmpipe.decode import DecodeSettings, diversity, filter_top_p, filter_typical, generate
+from tests.helpers import project_params, section
 
 
 class TableModel:
@@ -92,7 +93,8 @@ def test_each_prompt_samples_its_own_stream():
     vocab = {chr(ord("a") + i): i for i in range(26)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="a"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    params = EvaluateParams(prompts=["b", "c", "d"], strategies=["top-k", "sample"], max_new_tokens=12, seed=3)
+    params = EvaluateParams(**section("evaluate", prompts=["b", "c", "d"], strategies=["top-k", "sample"],
+                                            max_new_tokens=12, seed=3))
     first = sample_all({"unigram": Unigram()}, tokenizer, 0, params)
     again = sample_all({"unigram": Unigram()}, tokenizer, 0, params)
     for strategy in params.strategies:
@@ -176,7 +178,7 @@ def test_a_text_cut_inside_a_character_is_held_back_to_the_one_before():
 
 def test_every_decoding_setting_has_one_rule_wherever_it_is_given():
     """params.yaml's `evaluate`, DecodeSettings and a served request are checked by the same rule of each setting
-    (lmpipe.config.check_decoding; `lmpipe generate`'s flags: tests/test_cli.py)."""
+    (lmpipe.decode_rules.check_decoding; `lmpipe generate`'s flags: tests/test_cli.py)."""
     import pytest
 
     from lmpipe.config import parse_params
@@ -185,7 +187,7 @@ def test_every_decoding_setting_has_one_rule_wherever_it_is_given():
     from lmpipe.serving import BadRequest, request_settings
 
     with pytest.raises(ConfigError, match="evaluate.top_p"):
-        parse_params({"evaluate": {"top_p": 1.5}}, "params.yaml")
+        parse_params(project_params(evaluate={"top_p": 1.5}), "params.yaml")
     with pytest.raises(ConfigError, match="^top_p must be a number above 0 and at most 1$"):
         DecodeSettings(top_p=1.5)
     with pytest.raises(ConfigError, match="^max_new_tokens must be a whole number from 1 to 1024$"):

@@ -10,7 +10,7 @@ from lmpipe.config import CorpusParams
 from lmpipe.corpus.download import download, partial_path
 from lmpipe.corpus.sources import fetch_corpus
 from lmpipe.errors import DownloadError
-from tests.helpers import QuietHandler, http_server
+from tests.helpers import QuietHandler, http_server, section
 
 PAYLOAD = bytes(range(256)) * 4096  # 1 MiB
 
@@ -100,7 +100,7 @@ def test_connection_refused_retries_then_fails(tmp_path):
 
 
 def test_wrong_sha256_leaves_nothing_in_raw(server, tmp_path):
-    corpus = CorpusParams(source="wikipedia-dump", url=f"{server}/data.bin", sha256="0" * 64)
+    corpus = CorpusParams(**section("corpus", source="wikipedia-dump", url=f"{server}/data.bin", sha256="0" * 64))
     raw = tmp_path / "data" / "raw"
     with pytest.raises(DownloadError, match="sha256 mismatch"):
         fetch_corpus(corpus, raw, tmp_path / "cache")
@@ -110,7 +110,7 @@ def test_wrong_sha256_leaves_nothing_in_raw(server, tmp_path):
 
 
 def test_manifest_records_computed_hash_without_sha256(server, tmp_path):
-    corpus = CorpusParams(source="wikipedia-dump", url=f"{server}/data.bin")
+    corpus = CorpusParams(**section("corpus", source="wikipedia-dump", url=f"{server}/data.bin"))
     manifest = fetch_corpus(corpus, tmp_path / "raw", tmp_path / "cache")
     entry = manifest["files"]["data.bin"]
     assert entry["sha256"] == hashlib.sha256(PAYLOAD).hexdigest()

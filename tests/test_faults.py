@@ -53,7 +53,7 @@ def test_two_first_runs_on_one_new_store_are_both_recorded(tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'new.db'}"
-    (tmp_path / "params.yaml").write_text("corpus: {source: enwiki-sample}\n")
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     env.pop("LMPIPE_PARENT_RUN_ID", None)
     runs = [subprocess.Popen([sys.executable, "-c", STAGE, f"stage{i}", str(tmp_path / "params.yaml")], env=env,
@@ -101,7 +101,7 @@ def test_runs_of_dead_stages_never_stay_running(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    (tmp_path / "params.yaml").write_text("corpus: {source: enwiki-sample}\n")
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     env.pop("LMPIPE_PARENT_RUN_ID", None)
     client = MlflowClient(uri)

@@ -14,32 +14,20 @@ from pathlib import Path
 import pytest
 import yaml
 from lmpipe import codebase
-from lmpipe.config import Params, unstated_settings
+from lmpipe.config import Params
 from tests.conftest import ROOT
 
 PIPELINES = ("dvc.yaml", "scaling/dvc.yaml", "seeds/dvc.yaml")
-# The walk and the plumbing are lmpipe.codebase's, the same that keys checkpoints (code_version). config.py, the
-# typed reading of params.yaml, is plumbing for DVC alone: its defaults cannot reach an output because params.yaml
-# states every setting (test_params_yaml_states_every_setting); a checkpoint's key still hashes it. Nor can what it
-# imports only to check params (lmpipe/families.py's arch defaults reach an output where a stage builds a model,
-# through lmpipe/models/, which imports it itself): the walk does not go on through it.
-CONFIG = "lmpipe/config.py"
-PLUMBING = codebase.PLUMBING | {CONFIG}
+# The walk and the plumbing are lmpipe.codebase's, the same that keys checkpoints (code_version); the typed reading
+# of params.yaml (codebase.PARAMS_SCHEMA) is plumbing for DVC, and the walk does not go on through it.
+PLUMBING = codebase.PLUMBING | codebase.PARAMS_SCHEMA
 # Params sections that say where and how a stage runs, not what it computes.
 PLUMBING_PARAMS = {"tracking", "orchestration"}
 module_file = codebase.module_file
 
 
 def closure(start: Path) -> set[Path]:
-    """codebase.closure, less what only config.py imports."""
-    seen, todo = set(), [start]
-    while todo:
-        path = todo.pop()
-        if path not in seen:
-            seen.add(path)
-            if path.relative_to(ROOT).as_posix() != CONFIG:
-                todo.extend(codebase.imports_of(path) - seen)
-    return seen
+    return codebase.closure(start, stop=codebase.PARAMS_SCHEMA)
 
 
 def stages() -> list[tuple[str, str, dict]]:
@@ -102,27 +90,12 @@ def test_every_params_section_read_is_a_params_dependency(pipeline, name, stage)
     assert not unread, f"{pipeline}: stage {name} reads params {unread}, not in its params"
 
 
-def test_params_yaml_states_every_setting():
-    """DVC sees params.yaml, not config.py's defaults: every setting stands in the file, so changing one re-runs
-    exactly the stages that read it. `arch` is the exception: its defaults are the model constructors' (lmpipe/models,
-    in the deps of every stage that builds a model)."""
-    missing = unstated_settings(yaml.safe_load((ROOT / "params.yaml").read_text()))
-    assert not missing, f"params.yaml leaves {missing} to code defaults: state them"
-
-
 def test_the_walk_finds_what_a_stage_imports_and_reads(tmp_path):
     """The checks above can fail: the walk sees function-level and `from package import module` imports."""
     files = {p.relative_to(ROOT).as_posix() for p in closure(ROOT / "flows/word2vec.py")}
     assert "lmpipe/audit.py" in files  # imported inside a task function
     assert not covered("lmpipe/audit.py", ["flows/word2vec.py", "data/clean/train.txt"])
     assert {"evaluate", "models"} <= params_read(ROOT / "flows/evaluate.py")
-    assert unstated_settings({"corpus": {}})[:2] == ["corpus.source", "corpus.url"]
-    assert "models.x.variable_bptt" in unstated_settings({"models": {"x": {"family": "rnn"}}})
-    assert "models.x.patience" in unstated_settings({"models": {"x": {"family": "rnn", "epochs": 2}}})
-    assert "models.x.optim.nt_asgd" in unstated_settings({"models": {"x": {"family": "rnn", "optim": {"name": "sgd"}}}})
-    stated = unstated_settings({"models": {"x": {"family": "nplm", "optim": {"name": "adamw"}}}})
-    assert not {"models.x.variable_bptt", "models.x.patience", "models.x.epochs", "models.x.optim.momentum",
-                "models.x.optim.decay_fraction"} & set(stated)  # settings that would do nothing are not asked for
 
 
 DATA_PATH = re.compile(r"(data|models|metrics|plots|reports|scaling|seeds)/")

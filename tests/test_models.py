@@ -153,7 +153,7 @@ def test_a_model_takes_its_family_settings_defaults_and_checks_from_lmpipe_famil
     model built from the whole one, and a setting the family's schema refuses is refused by the constructor too."""
     from pydantic import ValidationError
 
-    from lmpipe.config import arch_settings
+    from lmpipe.model_params import arch_settings
     from lmpipe.families import FAMILIES as SETTINGS
 
     for family, schema in SETTINGS.items():

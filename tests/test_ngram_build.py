@@ -7,6 +7,7 @@ import pytest
 
 from lmpipe import ngram_build
 from lmpipe.ngram import TABLE_FIELDS, NGramLM
+from tests.helpers import section
 
 V, B = 40, 0  # synthetic vocabulary size and boundary id
 
@@ -106,7 +107,7 @@ def test_two_dask_workers_build_the_same_model(tmp_path, prefect_api):
 
     tokens = synthetic_stream(4000)
     np.save(tmp_path / "train.npy", tokens)
-    runner = task_runner(OrchestrationParams(task_runner="dask", workers=2))
+    runner = task_runner(OrchestrationParams(**section("orchestration", task_runner="dask", workers=2)))
     with temporary_settings({PREFECT_API_URL: prefect_api}):
         plan = build_model.with_options(task_runner=runner)(
             str(tmp_path / "train.npy"), str(tmp_path / "model"), V, B, workers=2,

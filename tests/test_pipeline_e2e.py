@@ -23,7 +23,8 @@ from lmpipe.io import sha256_tree
 from lmpipe.ngram import NGramLM
 
 from tests.conftest import ROOT
-from tests.helpers import QuietHandler, as_in_a_terminal, assert_best_first, browser, http_server, leaderboard_page
+from tests.helpers import (ADAMW, QuietHandler, as_in_a_terminal, assert_best_first, browser, entry, http_server,
+                           leaderboard_page)
 
 pytestmark = pytest.mark.e2e
 # `make test` runs on pytest-xdist's workers (tests/conftest.py): these tests, about half of this module's time, form
@@ -41,14 +42,6 @@ STAGES = ("download", "prepare", "validate", "tokenize", "ngram") + tuple(f"trai
 QUICK = {"epochs": 1, "max_steps_per_epoch": 3, "batch_size": 4, "seq_len": 16}
 
 
-def stated(models: dict) -> dict:
-    """Model entries with every setting written out, as params.yaml holds them (tests/test_graph.py): DVC sees each."""
-    from lmpipe.config import ModelParams
-
-    return {name: ModelParams.model_validate(entry).model_dump(mode="json", exclude_none=True)
-            for name, entry in models.items()}
-
-
 TINY = {
     "corpus": {"max_articles": 12},
     "split": {"seed": 57, "valid": 0.02, "test": 0.02},  # one short article each (1,872 and 1,708 words): scoring is quick
@@ -56,15 +49,14 @@ TINY = {
     "tokenizer": {"vocab_size": 600},
     "evaluate": {"prompts": ["The history of"], "max_new_tokens": 8, "beam_size": 2},
     "study": {"budget": None},  # each tiny model by its own few steps
-    "models": stated({
-        "nplm": {"family": "nplm", "arch": {"context": 3, "emb": 16, "hidden": 32}, **QUICK},
-        "rnn": {"family": "rnn", "arch": {"cell": "rnn_tanh", "emb": 16, "layers": 1}, **QUICK},
-        "lstm": {"family": "rnn", "arch": {"cell": "lstm", "emb": 16, "hidden": 32, "layers": 2, "weight_drop": 0.2},
-                 "variable_bptt": True, **QUICK},
-        "gru": {"family": "rnn", "arch": {"cell": "gru", "emb": 16, "layers": 1}, **QUICK},
-        "transformer": {"family": "transformer", "arch": {"dim": 16, "layers": 1, "heads": 2, "block_size": 16},
-                        **QUICK},
-    }),
+    "models": {
+        "nplm": entry("nplm", {"context": 3, "emb": 16, "hidden": 32}, **QUICK),
+        "rnn": entry("rnn", {"cell": "rnn_tanh", "emb": 16, "layers": 1}, **QUICK),
+        "lstm": entry("rnn", {"cell": "lstm", "emb": 16, "hidden": 32, "layers": 2, "weight_drop": 0.2},
+                      variable_bptt=True, **QUICK),
+        "gru": entry("rnn", {"cell": "gru", "emb": 16, "layers": 1}, **QUICK),
+        "transformer": entry("transformer", {"dim": 16, "layers": 1, "heads": 2, "block_size": 16}, **QUICK),
+    },
     "scaling": {  # 2 sizes of 2 families at 4 budgets: enough for every fit (a law needs 5 points), ~2 minutes
         "models": {"transformer": [{"dim": 8}, {"dim": 16}], "lstm": [{"emb": 8, "hidden": 8}, {"emb": 16, "hidden": 16}]},
         "budgets": [2e8, 4e8, 8e8, 1.6e9],
@@ -1011,18 +1003,11 @@ def test_an_added_model_is_evaluated_audited_and_reported_and_removing_it_leaves
     assert lock((copy / "dvc.lock").read_text()) == lock(run(["git", "show", "HEAD:dvc.lock"], copy, env).stdout)
 
 
-def test_a_changed_code_default_makes_dvc_status_name_the_stages_it_affects(scratch):
-    """A default that decides an output lives where DVC sees it: params.yaml states every setting (so a default in
-    config.py reaches nothing), and the arch defaults live in lmpipe/families.py, a dependency of what builds a model
-    (and of nothing else: the stages that only read params do not re-run)."""
+def test_a_changed_arch_default_makes_dvc_status_name_the_stages_it_affects(scratch):
+    """A default that decides an output lives where DVC sees it: params.yaml states every setting (lmpipe/config.py
+    has no defaults), and the arch defaults live in lmpipe/families.py, a dependency of what builds a model (and of
+    nothing else: the stages that only read params do not re-run)."""
     copy, env = scratch
-    config = copy / "lmpipe/config.py"
-    config.write_text(config.read_text().replace('data["patience"] = 3', 'data["patience"] = 1'))
-    effective = run([sys.executable, "-c", "from lmpipe.config import ModelParams, load_params; "
-                     "print(ModelParams(family='rnn', epochs=2).patience, load_params().models['gru'].patience)"],
-                    copy, env)
-    assert effective.stdout.split() == ["1", "3"]  # the copy's new default is in force, yet the study's setting holds
-    assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}
     families = copy / "lmpipe/families.py"
     families.write_text(families.read_text().replace("dropout_hidden: float = Field(0.0,",
                                                      "dropout_hidden: float = Field(0.3,"))
@@ -1264,8 +1249,8 @@ def test_changed_training_code_starts_afresh_and_equals_a_clean_run_of_the_new_c
     copy, env = scratch
     params = yaml.safe_load((copy / "params.yaml").read_text())
     params["train"]["checkpoint_every"] = 4
-    params["models"]["gru"] = stated({"gru": {**params["models"]["gru"], "max_steps_per_epoch": 40,
-                                              "optim": {"name": "muon", "lr": 0.02}}})["gru"]
+    params["models"]["gru"] = {**params["models"]["gru"], "max_steps_per_epoch": 40,
+                               "optim": {**ADAMW, "name": "muon", "lr": 0.02}}
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     ckpts = copy / ".cache/lmpipe/ckpt"
     started = time.time()
@@ -1390,9 +1375,9 @@ def test_the_train_stage_gives_each_branch_budget_as_its_standalone_run(scratch)
     params = yaml.safe_load((copy / "params.yaml").read_text())
     flops = 3e9
     params["study"] = {"budget": {"flops": flops}, "branches": [4, 2]}
-    gru = {k: v for k, v in params["models"]["gru"].items() if k not in ("epochs", "patience", "max_steps_per_epoch")}
-    params["models"]["gru"] = stated({"gru": {**gru, "optim": {"name": "adamw", "lr": 0.003, "schedule": "wsd",
-                                                               "decay_fraction": 0.25}}})["gru"]
+    gru = {k: v for k, v in params["models"]["gru"].items() if k not in ("epochs", "patience")}
+    params["models"]["gru"] = {**gru, "max_steps_per_epoch": None,
+                               "optim": {**ADAMW, "lr": 0.003, "schedule": "wsd", "decay_fraction": 0.25}}
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     run([sys.executable, "-m", "flows.train", "--model", "gru"], copy, env)
     budgets = json.loads((copy / "metrics/train/gru.json").read_text())["budgets"]

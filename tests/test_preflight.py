@@ -12,11 +12,12 @@ import yaml
 from lmpipe.config import Params
 from lmpipe.preflight import input_problems, output_problems
 from tests.conftest import ROOT
+from tests.helpers import project_params
 
 
 def local(tmp_path, **files) -> Params:
-    return Params.model_validate({"corpus": {"source": "local", "files": {
-        split: str(tmp_path / files.get(split, f"{split}.txt")) for split in ("train", "valid", "test")}}})
+    return Params.model_validate(project_params(corpus={"source": "local", "files": {
+        split: str(tmp_path / files.get(split, f"{split}.txt")) for split in ("train", "valid", "test")}}))
 
 
 def test_a_local_corpus_file_that_is_missing_is_named_with_its_field(tmp_path):
@@ -43,7 +44,7 @@ def test_check_params_refuses_a_missing_local_file_in_one_line_before_dvc_runs(t
 
 
 def test_an_output_folder_that_cannot_be_written_is_named(tmp_path):
-    params = Params()
+    params = Params.model_validate(project_params())
     (tmp_path / "metrics").mkdir()
     (tmp_path / "models").write_text("a file where the models go")
     assert output_problems(params, tmp_path) == [

@@ -11,7 +11,7 @@ from scipy.optimize import minimize_scalar
 from lmpipe.config import parse_params
 from lmpipe.errors import ConfigError
 from lmpipe.flops import peak_flops
-from tests.helpers import synthetic_data
+from tests.helpers import entry, project_params, synthetic_data
 from lmpipe.scaling import Law, analyse, best_per_budget, fit_law, grid_points, isoflop_minimum, power_law
 
 TRUE = Law(E=1.7, A=40.0, alpha=0.35, B=300.0, beta=0.4)
@@ -136,10 +136,10 @@ def test_each_grid_point_trains_its_size_to_its_flop_budget():
 
     from flows.scaling import precision_key, prepare_point
 
-    params = parse_params({"study": {"budget": {"flops": 3e13}},
-                           "models": {"lstm": {"family": "rnn", "arch": {"cell": "lstm", "emb": 256, "hidden": 256}}},
-                           "scaling": {"models": {"lstm": [{"emb": 32, "hidden": 32}]}, "budgets": [1e12],
-                                       "overrides": {"batch_size": 16, "optim.warmup_steps": 5}}})
+    params = parse_params(project_params(
+        study={"budget": {"flops": 3e13}}, models={"lstm": entry("rnn", {"cell": "lstm", "emb": 256, "hidden": 256})},
+        scaling={"models": {"lstm": [{"emb": 32, "hidden": 32}]}, "budgets": [1e12],
+                 "overrides": {"batch_size": 16, "optim.warmup_steps": 5}}))
     point = grid_points(params.scaling.models, params.scaling.budgets)[0]
     job = prepare_point(point, params, synthetic_data())
     settings, common = job.settings, job.common
@@ -150,8 +150,8 @@ def test_each_grid_point_trains_its_size_to_its_flop_budget():
     assert job.key(**precision_key(job)) == job.key()  # the key of its checkpoint folder too
     job.trainer.autocast = torch.bfloat16  # the same run where the CPU multiplies bf16: another row
     assert job.key(**precision_key(job)) != job.key()
-    bad = parse_params({"models": {"lstm": {"family": "rnn", "epochs": 1}}, "scaling": {"models": {"lstm": [{"dim": 32}]},
-                                                                          "budgets": [1e12]}})
+    bad = parse_params(project_params(models={"lstm": entry("rnn", epochs=1)},
+                                      scaling={"models": {"lstm": [{"dim": 32}]}, "budgets": [1e12]}))
     with pytest.raises(ConfigError, match=r"scaling, lstm-dim32-C1.0e\+12: settings .*: arch has \[.dim.\]"):
         prepare_point(grid_points(bad.scaling.models, bad.scaling.budgets)[0], bad, synthetic_data())
 
@@ -162,10 +162,10 @@ def test_the_grid_leaves_out_a_run_that_would_read_the_corpus_more_than_max_epoc
 
     data = synthetic_data()
     epoch_tokens = len(data.splits["train"].tokens)
-    params = parse_params({"models": {"gru": {"family": "rnn", "arch": {"cell": "gru", "emb": 64, "hidden": 64},
-                                              "epochs": 1}},
-                           "scaling": {"models": {"gru": [{"emb": 8, "hidden": 8}, {"emb": 32, "hidden": 32}]},
-                                       "budgets": [1.0], "overrides": {"batch_size": 4, "seq_len": 16}}})
+    params = parse_params(project_params(
+        models={"gru": entry("rnn", {"cell": "gru", "emb": 64, "hidden": 64}, epochs=1)},
+        scaling={"models": {"gru": [{"emb": 8, "hidden": 8}, {"emb": 32, "hidden": 32}]}, "budgets": [1.0],
+                 "overrides": {"batch_size": 4, "seq_len": 16}}))
     small = parse_params({**params.model_dump(mode="json"), "scaling": {**params.section("scaling"), "budgets": [2e7]}})
     points, jobs = plan(small, data)
     assert len(points) == 2
@@ -183,9 +183,9 @@ def test_the_grid_leaves_out_a_run_that_would_read_the_corpus_more_than_max_epoc
 
 def test_scaling_must_name_models_of_the_study_and_positive_budgets():
     with pytest.raises(ConfigError, match="scaling.models names \\['gpt'\\]"):
-        parse_params({"models": {"lstm": {"family": "rnn"}}, "scaling": {"models": {"gpt": [{}]}}})
+        parse_params(project_params(models={"lstm": entry("rnn", epochs=1)}, scaling={"models": {"gpt": [{}]}}))
     with pytest.raises(ConfigError, match="budgets must be positive"):
-        parse_params({"scaling": {"budgets": [0]}})
+        parse_params(project_params(scaling={"budgets": [0]}))
 
 
 def test_peak_flops_table_knows_the_lent_gpus_and_nothing_else():

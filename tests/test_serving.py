@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from lmpipe.config import MAX_NEW_TOKENS
+from lmpipe.decode_rules import MAX_NEW_TOKENS
 from lmpipe.decode import DecodeSettings
 from lmpipe.serving import MAX_BODY_BYTES, MAX_PROMPT_BYTES, MAX_PROMPT_TOKENS, MAX_PROMPTS, BadRequest, check_request
+from tests.helpers import section
 
 TEXT = "The history of the city is long.\nIn 1990 the wall fell, and the people of the city went out.\n" * 40
 
@@ -155,7 +156,7 @@ def served():
     from lmpipe.serving import TextGenerator
     from lmpipe.tokenize import boundary_id, train_tokenizer
 
-    tokenizer = train_tokenizer(TEXT, TokenizerParams(vocab_size=300, min_frequency=1))
+    tokenizer = train_tokenizer(TEXT, TokenizerParams(**section("tokenizer", vocab_size=300, min_frequency=1)))
     boundary = boundary_id(tokenizer, "<|endoftext|>")
     torch.manual_seed(0)
     generator = TextGenerator()

@@ -5,28 +5,31 @@ from __future__ import annotations
 import os
 
 import pytest
+import yaml
 
 from flows.runners import task_runner
 from flows.study import study
 from lmpipe.config import OrchestrationParams
 from lmpipe.errors import ConfigError
+from tests.helpers import project_params, section
 
 
 def test_dask_runner_starts_a_loopback_cluster_of_single_threaded_workers():
-    runner = task_runner(OrchestrationParams(task_runner="dask", workers=3))
+    runner = task_runner(OrchestrationParams(**section("orchestration", task_runner="dask", workers=3)))
     assert runner.cluster_class == "distributed.LocalCluster"
     assert runner.cluster_kwargs == {"n_workers": 3, "threads_per_worker": 1, "processes": True,
                                      "host": "127.0.0.1", "dashboard_address": None}
 
 
 def test_dask_runner_joins_a_running_scheduler_at_address():
-    runner = task_runner(OrchestrationParams(task_runner="dask", address="tcp://10.1.2.3:8786"))
+    runner = task_runner(OrchestrationParams(**section("orchestration", task_runner="dask",
+                                                       address="tcp://10.1.2.3:8786")))
     assert runner.address == "tcp://10.1.2.3:8786"  # only configured: nothing connects until a flow runs
 
 
 def test_overrides_with_a_parallel_runner_are_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "params.yaml").write_text("orchestration:\n  task_runner: dask\n")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(project_params(orchestration={"task_runner": "dask"})))
     with pytest.raises(ConfigError, match=r"params.yaml: orchestration.task_runner 'dask' runs the study in the "
                                           r"workspace; set the values in params.yaml instead of passing overrides"):
         study.fn(overrides=["models.lstm.epochs=3"])

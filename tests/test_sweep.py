@@ -15,10 +15,11 @@ import pytest
 import yaml
 
 from lmpipe import sweep as sw
-from lmpipe.config import ModelParams
+from lmpipe.model_params import ModelParams
 from lmpipe.overrides import with_overrides
 from lmpipe.errors import ConfigError
 from tests.conftest import ROOT
+from tests.helpers import entry, project_params
 
 SPACE = {"m": {"budget": {"tokens": 1000}, "space": {
     "optim.lr": {"low": 1e-3, "high": 1e-1, "log": True},
@@ -51,7 +52,7 @@ def test_suggested_points_become_valid_model_settings(tmp_path):
     chosen = sw.suggest(trial, space)
     assert set(chosen) == {"optim.lr", "arch.layers", "batch_size"}
     assert isinstance(chosen["arch.layers"], int) and 1e-3 <= chosen["optim.lr"] <= 1e-1
-    base = ModelParams(family="rnn", arch={"cell": "gru", "emb": 8}, epochs=3)
+    base = ModelParams(**entry("rnn", {"cell": "gru", "emb": 8}, epochs=3))
     settings = with_overrides(base, chosen, space.budget)
     assert settings.arch == {"cell": "gru", "emb": 8, "layers": chosen["arch.layers"]}
     assert settings.optim.lr == chosen["optim.lr"] and settings.budget.tokens == 1000
@@ -173,10 +174,9 @@ def tiny_project(tmp_path):
     counts = {"vocab_size": V, "boundary_id": 0, "words": {s: 500 for s in ("train", "valid", "test")},
               "bytes": {s: 2500 for s in ("train", "valid", "test")}}
     (tokens / "counts.json").write_text(json.dumps(counts))
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump({
-        "train": {"seed": 3, "log_every": 5, "eval_chunk": 50},
-        "models": {"tiny": {"family": "nplm", "arch": {"context": 3, "emb": 8, "hidden": 16},
-                            "batch_size": 8, "seq_len": 16, "epochs": 1}}}))
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(project_params(
+        train={"seed": 3, "log_every": 5, "eval_chunk": 50, "evals_per_epoch": 1},
+        models={"tiny": entry("nplm", {"context": 3, "emb": 8, "hidden": 16}, batch_size=8, seq_len=16, epochs=1)})))
     (tmp_path / "sweeps").mkdir()
     write_space(tmp_path / "sweeps", {"tiny": {"budget": {"tokens": 3000}, "evals_per_epoch": 8, "space": {
         "optim.lr": {"low": 1e-3, "high": 3e-2, "log": True}, "arch.hidden": {"choices": [8, 16, 32]}}}})

@@ -6,6 +6,7 @@ import numpy as np
 
 from lmpipe.config import TokenizerParams
 from lmpipe.tokenize import decode_stream, encode_stream, split_lines, stream_dtype, tokenize_corpus, train_tokenizer
+from tests.helpers import section
 
 TRICKY = " = Café = \nnaïve  double  spaces, tabs\tand emoji 🙂 — ünïcödé\n\n   leading spaces\n\n"
 
@@ -14,7 +15,7 @@ def test_round_trip_is_exact_for_any_utf8(sample_articles):
     from lmpipe.corpus.articles import format_articles
 
     train = format_articles(sample_articles)
-    tokenizer = train_tokenizer(train, TokenizerParams(vocab_size=600))
+    tokenizer = train_tokenizer(train, TokenizerParams(**section("tokenizer", vocab_size=600)))
     ids = encode_stream(tokenizer, TRICKY, 0)
     assert decode_stream(tokenizer, ids, 0) == TRICKY
     assert int((ids == 0).sum()) == len(split_lines(TRICKY)) == 5
@@ -34,7 +35,7 @@ def test_tokenize_corpus_writes_streams_and_contract_metrics(tmp_path, sample_ar
     clean.mkdir()
     for i, split in enumerate(("train", "valid", "test")):
         (clean / f"{split}.txt").write_text(format_articles(sample_articles[i::3]))
-    params = TokenizerParams(vocab_size=1000, min_frequency=2)
+    params = TokenizerParams(**section("tokenizer", vocab_size=1000, min_frequency=2))
     metrics = tokenize_corpus(clean, tmp_path / "tokens", params)
     assert metrics["vocab_size"] == 1000
     for split in ("train", "valid", "test"):

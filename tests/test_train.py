@@ -11,39 +11,41 @@ import numpy as np
 import pytest
 import torch
 
-from lmpipe.config import ModelParams, TrainParams
+from lmpipe.config import TrainParams
+from lmpipe.model_params import ModelParams
 from lmpipe.errors import ConfigError, Interrupted
 from lmpipe.evaluate import evaluate_lm
 from lmpipe.checkpoints import checkpoint_dir, discard, prune
 from lmpipe.train import Trainer, setup_process, stream_plan, window_plan
 from tests.conftest import ROOT
-from tests.helpers import SYNTHETIC_VOCAB, synthetic_data
+from tests.helpers import ADAMW, SYNTHETIC_VOCAB, entry, synthetic_data
 
 V = SYNTHETIC_VOCAB
 
 
-COMMON = TrainParams(seed=7, log_every=5, checkpoint_every=7, eval_chunk=50)
+COMMON = TrainParams(seed=7, device="auto", threads=0, log_every=5, checkpoint_every=7, eval_chunk=50,
+                     evals_per_epoch=1, compile=False, precision="auto")
 SETTINGS = {
-    "lstm": ModelParams(family="rnn", arch={"cell": "lstm", "emb": 24, "hidden": 32, "layers": 2, "dropout": 0.1,
-                                            "weight_drop": 0.2, "dropout_embedding": 0.05, "ar": 1.0, "tar": 1.0},
-                        optim={"name": "sgd", "lr": 10.0, "clip": 0.5, "schedule": "constant", "nt_asgd": True,
-                               "nonmono": 1},
-                        batch_size=8, seq_len=20, variable_bptt=True, epochs=5),
-    "transformer": ModelParams(family="transformer", arch={"dim": 32, "layers": 1, "heads": 2, "block_size": 32},
-                               optim={"name": "adamw", "lr": 3e-3, "warmup_steps": 5}, batch_size=8, seq_len=32,
-                               epochs=2),
-    "nplm": ModelParams(family="nplm", arch={"context": 3, "emb": 16, "hidden": 32},
-                        optim={"name": "adam", "lr": 3e-3, "schedule": "plateau"}, batch_size=16, seq_len=16, epochs=2),
+    "lstm": ModelParams(**entry("rnn", {"cell": "lstm", "emb": 24, "hidden": 32, "layers": 2, "dropout": 0.1,
+                                        "weight_drop": 0.2, "dropout_embedding": 0.05, "ar": 1.0, "tar": 1.0},
+                                optim={**ADAMW, "name": "sgd", "lr": 10.0, "clip": 0.5, "schedule": "constant",
+                                       "momentum": 0.0, "nt_asgd": True, "nonmono": 1},
+                                batch_size=8, seq_len=20, variable_bptt=True, epochs=5)),
+    "transformer": ModelParams(**entry("transformer", {"dim": 32, "layers": 1, "heads": 2, "block_size": 32},
+                                       optim={**ADAMW, "lr": 3e-3, "warmup_steps": 5}, batch_size=8, seq_len=32,
+                                       epochs=2)),
+    "nplm": ModelParams(**entry("nplm", {"context": 3, "emb": 16, "hidden": 32},
+                                optim={**ADAMW, "name": "adam", "lr": 3e-3, "schedule": "plateau"}, batch_size=16,
+                                seq_len=16, epochs=2)),
 }
 
 
 # today's small-budget recipe: rotary positions, RMS norms with QK-norm, a squared-ReLU MLP, an untied zero-initialised
 # head, soft-capped logits, and Muon on the hidden matrices
-SETTINGS["modern"] = ModelParams(
-    family="transformer", arch={"dim": 32, "layers": 1, "heads": 2, "block_size": 32, "position": "rope",
-                                "norm": "rmsnorm", "qk_norm": True, "mlp": "relu2", "tie": False, "zero_init": True,
-                                "softcap": 15.0},
-    optim={"name": "muon", "lr": 3e-3, "warmup_steps": 5}, batch_size=8, seq_len=32, epochs=2)
+SETTINGS["modern"] = ModelParams(**entry(
+    "transformer", {"dim": 32, "layers": 1, "heads": 2, "block_size": 32, "position": "rope", "norm": "rmsnorm",
+                    "qk_norm": True, "mlp": "relu2", "tie": False, "zero_init": True, "softcap": 15.0},
+    optim={**ADAMW, "name": "muon", "lr": 3e-3, "warmup_steps": 5}, batch_size=8, seq_len=32, epochs=2))
 
 # a learning rate high enough that validation stalls after a few epochs, so averaging starts for the last ones
 SETTINGS["lstm_asgd"] = SETTINGS["lstm"].model_copy(update={
@@ -57,9 +59,9 @@ def train(tmp_path, name, settings=None, common=COMMON, data=None, **kwargs):
 
 def revised(settings: ModelParams, **update) -> ModelParams:
     """A checked copy with some settings changed (model_copy would skip validation); a budget replaces the epochs."""
-    tree = {**settings.model_dump(exclude_none=True), **update}
+    tree = {**settings.model_dump(), **update}
     if "budget" in update:
-        tree.pop("epochs", None), tree.pop("patience", None)
+        tree.update(epochs=None, patience=None)
     return ModelParams.model_validate(tree)
 
 
@@ -260,7 +262,7 @@ def test_budget_in_tokens_sets_the_run_length_and_the_schedule_anneals_to_it(tmp
 def test_a_budget_trains_to_its_end_where_epochs_would_stop_early(tmp_path):
     """Early stopping cut budgeted runs before their schedule annealed (the study's transformer stopped at 71% of
     its FLOPs): under a budget the run spends all of it and keeps its best weights; without one, patience holds."""
-    diverging = {"optim": {"name": "adamw", "lr": 0.5, "clip": 100.0, "schedule": "constant"}, "patience": 1}
+    diverging = {"optim": {**ADAMW, "lr": 0.5, "clip": 100.0, "schedule": "constant"}, "patience": 1}
     common = COMMON.model_copy(update={"evals_per_epoch": 4})
     stopped = train(tmp_path / "epochs", "nplm", settings=revised(SETTINGS["nplm"], epochs=3, **diverging),
                     common=common)
@@ -279,7 +281,7 @@ def test_budget_under_variable_bptt_ends_at_the_budget_not_short_of_it(tmp_path)
     step count assumed seq_len tokens per step), and the schedule anneals to exactly that step."""
     budget = 8 * 20 * 40
     settings = revised(SETTINGS["lstm"], budget={"tokens": budget},
-                       optim={"name": "adamw", "lr": 3e-3, "clip": 0.5, "schedule": "wsd", "decay_fraction": 0.5})
+                       optim={**ADAMW, "lr": 3e-3, "clip": 0.5, "schedule": "wsd", "decay_fraction": 0.5})
     result = train(tmp_path, "lstm", settings=settings)
     longest = 8 * (20 + 5 * 6)  # a step's batch times a generous bound on one variable BPTT length
     assert budget <= result.metrics["tokens_seen"] < budget + longest
@@ -306,15 +308,15 @@ def test_bf16_training_learns_and_stays_deterministic(tmp_path):
 
 
 def test_wsd_schedule_warms_up_holds_then_decays_linearly_to_zero():
-    from lmpipe.config import AdamParams
+    from lmpipe.model_params import AdamParams
     from lmpipe.train.trainer import _lr_factor
 
-    optim = AdamParams(schedule="wsd", warmup_steps=10, decay_fraction=0.25)
+    optim = AdamParams(**{**ADAMW, "schedule": "wsd", "warmup_steps": 10, "decay_fraction": 0.25})
     factors = [_lr_factor(optim, step, 100) for step in range(100)]
     assert factors[0] == 0.1 and factors[9] == 1.0  # warmup
     assert set(factors[10:76]) == {1.0}  # stable
     assert factors[76:] == [(100 - s) / 25 for s in range(76, 100)]  # linear decay, 0.04 at the last step
-    cosine = [_lr_factor(AdamParams(schedule="cosine", warmup_steps=10), step, 100) for step in range(100)]
+    cosine = [_lr_factor(AdamParams(**{**ADAMW, "warmup_steps": 10}), step, 100) for step in range(100)]
     assert sum(factors) > sum(cosine)  # more steps at a high rate for the same run length
 
 
@@ -423,8 +425,10 @@ def test_every_run_outside_the_stages_is_set_up_by_one_function():
     assert settings.optim.lr == 0.003 and settings.arch["layers"] == 2 and settings.budget.tokens == 1000
     assert settings.optim.clip == params.models["gru"].optim.clip and common.seed == 7
     assert common.eval_chunk == params.train.eval_chunk
-    by_epochs, _ = configure_run(params, "gru", {"epochs": 2})  # epochs asked for replace the model's budget
-    assert by_epochs.budget is None and by_epochs.epochs == 2
+    by_epochs, _ = configure_run(params, "gru", {"epochs": 2, "patience": 1})  # they replace the model's budget
+    assert by_epochs.budget is None and (by_epochs.epochs, by_epochs.patience) == (2, 1)
+    with pytest.raises(ConfigError, match=r"a run of `epochs` needs patience"):  # stated, as in params.yaml
+        configure_run(params, "gru", {"epochs": 2})
     with pytest.raises(ConfigError, match="models has no entry 'gpt'"):
         configure_run(params, "gpt")
     with pytest.raises(ConfigError, match=r"train \{'seed': 'x'\}: seed"):
@@ -436,9 +440,9 @@ def test_every_run_outside_the_stages_is_set_up_by_one_function():
 def test_a_decay_branch_is_the_standalone_run_of_its_budget_bit_for_bit(tmp_path):
     """Under wsd the run at budget B is the run at C up to B's decay start: a branch resumes a copy of C's state
     there and decays to B. Its weights and curve equal B's run from scratch, and the run at C is unchanged by it."""
-    from lmpipe.config import Budget
+    from lmpipe.model_params import Budget
 
-    wsd = {"name": "muon", "lr": 3e-3, "warmup_steps": 5, "schedule": "wsd", "decay_fraction": 0.25}
+    wsd = {**ADAMW, "name": "muon", "lr": 3e-3, "warmup_steps": 5, "schedule": "wsd", "decay_fraction": 0.25}
     big, small = (revised(SETTINGS["modern"], budget={"tokens": n}, optim=wsd) for n in (9000, 3000))
     main = Trainer("modern", big, COMMON, synthetic_data(), tmp_path / "main", setup_process(COMMON), progress_bar=False)
     start = main.decay_start(Budget(tokens=3000))
@@ -458,13 +462,13 @@ def test_a_decay_branch_is_the_standalone_run_of_its_budget_bit_for_bit(tmp_path
 
 
 def test_a_branch_needs_wsd_and_a_smaller_budget(tmp_path):
-    from lmpipe.config import Budget
+    from lmpipe.model_params import Budget
 
     cosine = Trainer("modern", revised(SETTINGS["modern"], budget={"tokens": 9000}), COMMON, synthetic_data(),
                      tmp_path / "c", setup_process(COMMON), progress_bar=False)
     with pytest.raises(ConfigError, match="wsd schedule"):
         cosine.decay_start(Budget(tokens=3000))
-    wsd = {"name": "muon", "lr": 3e-3, "warmup_steps": 5, "schedule": "wsd", "decay_fraction": 0.25}
+    wsd = {**ADAMW, "name": "muon", "lr": 3e-3, "warmup_steps": 5, "schedule": "wsd", "decay_fraction": 0.25}
     run = Trainer("modern", revised(SETTINGS["modern"], budget={"tokens": 9000}, optim=wsd), COMMON, synthetic_data(),
                   tmp_path / "w", setup_process(COMMON), progress_bar=False)
     with pytest.raises(ConfigError, match="not smaller"):

@@ -13,8 +13,9 @@ import pytest
 from lmpipe.config import ValidateParams
 from lmpipe.corpus.articles import format_articles, split_by_article
 from lmpipe.validation import corpus_tables, validate_corpus
+from tests.helpers import section
 
-PARAMS = ValidateParams(min_words=100, max_oov_rate=0.6)
+PARAMS = ValidateParams(**section("validate", min_words=100, max_oov_rate=0.6))
 CHROMIUM = shutil.which("chromium")
 
 

@@ -7,7 +7,7 @@ import importlib
 
 from torch import nn
 
-from lmpipe.config import arch_settings
+from lmpipe.model_params import arch_settings
 from lmpipe.families import FAMILIES as SETTINGS
 from lmpipe.models.base import StreamLM  # noqa: F401
 from lmpipe.models.nplm import NPLM

@@ -14,7 +14,8 @@ from typing import Callable
 
 from lmpipe import checkpoints, distributed, tracking
 from lmpipe.checkpoints import checkpoint_dir, prune, run_key
-from lmpipe.config import ModelParams, Params, TrainParams
+from lmpipe.config import Params, TrainParams
+from lmpipe.model_params import ModelParams
 from lmpipe.overrides import with_overrides
 from lmpipe.io import atomic_path, csv_text, without_timings, write_json, write_text
 from lmpipe.models import save_model

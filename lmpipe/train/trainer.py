@@ -32,7 +32,9 @@ from tqdm.auto import tqdm
 
 from lmpipe import checkpoints, distributed
 from lmpipe.checkpoints import Checkpoint, checkpoint_dir
-from lmpipe.config import Budget, ModelParams, OptimParams, Params, TrainParams, describe_error
+from lmpipe.config import Params, TrainParams
+from lmpipe.errors import describe_error
+from lmpipe.model_params import Budget, ModelParams, OptimParams
 from lmpipe.overrides import with_overrides
 from lmpipe.errors import ConfigError, Interrupted
 from lmpipe.evaluate import perplexities, stream_nll
