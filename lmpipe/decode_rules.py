@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lmpipe.errors import ConfigError
-from lmpipe.model_params import Section
 
 Strategy = Literal["greedy", "beam", "top-k", "top-p", "typical", "sample"]
 STRATEGIES: tuple[str, ...] = get_args(Strategy)
@@ -18,11 +17,12 @@ MAX_NEW_TOKENS = 1024  # new tokens one call may ask for: params.yaml, a flag of
 MAX_SEED = 2**63 - 1  # a decoding seed: numpy's seed entropy, and MLflow's `long`
 
 
-class DecodingParams(Section):
+class DecodingParams(BaseModel):
     """Every decoding setting with its one rule: params.yaml's `evaluate` states each, and each call's settings
     (`lmpipe generate`'s flags, a served request's params, lmpipe.decode.DecodeSettings) are checked by the same
     rules (`check_decoding`)."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True)  # as every section of params.yaml (lmpipe.config)
     max_new_tokens: int = Field(ge=1, le=MAX_NEW_TOKENS)
     temperature: float = Field(gt=0)
     top_k: int = Field(ge=1)

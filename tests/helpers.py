@@ -6,6 +6,7 @@ states them (every setting), with a test's changes."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import http.server
 import json
 import os
@@ -202,4 +203,4 @@ def entry(family: str, arch: dict | None = None, **settings) -> dict:
         tree.setdefault("patience", 3)
     if FAMILIES[family].recurrent:
         tree.setdefault("variable_bptt", False)
-    return tree
+    return copy.deepcopy(tree)  # no object shared with another entry: YAML would write it once, as an alias

@@ -62,7 +62,7 @@ TINY = {
         "budgets": [2e8, 4e8, 8e8, 1.6e9],
         "overrides": {"max_steps_per_epoch": None},
         "evals_per_epoch": 1,
-        "fit": {"bootstrap": 5},
+        "fit": {"bootstrap": 5, "seed": 0, "huber_delta": 0.001},
     },
 }
 
