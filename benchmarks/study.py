@@ -34,7 +34,7 @@ from lmpipe.compare import (BASELINE, MATCHED, best_model, best_of, not_compute_
 from lmpipe.compute_curves import against_grid, annealed  # noqa: E402
 from lmpipe.config import load_params  # noqa: E402
 from lmpipe.results import load_results  # noqa: E402
-from lmpipe.scaling_report import EXPONENT_HALF_WIDTH  # noqa: E402
+from lmpipe.scaling_report import EXPONENT_HALF_WIDTH, exponent_known, isoflop_n_opt  # noqa: E402
 
 RECURRENT_AND_TRANSFORMER, NPLM = ("rnn", "lstm", "gru", "transformer"), "nplm"
 BUDGET_SECONDS, SEEDS_BUDGET_SECONDS = 30 * 60, 60 * 60
@@ -154,14 +154,15 @@ def scaling_targets(points: dict, report: str) -> list[tuple[str, str, bool]]:
     scaling = json.loads(path.read_text())
     families = scaling["families"]
     edge = [f"{m} {p['budget']:.1e}" for m, a in sorted(families.items()) for p in a["isoflop"] if not p["bracketed"]]
-    half = {m: (ci[1] - ci[0]) / 2 for m, a in families.items() if (ci := a["law_exponent_intervals"].get("a"))}
-    narrow = sorted(m for m, h in half.items() if h < EXPONENT_HALF_WIDTH)
+    intervals = {m: ci for m, a in families.items() if (ci := a["law_exponent_intervals"].get("a"))}
+    half = {m: (ci[1] - ci[0]) / 2 for m, ci in intervals.items()}
+    narrow = [m for m, ci in intervals.items() if exponent_known(ci, isoflop_n_opt(families[m]))]
     rows = [(f"grid: {len(families)} families, >= 3 budgets up to 1e13 FLOPs",
              f"{len(families)}, {scaling['grid']['min_budget']:.2e}..{scaling['grid']['max_budget']:.2e}",
              len(families) == 5 and len({p["budget"] for a in families.values() for p in a["isoflop"]}) >= 3),
             ("grid: IsoFLOP minimum bracketed at every budget of every family",
              "all" if not edge else f"not at {', '.join(edge)}", not edge),
-            (f"grid: N_opt exponent's 90% interval within +-{EXPONENT_HALF_WIDTH:g} for >= 3 families",
+            (f"grid: N_opt exponent known to +-{EXPONENT_HALF_WIDTH:g} (interval holding the IsoFLOP exponent), >= 3 families",
              ", ".join(f"{m} +-{h:.2f}" for m, h in sorted(half.items())) or "none", len(narrow) >= 3)]
     compared = against_grid(points, scaling)
     verdict = "no shared budget" if not compared or "not compared" in compared[0] else "compared"
