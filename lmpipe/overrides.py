@@ -15,9 +15,8 @@ import yaml
 from pydantic import ValidationError
 
 from lmpipe.config import parse_params
-from lmpipe.errors import describe_error
+from lmpipe.errors import ConfigError, describe_error
 from lmpipe.model_params import ModelParams, optimiser_type
-from lmpipe.errors import ConfigError
 
 
 def _parsed(item: str, where: str):

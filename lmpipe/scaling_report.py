@@ -140,12 +140,16 @@ def isoflop_n_opt(family: dict) -> float | None:
     return family["isoflop_exponents"]["n_opt"]["exponent"] if family["isoflop_exponents"] else None
 
 
+def agrees(interval: tuple[float, float], isoflop: float | None) -> bool:
+    """Whether the law's interval holds the exponent the IsoFLOP minima give (approach 2), where they give one."""
+    return isoflop is None or interval[0] <= isoflop <= interval[1]
+
+
 def exponent_known(interval: tuple[float, float], isoflop: float | None) -> bool:
     """Issue 50's target: N_opt's exponent known to +-EXPONENT_HALF_WIDTH, that is a 90% interval that narrow which
-    also holds the exponent the IsoFLOP minima give (approach 2). A narrow interval around another value comes from
-    fits pinned where the law cannot place a constant (E at 0), not from the runs."""
-    agrees = isoflop is None or interval[0] <= isoflop <= interval[1]
-    return (interval[1] - interval[0]) / 2 < EXPONENT_HALF_WIDTH and agrees
+    also holds the exponent the IsoFLOP minima give. A narrow interval around another value comes from fits pinned
+    where the law cannot place a constant (E at 0), not from the runs."""
+    return (interval[1] - interval[0]) / 2 < EXPONENT_HALF_WIDTH and agrees(interval, isoflop)
 
 
 def precision_sentence(interval: tuple[float, float], bracketed: int, budgets: list[float],
@@ -158,7 +162,7 @@ def precision_sentence(interval: tuple[float, float], bracketed: int, budgets: l
     if bracketed < len(budgets):
         why = (f"only {bracketed} of its {len(budgets)} IsoFLOP minima lie inside the sizes tried, so the runs pin the "
                "optimum's move poorly")
-    elif isoflop is not None and not interval[0] <= isoflop <= interval[1]:
+    elif not agrees(interval, isoflop):
         why = (f"its IsoFLOP minima grow as C^{isoflop:.2f}, outside that interval: the law does not describe these "
                "runs well enough for its interval to measure the exponent")
     else:
