@@ -343,7 +343,8 @@ class Trainer:
         if optim.name == "sgd":
             return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
         if optim.name == "muon":
-            return MuonAdamW(self.model, self.data.vocab_size, optim.lr, optim.weight_decay)
+            return MuonAdamW(self.model, self.data.vocab_size, optim.lr, optim.weight_decay,
+                             ns_dtype=self.autocast or torch.float32)  # the training precision: see lmpipe.muon
         kwargs = {"fused": True} if self.device.type == "cuda" else {}
         cls = torch.optim.AdamW if optim.name == "adamw" else torch.optim.Adam
         return cls(params, lr=optim.lr, weight_decay=optim.weight_decay, **kwargs)
