@@ -12,15 +12,43 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
+from pydantic import ValidationError
+
 from lmpipe import checkpoints, distributed, tracking
 from lmpipe.checkpoints import checkpoint_dir, prune, run_key
 from lmpipe.config import Params, TrainParams
+from lmpipe.errors import ConfigError, describe_error
 from lmpipe.model_params import ModelParams
 from lmpipe.overrides import with_overrides
 from lmpipe.io import atomic_path, csv_text, without_timings, write_json, write_text
 from lmpipe.models import save_model
 from lmpipe.splits import TokenData, load_tokens
-from lmpipe.train.trainer import Trainer, TrainResult, configure_run, setup_process
+from lmpipe.train.trainer import Trainer, TrainResult, setup_process
+
+
+def prepare(params: Params, model: str, ckpt_root: str | Path, *, overrides: dict | None = None,
+            budget: dict | None = None, train: dict | None = None, data: TokenData | None = None,
+            params_file: str = "params.yaml", progress_bar: bool = False) -> Job:
+    """`models.<model>` of params.yaml with this run's changes (dotted settings, a budget, fields of `train` such as
+    the seed; lmpipe.train.configure_run checks them), the token data, and the run's checkpoint folder under
+    `ckpt_root`. A typo fails here, before any training."""
+    settings, common = configure_run(params, model, overrides, budget, train, params_file)
+    return Job(model, settings, common, data if data is not None else load_tokens(), Path(ckpt_root), progress_bar)
+
+
+def configure_run(params: Params, model: str, overrides: dict | None = None, budget: dict | None = None,
+                  train: dict | None = None, params_file: str = "params.yaml") -> tuple[ModelParams, TrainParams]:
+    """(`models.<model>`, the `train` section) with a run's changes: dotted settings of the model, a budget, and
+    fields of `train` such as the seed. Every run outside the study's stages (python -m lmpipe.train, seeds, sweeps,
+    the scaling grid, benchmarks) is set up here."""
+    if model not in params.models:
+        raise ConfigError(f"{params_file}: models has no entry {model!r} (have: {', '.join(params.models) or 'none'})")
+    settings = with_overrides(params.model_settings(model), overrides or {}, budget)
+    try:
+        common = TrainParams.model_validate({**params.train.model_dump(), **(train or {})})
+    except ValidationError as exc:
+        raise ConfigError(f"train {train}: {describe_error(exc.errors()[0])}") from None
+    return settings, common
 
 
 @dataclass
@@ -87,16 +115,6 @@ class Job:
         points = {self.trainer.decay_start(b.settings.budget): checkpoints.make_dir(b.ckpt_dir, b.name)
                   for b in branches}
         return self.trainer.run(on_eval=on_eval, branches=points)
-
-
-def prepare(params: Params, model: str, ckpt_root: str | Path, *, overrides: dict | None = None,
-            budget: dict | None = None, train: dict | None = None, data: TokenData | None = None,
-            params_file: str = "params.yaml", progress_bar: bool = False) -> Job:
-    """`models.<model>` of params.yaml with this run's changes (dotted settings, a budget, fields of `train` such as
-    the seed; lmpipe.train.configure_run checks them), the token data, and the run's checkpoint folder under
-    `ckpt_root`. A typo fails here, before any training."""
-    settings, common = configure_run(params, model, overrides, budget, train, params_file)
-    return Job(model, settings, common, data if data is not None else load_tokens(), Path(ckpt_root), progress_bar)
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,12 @@ from typing import Callable
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import ValidationError
 from tqdm.auto import tqdm
 
 from lmpipe import checkpoints, distributed
 from lmpipe.checkpoints import Checkpoint, checkpoint_dir
-from lmpipe.config import Params, TrainParams
-from lmpipe.errors import describe_error
+from lmpipe.config import TrainParams
 from lmpipe.model_params import Budget, ModelParams, OptimParams
-from lmpipe.overrides import with_overrides
 from lmpipe.errors import ConfigError, Interrupted
 from lmpipe.evaluate import perplexities, stream_nll
 from lmpipe.optim import MuonAdamW
@@ -305,7 +302,7 @@ class Trainer:
         self.hidden = None  # the recurrent state carried across chunks
         self.fresh_rng = self._rng_states()  # where a run from step 0 starts, whatever the process draws before it
 
-    # ---------- building ----------
+    # ---------- building: the model, the run's length and plans, the optimiser ----------
     def _build_model(self) -> None:
         """The model (initial weights: the next draws of the RNG setup_process seeded), the module a training step
         calls (DDP-wrapped, compiled) and the training precision."""
@@ -335,21 +332,6 @@ class Trainer:
         self.schedule = Schedule(s.optim, self.total_steps,
                                  s.seq_len if self.model.recurrent and s.variable_bptt else None)
 
-    def _build_optimizer(self, asgd: bool) -> torch.optim.Optimizer:
-        """The configured optimiser, or averaged SGD once NT-ASGD has switched (its rate is set at every step)."""
-        optim, params = self.settings.optim, self.model.parameters()
-        if asgd:
-            return torch.optim.ASGD(params, lr=optim.lr, t0=0, lambd=0.0, weight_decay=optim.weight_decay)
-        if optim.name == "sgd":
-            return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
-        if optim.name == "muon":
-            return MuonAdamW(self.model, self.data.vocab_size, optim.lr, optim.weight_decay,
-                             ns_dtype=self.autocast or torch.float32)  # the training precision: see lmpipe.muon
-        kwargs = {"fused": True} if self.device.type == "cuda" else {}
-        cls = torch.optim.AdamW if optim.name == "adamw" else torch.optim.Adam
-        return cls(params, lr=optim.lr, weight_decay=optim.weight_decay, **kwargs)
-
-    # ---------- batches ----------
     def _epoch_rng(self, epoch: int) -> np.random.Generator:
         return np.random.default_rng([self.common.seed, epoch])
 
@@ -398,36 +380,6 @@ class Trainer:
                 return steps + reached + 1
             steps, seen, epoch = steps + len(plan), int(seen_after[-1]), epoch + 1
 
-    def _step_tokens(self, plan) -> np.ndarray:
-        """Training tokens of each step of an epoch plan (all processes together)."""
-        if self.model.recurrent:
-            return np.array([length for _, length in plan]) * self.settings.batch_size
-        return np.full(len(plan), self.settings.batch_size * self.settings.seq_len)
-
-    def _batches(self, plan, start: int):
-        """The epoch's batches from `start` on, on the device, this process's rows only:
-        (inputs, targets, what precedes the inputs: a window's context, or None). On a GPU each batch is copied
-        from pinned memory without blocking, one batch ahead of the step that uses it (nanoGPT's get_batch)."""
-        return _one_ahead(self._host_batches(plan, start))
-
-    def _to_device(self, batch: torch.Tensor) -> torch.Tensor:
-        if self.device.type == "cuda":
-            return batch.pin_memory().to(self.device, non_blocking=True)
-        return batch.to(self.device)
-
-    def _host_batches(self, plan, start: int):
-        if self.model.recurrent:
-            data = self.streams[self.rows]
-            for begin, length in plan[start:]:
-                chunk = self._to_device(data[:, begin:begin + 1 + length])  # inputs and targets in one copy
-                yield chunk[:, :-1], chunk[:, 1:], None
-            return
-        context = window_context(self.model)
-        span = torch.arange(-context, self.settings.seq_len + 1)[None, :]
-        for offsets in plan[start:]:
-            windows = self._to_device(self.train_tokens[torch.from_numpy(offsets[self.rows])[:, None] + span])
-            yield windows[:, context:-1], windows[:, context + 1:], (windows[:, :context] if context > 0 else None)
-
     def decay_start(self, budget: Budget) -> int:
         """The steps a run of the smaller `budget` (these settings otherwise) takes before its decay begins. Under
         `wsd` the two runs are the same up to there, step for step: the same batches, the same rate (warmup, then
@@ -444,7 +396,25 @@ class Trainer:
             raise ConfigError(f"models.{self.name}: a branch of {budget} is not smaller than the run it branches from")
         return start(total)
 
-    # ---------- the loop ----------
+    def _build_optimizer(self, asgd: bool) -> torch.optim.Optimizer:
+        """The configured optimiser, or averaged SGD once NT-ASGD has switched (its rate is set at every step)."""
+        optim, params = self.settings.optim, self.model.parameters()
+        if asgd:
+            return torch.optim.ASGD(params, lr=optim.lr, t0=0, lambd=0.0, weight_decay=optim.weight_decay)
+        if optim.name == "sgd":
+            return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+        if optim.name == "muon":
+            return MuonAdamW(self.model, self.data.vocab_size, optim.lr, optim.weight_decay,
+                             ns_dtype=self.autocast or torch.float32)  # the training precision: see lmpipe.muon
+        kwargs = {"fused": True} if self.device.type == "cuda" else {}
+        cls = torch.optim.AdamW if optim.name == "adamw" else torch.optim.Adam
+        return cls(params, lr=optim.lr, weight_decay=optim.weight_decay, **kwargs)
+
+    def _rng_states(self) -> tuple:
+        """The random generators' states that dropout and the like draw from: the CPU's, and CUDA's on a GPU."""
+        return torch.get_rng_state(), torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None
+
+    # ---------- the loop, in the order it runs ----------
     def run(self, on_eval: Callable[[dict], None] | None = None,
             on_step: Callable[[int], None] | None = None, branches: dict[int, Path] | None = None) -> TrainResult:
         """Resume, then train to the budget (or the epochs' end, or early stopping), an epoch at a time.
@@ -459,6 +429,47 @@ class Trainer:
             while not self._done():
                 self._train_epoch(stop)
         return self._finish()
+
+    def _resume(self) -> None:
+        """The run from its last checkpoint, or from step 0 with the generators as the Trainer was built: a run's
+        draws do not depend on what else the process drew in between (another Trainer built, a model evaluated)."""
+        path = checkpoints.last_path(self.ckpt_dir, self.ranks.rank)
+        if not path.exists():
+            return self._set_rng_states(*self.fresh_rng)
+        initial = {k: v.clone() for k, v in self.model.state_dict().items()}
+        try:
+            ckpt = Checkpoint.load(path, self.device)
+            progress = _Progress(**ckpt.progress)
+            self.model.load_state_dict(ckpt.model)
+            optimizer = self._build_optimizer(progress.asgd)
+            optimizer.load_state_dict(ckpt.optimizer)
+        except Exception as exc:  # a torn, foreign or ill-fitting file: set it aside, start afresh
+            aside = path.with_suffix(".rejected")
+            os.replace(path, aside)
+            print(f"{path}: unreadable checkpoint ({type(exc).__name__}), set aside as {aside.name}; "
+                  f"training {self.name} from the start", file=sys.stderr)
+            self.model.load_state_dict(initial)  # load_state_dict may have copied some tensors before it failed
+            return self._set_rng_states(*self.fresh_rng)
+        self.optimizer, self.progress = optimizer, progress
+        if self.ranks.main:
+            print(f"resuming {self.name} from step {progress.step} of {self.total_steps} ({path})", file=sys.stderr,
+                  flush=True)
+        self._set_rng_states(ckpt.torch_rng, ckpt.cuda_rng)
+        self.hidden = ckpt.hidden
+
+    def _set_rng_states(self, cpu: torch.Tensor, cuda: list | None) -> None:
+        torch.set_rng_state(cpu.cpu())
+        if cuda is not None:
+            torch.cuda.set_rng_state_all([state.cpu() for state in cuda])  # a checkpoint's are loaded onto the device
+
+    def _done(self) -> bool:
+        """The budget is spent; or, without a budget, all epochs are done or validation stopped improving (early
+        stopping). A budget is trained to its end: its schedule anneals there, and the study compares models at
+        equal compute; the best weights are kept either way."""
+        p = self.progress
+        if self.settings.budget is not None:
+            return p.step >= self.total_steps
+        return p.epoch >= self.settings.epochs or p.bad_evals >= self.settings.patience
 
     def _train_epoch(self, stop: _StopRequest) -> None:
         """The current epoch from where the run stands: a step per batch, each followed by what is due (outside the
@@ -483,20 +494,35 @@ class Trainer:
                         self._save()
                     raise Interrupted(f"{self.name} interrupted at step {p.step}; checkpoint saved")
 
-    def _after_step(self, plan_length: int) -> bool:
-        """Whether an evaluation was due, and it ran (it keeps the best weights and checkpoints); else a plain
-        checkpoint every `checkpoint_every` steps. The epoch's last step rolls the run over to the next epoch first,
-        so a checkpoint taken there resumes at the next epoch's start."""
-        p = self.progress
-        due = self._eval_due(plan_length)
-        if p.index == plan_length:
-            p.epoch, p.index = p.epoch + 1, 0
-        branch = self.branches.get(p.step)
-        if due:
-            self._evaluate(plan_length, branch)
-        elif p.step % self.common.checkpoint_every == 0 or branch:
-            self._save(branch)
-        return due
+    def _batches(self, plan, start: int):
+        """The epoch's batches from `start` on, on the device, this process's rows only:
+        (inputs, targets, what precedes the inputs: a window's context, or None). On a GPU each batch is copied
+        from pinned memory without blocking, one batch ahead of the step that uses it (nanoGPT's get_batch)."""
+        return _one_ahead(self._host_batches(plan, start))
+
+    def _host_batches(self, plan, start: int):
+        if self.model.recurrent:
+            data = self.streams[self.rows]
+            for begin, length in plan[start:]:
+                chunk = self._to_device(data[:, begin:begin + 1 + length])  # inputs and targets in one copy
+                yield chunk[:, :-1], chunk[:, 1:], None
+            return
+        context = window_context(self.model)
+        span = torch.arange(-context, self.settings.seq_len + 1)[None, :]
+        for offsets in plan[start:]:
+            windows = self._to_device(self.train_tokens[torch.from_numpy(offsets[self.rows])[:, None] + span])
+            yield windows[:, context:-1], windows[:, context + 1:], (windows[:, :context] if context > 0 else None)
+
+    def _step_tokens(self, plan) -> np.ndarray:
+        """Training tokens of each step of an epoch plan (all processes together)."""
+        if self.model.recurrent:
+            return np.array([length for _, length in plan]) * self.settings.batch_size
+        return np.full(len(plan), self.settings.batch_size * self.settings.seq_len)
+
+    def _to_device(self, batch: torch.Tensor) -> torch.Tensor:
+        if self.device.type == "cuda":
+            return batch.pin_memory().to(self.device, non_blocking=True)
+        return batch.to(self.device)
 
     def _train_step(self, x: torch.Tensor, y: torch.Tensor, context: torch.Tensor | None):
         """One optimiser step: forward (a recurrent model reads on from the state the last chunk left), the loss
@@ -527,34 +553,33 @@ class Trainer:
         p.tokens_seen += tokens
         p.index, p.step = p.index + 1, p.step + 1
 
+    def _show(self, bar) -> None:
+        bar.update(1)
+        if self.progress_bar and self.progress.step % self.common.log_every == 0:  # the loop's only host sync
+            bar.set_postfix(loss=f"{float(self.progress.loss_sum) / self.progress.steps_summed:.3f}")
+
+    def _after_step(self, plan_length: int) -> bool:
+        """Whether an evaluation was due, and it ran (it keeps the best weights and checkpoints); else a plain
+        checkpoint every `checkpoint_every` steps. The epoch's last step rolls the run over to the next epoch first,
+        so a checkpoint taken there resumes at the next epoch's start."""
+        p = self.progress
+        due = self._eval_due(plan_length)
+        if p.index == plan_length:
+            p.epoch, p.index = p.epoch + 1, 0
+        branch = self.branches.get(p.step)
+        if due:
+            self._evaluate(plan_length, branch)
+        elif p.step % self.common.checkpoint_every == 0 or branch:
+            self._save(branch)
+        return due
+
     def _eval_due(self, plan_length: int) -> bool:
         """After evals_per_epoch evenly spaced steps of each epoch (its last step one), and at the budget's end."""
         p, n = self.progress, self.common.evals_per_epoch
         return (p.index in {round(plan_length * k / n) for k in range(1, n + 1)}
                 or self.settings.budget is not None and p.step >= self.total_steps)
 
-    def _done(self) -> bool:
-        """The budget is spent; or, without a budget, all epochs are done or validation stopped improving (early
-        stopping). A budget is trained to its end: its schedule anneals there, and the study compares models at
-        equal compute; the best weights are kept either way."""
-        p = self.progress
-        if self.settings.budget is not None:
-            return p.step >= self.total_steps
-        return p.epoch >= self.settings.epochs or p.bad_evals >= self.settings.patience
-
-    def _show(self, bar) -> None:
-        bar.update(1)
-        if self.progress_bar and self.progress.step % self.common.log_every == 0:  # the loop's only host sync
-            bar.set_postfix(loss=f"{float(self.progress.loss_sum) / self.progress.steps_summed:.3f}")
-
-    # ---------- evaluation ----------
-    def _valid(self) -> dict:
-        split = self.data.splits["valid"]
-        with _averaged(self.model, self.optimizer, self.progress.asgd):
-            nll, n = stream_nll(self.model, split.tokens, self.common.eval_chunk, self.device)
-        self.model.train()
-        return perplexities(nll, n, split.words, split.bytes)
-
+    # ---------- evaluation and checkpoints ----------
     def _evaluate(self, plan_length: int, branch: Path | None = None) -> None:
         """Validate, record a learning-curve point, keep the best weights, adapt the schedule, checkpoint."""
         p = self.progress
@@ -586,6 +611,13 @@ class Trainer:
         p.reset_sums(self.device)
         self._save(branch)
 
+    def _valid(self) -> dict:
+        split = self.data.splits["valid"]
+        with _averaged(self.model, self.optimizer, self.progress.asgd):
+            nll, n = stream_nll(self.model, split.tokens, self.common.eval_chunk, self.device)
+        self.model.train()
+        return perplexities(nll, n, split.words, split.bytes)
+
     def _adapt(self, improved: bool) -> None:
         """NT-ASGD: start averaging once validation stops improving; else the plateau schedule halves the rate."""
         p, optim = self.progress, self.settings.optim
@@ -597,7 +629,6 @@ class Trainer:
         elif optim.schedule == "plateau" and not improved and not p.asgd:
             p.base_lr *= 0.5
 
-    # ---------- checkpoints ----------
     def _save(self, branch: Path | None = None) -> None:
         """The resumable checkpoint; given a `branch` folder, a copy of the run's state there first (with the best
         weights so far), so that a checkpoint of this run past the branch point means the branch is saved."""
@@ -611,42 +642,6 @@ class Trainer:
         checkpoints.make_dir(self.ckpt_dir, self.name)
         state.save(checkpoints.last_path(self.ckpt_dir, self.ranks.rank))
 
-    def _rng_states(self) -> tuple:
-        """The random generators' states that dropout and the like draw from: the CPU's, and CUDA's on a GPU."""
-        return torch.get_rng_state(), torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None
-
-    def _set_rng_states(self, cpu: torch.Tensor, cuda: list | None) -> None:
-        torch.set_rng_state(cpu.cpu())
-        if cuda is not None:
-            torch.cuda.set_rng_state_all([state.cpu() for state in cuda])  # a checkpoint's are loaded onto the device
-
-    def _resume(self) -> None:
-        """The run from its last checkpoint, or from step 0 with the generators as the Trainer was built: a run's
-        draws do not depend on what else the process drew in between (another Trainer built, a model evaluated)."""
-        path = checkpoints.last_path(self.ckpt_dir, self.ranks.rank)
-        if not path.exists():
-            return self._set_rng_states(*self.fresh_rng)
-        initial = {k: v.clone() for k, v in self.model.state_dict().items()}
-        try:
-            ckpt = Checkpoint.load(path, self.device)
-            progress = _Progress(**ckpt.progress)
-            self.model.load_state_dict(ckpt.model)
-            optimizer = self._build_optimizer(progress.asgd)
-            optimizer.load_state_dict(ckpt.optimizer)
-        except Exception as exc:  # a torn, foreign or ill-fitting file: set it aside, start afresh
-            aside = path.with_suffix(".rejected")
-            os.replace(path, aside)
-            print(f"{path}: unreadable checkpoint ({type(exc).__name__}), set aside as {aside.name}; "
-                  f"training {self.name} from the start", file=sys.stderr)
-            self.model.load_state_dict(initial)  # load_state_dict may have copied some tensors before it failed
-            return self._set_rng_states(*self.fresh_rng)
-        self.optimizer, self.progress = optimizer, progress
-        if self.ranks.main:
-            print(f"resuming {self.name} from step {progress.step} of {self.total_steps} ({path})", file=sys.stderr,
-                  flush=True)
-        self._set_rng_states(ckpt.torch_rng, ckpt.cuda_rng)
-        self.hidden = ckpt.hidden
-
     def _finish(self) -> TrainResult:
         """Load the best weights and summarise the run. The checkpoints stay until the caller has written its outputs
         (`checkpoints.discard`): a run that finished but failed after it resumes finished, without training again."""
@@ -658,18 +653,3 @@ class Trainer:
         metrics = summary(self.name, self.settings, self.model, self.progress, self.flops_per_token, self.device,
                           precision)
         return TrainResult(self.model, self.settings, self.progress.history, metrics, self.device.type)
-
-
-def configure_run(params: Params, model: str, overrides: dict | None = None, budget: dict | None = None,
-                  train: dict | None = None, params_file: str = "params.yaml") -> tuple[ModelParams, TrainParams]:
-    """(`models.<model>`, the `train` section) with a run's changes: dotted settings of the model, a budget, and
-    fields of `train` such as the seed. Every run outside the study's stages (python -m lmpipe.train, seeds, sweeps,
-    the scaling grid, benchmarks) is set up here."""
-    if model not in params.models:
-        raise ConfigError(f"{params_file}: models has no entry {model!r} (have: {', '.join(params.models) or 'none'})")
-    settings = with_overrides(params.model_settings(model), overrides or {}, budget)
-    try:
-        common = TrainParams.model_validate({**params.train.model_dump(), **(train or {})})
-    except ValidationError as exc:
-        raise ConfigError(f"train {train}: {describe_error(exc.errors()[0])}") from None
-    return settings, common
