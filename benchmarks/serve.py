@@ -4,6 +4,9 @@
 
 Needs the corpus and tokenizer (dvc repro tokenize). Each model is params.yaml's architecture with fresh weights: the
 time of a step does not depend on the weights' values, and no served setting stops early (stop_at_boundary is off).
+With --trained, the study's trained models (models/<name>/model.pt) instead: their peaked next-token distributions are
+what a served request meets, and top-p's and typical sampling's filter work less on them than on a fresh model's
+nearly flat ones.
 
 1. Decoding: `lmpipe generate --strategy beam` (and greedy) of each family, carrying the model's state (what every
    path decodes with) against re-reading the whole context every token (what it did before), the same tokens
@@ -37,7 +40,7 @@ from lmpipe import paths  # noqa: E402
 from lmpipe.config import load_params  # noqa: E402
 from lmpipe.decode_rules import MAX_NEW_TOKENS  # noqa: E402
 from lmpipe.decode import DecodeSettings, filter_top_p, generate  # noqa: E402
-from lmpipe.models import build_model  # noqa: E402
+from lmpipe.models import build_model, load_model  # noqa: E402
 from lmpipe.serving import MAX_PROMPT_TOKENS, MAX_PROMPTS, MAX_WORK, PROMPT_TOKENS_PER_STEP  # noqa: E402
 from lmpipe.utf8 import Utf8Guard  # noqa: E402
 
@@ -87,15 +90,17 @@ def limit_requests(text_prompt: str, short: str) -> dict[str, dict]:
     }
 
 
-def build(name: str, tokenizer):
-    """params.yaml's architecture of `name`, fresh weights, in eval mode."""
+def build(name: str, tokenizer, trained: bool = False):
+    """params.yaml's architecture of `name`, fresh weights (or the study's trained model), in eval mode."""
+    if trained:
+        return load_model(Path(paths.model_dir(name)) / "model.pt").eval()
     params = load_params("params.yaml")
     torch.manual_seed(0)
     return build_model(params.models[name].family, params.models[name].arch, tokenizer.get_vocab_size(),
                        boundary=0).eval()
 
 
-def serve_child(name: str, port: int) -> None:
+def serve_child(name: str, port: int, trained: bool) -> None:
     """`lmpipe serve`'s app on `name` in a process of its own, as the command runs it (its own interpreter: the
     clients below do not share its GIL)."""
     import uvicorn
@@ -117,13 +122,13 @@ def serve_child(name: str, port: int) -> None:
 
     tokenizer = Tokenizer.from_file(paths.TOKENIZER)
     generator = TextGenerator()
-    generator.lm, generator.tokenizer = build(name, tokenizer), tokenizer
+    generator.lm, generator.tokenizer = build(name, tokenizer, trained), tokenizer
     generator.boundary, generator.defaults = boundary_id(tokenizer, "<|endoftext|>"), DecodeSettings()
     uvicorn.Server(uvicorn.Config(build_app(Loaded(generator), {}), log_config=None, log_level="warning",
                                   lifespan="off")).run(sockets=[listen(port)])
 
 
-def serving(name: str, requests: dict[str, dict]) -> None:
+def serving(name: str, requests: dict[str, dict], trained: bool) -> None:
     import multiprocessing
     import socket
 
@@ -132,7 +137,7 @@ def serving(name: str, requests: dict[str, dict]) -> None:
     with socket.socket() as probe:  # a free port
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = multiprocessing.get_context("spawn").Process(target=serve_child, args=(name, port), daemon=True)
+    server = multiprocessing.get_context("spawn").Process(target=serve_child, args=(name, port, trained), daemon=True)
     server.start()
     url = f"http://127.0.0.1:{port}/invocations"
     while True:
@@ -200,11 +205,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["transformer", "gru", "lstm", "rnn", "nplm"])
     parser.add_argument("--no-serving", action="store_true", help="the decoding table only")
+    parser.add_argument("--trained", action="store_true", help="the study's trained models (models/<name>/model.pt), "
+                                                                "not fresh weights")
     args = parser.parse_args()
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(paths.TOKENIZER)
-    models = {name: build(name, tokenizer) for name in args.models}
+    models = {name: build(name, tokenizer, args.trained) for name in args.models}
     text = Path(paths.CLEAN, "valid.txt").read_text(encoding="utf-8")
     ids = tokenizer.encode(text[:200_000], add_special_tokens=False).ids
     text_prompt = tokenizer.decode(ids[:MAX_PROMPT_TOKENS - 64])  # re-encoded, still within MAX_PROMPT_TOKENS
@@ -213,7 +220,7 @@ def main() -> None:
     sampling_filter()
     if not args.no_serving:
         for name in models:
-            serving(name, limit_requests(text_prompt, "The history of"))
+            serving(name, limit_requests(text_prompt, "The history of"), args.trained)
 
 
 if __name__ == "__main__":
