@@ -23,7 +23,7 @@ from torch.optim._muon import _adjust_lr  # torch's own rule, so the two cannot 
 
 
 def orthogonalise(updates: torch.Tensor, coefficients: tuple[float, float, float], steps: int,
-                  eps: float, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+                  eps: float, dtype: torch.dtype) -> torch.Tensor:
     """Newton-Schulz iterations on a stack of matrices (G, A, B) at once, as torch.optim.Muon does on each: in
     `dtype` (torch's: bf16), the wide orientation, each matrix scaled to Frobenius norm 1 first."""
     a, b, c = coefficients
@@ -39,7 +39,7 @@ def orthogonalise(updates: torch.Tensor, coefficients: tuple[float, float, float
 
 
 class BatchedMuon(torch.optim.Muon):
-    """torch.optim.Muon, one batched Newton-Schulz chain per shape of matrix, in `ns_dtype`."""
+    """torch.optim.Muon, one batched Newton-Schulz chain per shape of matrix, in `ns_dtype` (torch's: bf16)."""
 
     def __init__(self, params, ns_dtype: torch.dtype = torch.bfloat16, **settings):
         super().__init__(params, **settings)

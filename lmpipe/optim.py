@@ -29,8 +29,8 @@ class MuonAdamW:
     """The two optimisers behind the one interface the Trainer uses: param_groups, state, zero_grad, step and
     a state dict that resumes both exactly."""
 
-    def __init__(self, model: nn.Module, vocab_size: int, lr: float, weight_decay: float,
-                 ns_dtype: torch.dtype = torch.bfloat16):
+    def __init__(self, model: nn.Module, vocab_size: int, lr: float, weight_decay: float, ns_dtype: torch.dtype):
+        """`ns_dtype`: the precision of Muon's Newton-Schulz chain, the run's training precision (lmpipe.muon)."""
         matrices, rest = muon_split(model, vocab_size)
         self.muon = BatchedMuon(matrices, ns_dtype, lr=lr, weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw")
         self.adamw = torch.optim.AdamW(rest, lr=lr, weight_decay=weight_decay)

@@ -30,7 +30,7 @@ def prepare(params: Params, model: str, ckpt_root: str | Path, *, overrides: dic
             budget: dict | None = None, train: dict | None = None, data: TokenData | None = None,
             params_file: str = "params.yaml", progress_bar: bool = False) -> Job:
     """`models.<model>` of params.yaml with this run's changes (dotted settings, a budget, fields of `train` such as
-    the seed; lmpipe.train.configure_run checks them), the token data, and the run's checkpoint folder under
+    the seed; `configure_run` checks them), the token data, and the run's checkpoint folder under
     `ckpt_root`. A typo fails here, before any training."""
     settings, common = configure_run(params, model, overrides, budget, train, params_file)
     return Job(model, settings, common, data if data is not None else load_tokens(), Path(ckpt_root), progress_bar)
@@ -39,8 +39,8 @@ def prepare(params: Params, model: str, ckpt_root: str | Path, *, overrides: dic
 def configure_run(params: Params, model: str, overrides: dict | None = None, budget: dict | None = None,
                   train: dict | None = None, params_file: str = "params.yaml") -> tuple[ModelParams, TrainParams]:
     """(`models.<model>`, the `train` section) with a run's changes: dotted settings of the model, a budget, and
-    fields of `train` such as the seed. Every run outside the study's stages (python -m lmpipe.train, seeds, sweeps,
-    the scaling grid, benchmarks) is set up here."""
+    fields of `train` such as the seed. Every run is set up here: the study's stages, seeds, sweeps, the scaling grid
+    and python -m lmpipe.train through `prepare`, the benchmarks directly."""
     if model not in params.models:
         raise ConfigError(f"{params_file}: models has no entry {model!r} (have: {', '.join(params.models) or 'none'})")
     settings = with_overrides(params.model_settings(model), overrides or {}, budget)
