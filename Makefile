@@ -1,11 +1,11 @@
-# Two commands: `make study` sets up .venv (once) and runs the whole study; `make test` runs the tests
-# (`make test-fast`: all but the end-to-end ones).
+# Two commands: `make study` sets up .venv (once) and runs the whole study; `make test-all` runs every test (`make
+# test`: all but the slow ones, the loop while editing; `make test-fast`: no end-to-end test either).
 # Both are idempotent: a second `make study` finds everything up to date. The long form is in the README.
 VENV := .venv
 READY := $(VENV)/.installed
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
-.PHONY: study test test-fast server stop
+.PHONY: study test test-all test-fast server stop
 
 study: $(READY) server
 	lmpipe check-params --store
@@ -15,14 +15,18 @@ study: $(READY) server
 	@echo "the Prefect server (http://127.0.0.1:4200) is still up, for the next run and its UI: stop it with make stop"
 
 # -n auto: a worker per core (pytest-xdist); --dist loadgroup in collection order: a module per worker, the two
-# end-to-end groups first (tests/conftest.py)
+# end-to-end groups first (tests/conftest.py). `make test` is the loop while editing: every test but those marked
+# slow (each re-runs a study, a retrain, a schedule or a cluster); `make test-all`, what CI runs, adds them.
 XDIST := -n auto --dist loadgroup --no-loadscope-reorder
 
 test: $(READY)
+	python -m pytest -q $(XDIST) -m "not slow" --durations=25
+
+test-all: $(READY)
 	python -m pytest -q $(XDIST) --durations=25
 
 test-fast: $(READY)
-	python -m pytest -q $(XDIST) -m "not e2e"
+	python -m pytest -q $(XDIST) -m "not e2e and not slow"
 
 server: $(READY)
 	lmpipe server

@@ -55,6 +55,7 @@ def train(workdir: Path, model: str, processes: int, check: bool = True) -> subp
     return done
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", list(MODELS))
 def test_two_gloo_processes_follow_the_single_process_curve(workdir, model):
     train(workdir, model, 1)
@@ -84,6 +85,7 @@ def test_a_batch_that_does_not_split_is_one_clear_line(workdir):
     shutil.rmtree(workdir / "out", ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_one_command_trains_a_model_with_other_settings_seed_and_budget(workdir):
     """python -m lmpipe.train --set/--seed/--budget --score: the probe before a sweep, deterministic on CPU."""
     def probe(*extra):

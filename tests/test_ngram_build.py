@@ -96,6 +96,7 @@ def test_partitions_respect_the_bound_and_cover_every_token(tmp_path):
     assert len(ngram_build.plan_partitions(job, 1, 10**9)) == 1
 
 
+@pytest.mark.slow
 def test_two_dask_workers_build_the_same_model(tmp_path, prefect_api):
     """The shard and partition tasks on a 2-worker local Dask cluster, through the ngram flow's build."""
     pytest.importorskip("prefect_dask")

@@ -257,6 +257,7 @@ def test_after_the_study_its_mlflow_views_and_registry_say_by_how_much(project, 
         assert version.tags["test_bpb"] == f"{results[model]:.4f}" and version.tags["params_sha256"]
 
 
+@pytest.mark.slow
 def test_scaling_pipeline_trains_its_grid_to_budget_fits_and_reports(project):
     """`lmpipe scaling`: every size at every budget as MLflow children of one scaling run, each ending at its FLOP
     budget, committed to the frozen grid stage; the fits and the report; a second run does nothing. The study's
@@ -305,6 +306,7 @@ def test_scaling_pipeline_trains_its_grid_to_budget_fits_and_reports(project):
                      (copy / "reports/study.md").read_text())
 
 
+@pytest.mark.slow
 def test_seeds_retrain_every_model_and_the_report_gives_mean_sd_and_verdicts(scratch):
     """`lmpipe seeds`: every model at each seed of seeds.extra beside the study's own run, in seeds/seeds.csv and
     committed to its frozen DVC stage; the study's repro then re-runs the report alone, which gives mean ± sd; a
@@ -800,6 +802,7 @@ def created_flow_run(url: str, patience: float = 60.0) -> str:
         time.sleep(2)
 
 
+@pytest.mark.slow
 def test_a_scheduled_retrain_fires_by_itself_and_reaches_a_decision(committed, prefect_api):
     """The schedule, not a manual trigger: the server's scheduler creates the run, the served worker starts it, and
     the retrain decides (nothing changed upstream). Prefect 3.8.8's scheduler fails on SQLAlchemy 2.1 and no run is
@@ -838,6 +841,7 @@ def test_a_scheduled_retrain_fires_by_itself_and_reaches_a_decision(committed, p
         in served, served[-3000:]
 
 
+@pytest.mark.slow
 def test_scheduled_retrain_deployment_registers_and_runs(committed, prefect_api):
     import time
 
@@ -883,6 +887,7 @@ def test_scheduled_retrain_deployment_registers_and_runs(committed, prefect_api)
     assert "stopped serving 'retrain/e2e-retrain'" in served and "never awaited" not in served, served[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runner", ["dask", "ray"])
 def test_study_flow_trains_the_models_in_parallel_on_a_local_cluster(scratch, prefect_api, runner):
     """orchestration.task_runner=dask|ray: train stages run as overlapping tasks on a 127.0.0.1 cluster, DVC stays exact."""
@@ -917,6 +922,7 @@ def test_study_flow_trains_the_models_in_parallel_on_a_local_cluster(scratch, pr
     assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}  # orchestration is no stage param
 
 
+@pytest.mark.slow
 def test_torchrun_runs_a_train_stage_on_two_processes_and_dvc_commit_records_it(scratch, prefect_api):
     """The scale-out recipe: `torchrun -m flows.train` (gloo on CPU), then `dvc commit`; one tracked flow run."""
     copy, env = scratch
@@ -945,6 +951,7 @@ def all_status(copy, env) -> dict:
             for pipeline in ("dvc.yaml", "scaling/dvc.yaml", "seeds/dvc.yaml")}
 
 
+@pytest.mark.slow
 def test_an_added_model_is_evaluated_audited_and_reported_and_removing_it_leaves_no_trace(scratch):
     """The core promise: the results always cover exactly params.yaml's models. Adding one trains and scores only
     it (the joins follow); removing it leaves the workspace as it was, as `dvc remove` would."""
@@ -1025,6 +1032,7 @@ stage.main(stage.train, model="gru")
 """
 
 
+@pytest.mark.slow
 def test_a_failure_after_training_keeps_the_training_and_the_rerun_does_not_train_again(scratch):
     copy, env = scratch
     run(["dvc", "repro", "--force", "train@gru"], copy, env)  # an uninterrupted run here
@@ -1042,6 +1050,7 @@ def test_a_failure_after_training_keeps_the_training_and_the_rerun_does_not_trai
     assert not list((copy / ".cache/lmpipe/ckpt").glob("gru-*"))  # discarded once every output was written
 
 
+@pytest.mark.slow
 def test_a_model_retrained_bit_for_bit_keeps_its_test_results_in_mlflow(project, tmp_path):
     """DVC re-evaluates nothing when a retrained model hashes the same: its new run still shows the test numbers."""
     copy, env, _ = project
@@ -1059,6 +1068,7 @@ def test_a_model_retrained_bit_for_bit_keeps_its_test_results_in_mlflow(project,
     assert "test" in newest.data.tags["mlflow.note.content"] and newest.data.metrics["train_tflops"] > 0
 
 
+@pytest.mark.slow
 def test_a_store_without_the_runs_of_skipped_stages_gets_them_and_nothing_else_changes(committed):
     """A fresh clone: DVC skips evaluate, combine and report (git holds their outputs), so `make study`'s last step
     (flows/record.py) runs them again for MLflow; the same bytes come out, and a second time nothing runs."""
@@ -1135,6 +1145,7 @@ def newest_flow_run_state(prefect_api: str, flow_name: str) -> str:
     return runs[0]["state_type"]
 
 
+@pytest.mark.slow
 def test_a_retrain_whose_models_regress_changes_nothing_users_read(committed, prefect_api):
     """(b) A crippled model: the gate fails, HEAD, the workspace and the champions stay, the experiment stays."""
     copy, env = committed
@@ -1159,6 +1170,7 @@ def test_a_retrain_whose_models_regress_changes_nothing_users_read(committed, pr
     assert challenger.tags["dvc.exp"] == name and str(challenger.version) != crowned["gru"]
 
 
+@pytest.mark.slow
 def test_a_retrain_on_a_changed_corpus_that_holds_level_is_committed_and_crowned(committed, prefect_api, tmp_path):
     """(a) The source's corpus changes: the experiment passes the gate, is applied in one commit, and its models
     become the champions."""
@@ -1208,6 +1220,7 @@ def test_a_retrain_on_a_changed_corpus_that_holds_level_is_committed_and_crowned
     assert len(changed_lines) == 2 and changed_lines[1].startswith(f"+  sha256: {pinned}"), diff  # one value, in place
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_retrain_removes_its_copy_and_says_how_to_resume(committed, prefect_api):
     """Ctrl-C in the terminal (SIGINT to the foreground group) while a model trains in the experiment's copy."""
     import signal
@@ -1239,6 +1252,7 @@ def test_ctrl_c_stops_a_retrain_removes_its_copy_and_says_how_to_resume(committe
     assert newest.info.status == "KILLED" and newest.data.tags["lmpipe.retrain.decision"] == "interrupted"
 
 
+@pytest.mark.slow
 def test_changed_training_code_starts_afresh_and_equals_a_clean_run_of_the_new_code(scratch):
     """The probe: a run killed after its first checkpoint, then a real change to lmpipe/muon.py (the GRU's
     optimiser), then the stage again: it starts from step 0 (the old code's checkpoint is not resumed) and gives the
@@ -1277,6 +1291,7 @@ def test_changed_training_code_starts_afresh_and_equals_a_clean_run_of_the_new_c
     assert (copy / "models/gru/model.pt").read_bytes() == first
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_scheduled_retrain_as_ctrl_c_does(committed, prefect_api):
     """What systemd, supervisord and Docker send: SIGTERM to `lmpipe schedule` alone while its retrain trains. It exits
     within 30 s, leaves no temporary copy, and no MLflow run or Prefect flow run stays RUNNING. Started as `nohup ... &`
@@ -1331,6 +1346,7 @@ def test_sigterm_stops_a_scheduled_retrain_as_ctrl_c_does(committed, prefect_api
         requests.delete(f"{prefect_api}/deployments/{deployment['id']}", timeout=10)
 
 
+@pytest.mark.slow
 def test_a_schedule_on_a_tree_a_reproduction_changed_fails_once_and_says_how_to_fix_it(committed, prefect_api):
     """A reproduction on another CPU left dvc.lock and metrics/weat.json changed: the first firing fails with the
     command that fixes it, in its Prefect state message and in `lmpipe schedule`'s output, and the schedule pauses
@@ -1367,6 +1383,7 @@ def test_a_schedule_on_a_tree_a_reproduction_changed_fails_once_and_says_how_to_
     requests.delete(f"{prefect_api}/deployments/{deployment['id']}", timeout=10)
 
 
+@pytest.mark.slow
 def test_the_train_stage_gives_each_branch_budget_as_its_standalone_run(scratch):
     """study.branches: the train stage also gives the model's annealed result at C/k, one record per budget, the run at
     C last; the branch at C/2 is the run `python -m lmpipe.train --budget` gives at C/2, to the last digit; `lmpipe
@@ -1401,6 +1418,7 @@ def test_the_train_stage_gives_each_branch_budget_as_its_standalone_run(scratch)
     assert not list((copy / ".cache/lmpipe/seeds/ckpt").glob("gru*"))  # the seeds' branches leave no checkpoint
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (shutil.which("initdb") or list(Path("/usr/lib/postgresql").glob("*/bin/initdb"))),
                     reason="PostgreSQL's server programs are not installed (Debian: apt install postgresql-15)")
 def test_a_team_shares_one_mlflow_and_prefect_on_postgresql_and_one_dvc_remote(committed, tmp_path_factory):

@@ -1,0 +1,57 @@
+"""`make test` on pytest-xdist's workers: each end-to-end group on one worker, so each builds its study once."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+GROUPS = {"first": ("first_1", "first_2", "first_3", "first_4"), "second": ("second_1", "second_2")}
+STUDY = '''
+import os, pytest
+pytestmark = pytest.mark.e2e
+SECOND_STUDY = ("test_second_1", "test_second_2")
+
+
+@pytest.fixture(scope="module")
+def project():
+    with open(os.environ["BUILDS"], "a") as f:
+        f.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+
+
+def ran(name):
+    with open(os.environ["RAN"], "a") as f:
+        f.write(name + " " + os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+''' + "".join(f"\n\ndef test_{name}(project):\n    ran('{name}')\n"
+              for name in ("first_1", "first_2", "second_1", "first_3", "second_2", "first_4"))
+UNITS = "".join(f"def test_{i}():\n    pass\n\n\n" for i in range(6))
+
+
+def test_each_end_to_end_group_runs_on_one_worker_and_builds_its_study_once(tmp_path):
+    """pytest 9.2 with pytest-xdist 3.8 ignores `xdist_group` (pytest-xdist#1386): a group's tests then go round
+    robin, and every worker builds, and rebuilds, the module's study. The Makefile's own xdist options on a stand-in
+    suite with the project's conftest: each group's tests on one worker, one build per group."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests/__init__.py").touch()
+    shutil.copy(ROOT / "tests/conftest.py", tmp_path / "tests/conftest.py")
+    (tmp_path / "tests/test_study.py").write_text(STUDY)
+    for n in range(3):
+        (tmp_path / f"tests/test_units_{n}.py").write_text(UNITS)
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\nmarkers = ["e2e: stand-in"]\n')
+    xdist = re.search(r"^XDIST := (.+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    builds, ran = tmp_path / "builds.txt", tmp_path / "ran.txt"
+    env = {**os.environ, "BUILDS": str(builds), "RAN": str(ran), "PYTHONPATH": str(ROOT),
+           "PYTEST_XDIST_AUTO_NUM_WORKERS": "2"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *shlex.split(xdist)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "24 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    worker_of = dict(line.split() for line in ran.read_text().splitlines())
+    for group, tests in GROUPS.items():
+        assert len({worker_of[t] for t in tests}) == 1, f"group {group} ran on several workers: {worker_of}"
+    assert sorted(builds.read_text().split()) == sorted({worker_of[t] for t in worker_of}), \
+        f"studies built on {builds.read_text().split()}: once per group"
