@@ -110,8 +110,6 @@ def train(model: str) -> dict:
         if branches:
             result.metrics["budgets"] = anneal(job, result, branches, run.info.run_id)
         publish(run, result, outputs)
-        tracking.mark_output(outputs.model_dir)  # evaluate, score and audit find this run from the model's files
-        tracking.carry_results(params.tracking.experiment, outputs.model_dir, run.info.run_id)
     for done in [job, *branches]:  # every output is written: only now may the training go
         checkpoints.discard(done.ckpt_dir)
     return result.metrics

@@ -169,7 +169,7 @@ def test_a_run_that_makes_an_evaluated_model_again_carries_its_results_and_no_ot
         tracking.mark_output(folder)
     with tracking.runs.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as again:
         tracking.mark_output(folder)
-        tracking.carry_results("exp", folder, again.info.run_id)
+        tracking.carry_results(folder, again.info.run_id)
     carried = MlflowClient(uri).get_run(again.info.run_id).data
     assert {k: carried.metrics[k] for k in results} == results and carried.tags[tracking.NOTE] == "**gru**: test 1.960 bpb"
     assert (carried.tags["test bpb"], carried.tags["vs KN-5"], carried.tags["lmpipe.ranked"]) == ("1.960", "-0.089 bpb", "yes")
@@ -177,5 +177,5 @@ def test_a_run_that_makes_an_evaluated_model_again_carries_its_results_and_no_ot
     (folder / "model.pt").write_text("other weights")  # a different model: nothing to carry
     with tracking.runs.open_stage_run("train@gru", "exp", {}, "h", params_file=params) as other:
         tracking.mark_output(folder)
-        tracking.carry_results("exp", folder, other.info.run_id)
+        tracking.carry_results(folder, other.info.run_id)
     assert "test_bpb" not in MlflowClient(uri).get_run(other.info.run_id).data.metrics

@@ -104,6 +104,21 @@ def log_compare_axes(model: str, n_params: float, train_tokens: float, run_id: s
                        "lm": model}, run_id=run_id)
 
 
+def record_training(run_id: str, metrics: Mapping, curve: str | Path | None = None,
+                    model_dir: str | Path | None = None) -> None:
+    """All a finished training run records on its MLflow run: its summary metrics (FLOPs in TFLOPs too, readable in
+    the UI), the compare view's axes, its curve file, and for a model folder the folder's content hash (score,
+    evaluate and audit find the run from the files) and the test results of an earlier run that made the same files
+    (`carry_results`)."""
+    log_metrics({**metrics, "train_tflops": metrics["train_flops"] / 1e12}, run_id=run_id)
+    log_compare_axes(metrics["model"], metrics["n_params"], metrics["tokens_seen"], run_id=run_id)
+    if curve is not None:
+        log_artifacts(curve, run_id=run_id)
+    if model_dir is not None:
+        mark_output(model_dir, run_id)
+        carry_results(model_dir, run_id)
+
+
 def log_artifacts(path: str | Path, artifact_path: str | None = None, run_id: str | None = None) -> None:
     """Log a file, or a directory's contents, under `artifact_path` of the active run (or of `run_id`)."""
     path, client = Path(path), tracker().client
@@ -147,12 +162,14 @@ def is_label(tag: str) -> bool:
     return tag in (*LABELS, RANKED) or tag.startswith("vs ")
 
 
-def carry_results(experiment: str, path: str | Path, run_id: str) -> None:
-    """Give `run_id` the test metrics, description and labels of the newest evaluated run that made the same files
-    at `path`.
+def carry_results(path: str | Path, run_id: str) -> None:
+    """Give `run_id` the test metrics, description and labels of the newest evaluated run of its experiment that made
+    the same files at `path`.
     A retrain that reproduces a model bit for bit leaves DVC nothing to re-evaluate; its run still shows the results."""
-    found = tracker().find_runs(experiment, f"tags.`{OUTPUT}` = '{sha256_tree(path)}' and metrics.test_bpb > 0",
-                                newest=2)
+    client = tracker().client
+    found = client.search_runs([client.get_run(run_id).info.experiment_id],
+                               f"tags.`{OUTPUT}` = '{sha256_tree(path)}' and metrics.test_bpb > 0",
+                               order_by=["attributes.start_time DESC"], max_results=2)
     earlier = next((r for r in found if r.info.run_id != run_id), None)
     if earlier is None:
         return

@@ -127,19 +127,14 @@ class Outputs:
 
 
 def publish(run, result: TrainResult, out: Outputs | None = None) -> None:
-    """What a finished run leaves: its files at `out` (timings left out: they differ from run to run), and its
-    MLflow `run` (None: an untracked run) given its summary metrics, the compare view's axes and its curve file.
-    Call it before `checkpoints.discard`: a failure here resumes the finished run instead of training it again."""
+    """What a finished run leaves: its files at `out` (timings left out: they differ from run to run), and all its
+    MLflow `run` records (None: an untracked run; `tracking.record_training`). Call it before
+    `checkpoints.discard`: a failure here resumes the finished run instead of training it again."""
     if out is not None:
         with atomic_path(out.model_dir) as tmp:
             tmp.mkdir()
             save_model(result.model, result.settings.family, result.settings.arch, tmp / "model.pt")
         write_json(out.metrics, without_timings(result.metrics))
         write_text(out.curve, csv_text([without_timings(r) for r in result.history]))
-    if run is None:
-        return
-    m, run_id = result.metrics, run.info.run_id
-    tracking.log_metrics(m | {"train_tflops": m["train_flops"] / 1e12}, run_id=run_id)  # FLOPs, readable in the UI
-    tracking.log_compare_axes(m["model"], m["n_params"], m["tokens_seen"], run_id=run_id)
-    if out is not None:
-        tracking.log_artifacts(out.curve, run_id=run_id)
+    if run is not None:
+        tracking.record_training(run.info.run_id, result.metrics, out and out.curve, out and out.model_dir)
