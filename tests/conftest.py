@@ -31,7 +31,8 @@ def pytest_collection_modifyitems(items):
     """`make test` spreads the tests over pytest-xdist's workers by group (`--dist loadgroup`, in collection order):
     a module's tests go to one worker, as with `--dist loadfile`, so its module fixtures are built once, except the
     end-to-end tests a module names in SECOND_STUDY, a group of their own. The end-to-end groups come first, so the
-    two long ones start at once, on two workers, and the short modules fill in beside them."""
+    two long ones start at once, on two workers, and the short modules fill in beside them. (pytest 9.2 breaks the
+    groups, pytest-xdist#1386: tests/test_conftest.py checks them.)"""
     second_study = set()
     for item in items:
         module = getattr(item, "module", None)
