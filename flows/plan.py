@@ -51,9 +51,9 @@ def measured_rate(params) -> tuple[float, str]:
 
         store = tracker()
         found = store.client.get_experiment_by_name(params.tracking.experiment)
-        runs = [] if found is None else store.client.search_runs(
-            [found.experiment_id], f"attributes.status = 'FINISHED' and tags.`{HOST}` = '{socket.gethostname()}' "
-            "and tags.`lmpipe.stage` LIKE 'train@%'", order_by=["attributes.start_time DESC"], max_results=20)
+        runs = [] if found is None else store.runs_in(  # not find_runs: a plan creates no experiment
+            found.experiment_id, f"attributes.status = 'FINISHED' and tags.`{HOST}` = '{socket.gethostname()}' "
+            "and tags.`lmpipe.stage` LIKE 'train@%'", newest=20)
     except Exception:  # no store, or one that cannot be read: the default, said so
         runs = []
     done = [r.data.metrics for r in runs if r.data.metrics.get("train_flops") and r.data.metrics.get("seconds")]

@@ -43,9 +43,13 @@ class Tracker:
         return self.client.create_experiment(name, artifact_location=artifact_location(self.uri))
 
     def find_runs(self, experiment: str, where: str, newest: int = 1000) -> list:
-        """The runs of `experiment` matching the filter `where`, newest first."""
-        return self.client.search_runs([self.experiment_id(experiment)], where,
-                                       order_by=["attributes.start_time DESC"], max_results=newest)
+        """The runs of `experiment` (a name) matching the filter `where`, newest first."""
+        return self.runs_in(self.experiment_id(experiment), where, newest)
+
+    def runs_in(self, experiment_id: str, where: str, newest: int = 1000) -> list:
+        """The runs of the experiment `experiment_id` matching the filter `where`, newest first."""
+        return self.client.search_runs([experiment_id], where, order_by=["attributes.start_time DESC"],
+                                       max_results=newest)
 
 
 _current: Tracker | None = None
@@ -166,10 +170,9 @@ def carry_results(path: str | Path, run_id: str) -> None:
     """Give `run_id` the test metrics, description and labels of the newest evaluated run of its experiment that made
     the same files at `path`.
     A retrain that reproduces a model bit for bit leaves DVC nothing to re-evaluate; its run still shows the results."""
-    client = tracker().client
-    found = client.search_runs([client.get_run(run_id).info.experiment_id],
-                               f"tags.`{OUTPUT}` = '{sha256_tree(path)}' and metrics.test_bpb > 0",
-                               order_by=["attributes.start_time DESC"], max_results=2)
+    store = tracker()
+    found = store.runs_in(store.client.get_run(run_id).info.experiment_id,
+                          f"tags.`{OUTPUT}` = '{sha256_tree(path)}' and metrics.test_bpb > 0", newest=2)
     earlier = next((r for r in found if r.info.run_id != run_id), None)
     if earlier is None:
         return
