@@ -63,7 +63,7 @@ def label_each_model_run(params, models: dict) -> None:
     label = baseline_label(params.ngram)
     trained = {n: json.loads(Path(paths.train_metrics(n)).read_text()) for n in models if n in params.models}
     precisions = {n: t.get("precision", "") for n, t in trained.items()}
-    spreads, _ = study_spreads(paths.SEEDS, {"models": models}, precisions, params.train.seed, BASELINE,
+    spreads, stale = study_spreads(paths.SEEDS, {"models": models}, precisions, params.train.seed, BASELINE,
                                list(params.models))
     digest, baseline = tracking.runs.study_key(PARAMS_FILE).params_digest, models[BASELINE]["test"]
     for name, result in models.items():
@@ -79,15 +79,28 @@ def label_each_model_run(params, models: dict) -> None:
         tracking.set_tags(run_id, {tracking.NOTE: note, **shown, views.RANKED: "yes"})
         commit = tracking.tracker().client.get_run(run_id).data.tags.get("mlflow.source.git.commit", "")
         gap = shown[f"vs {label}"]
-        card = (f"{note} Against {label}: {gap}, word perplexity "
-                f"{result['test']['word_ppl']:,.0f} against {baseline['word_ppl']:,.0f}. Test bpb over the seeds: "
-                f"{shown['test bpb']}. Trained at commit {commit[:12] or '(none)'} from params.yaml sha256 {digest}.")
+        card = (f"{note} Against {label}: {gap}, word perplexity {result['test']['word_ppl']:,.0f} against "
+                f"{baseline['word_ppl']:,.0f}. {seed_sentence(name, shown, sd, stale)} "
+                f"Trained at commit {commit[:12] or '(none)'} from params.yaml sha256 {digest}.")
         tracking.registry.describe_versions(tracking.registry.registered_name(name), paths.model_dir(name), card, {
             "test_bpb": f"{result['test']['bpb']:.4f}", "test_bpb_sd": "unknown" if sd is None else f"{sd:.4f}",
             "seeds": str(seeds), f"vs_{label}_bpb": gap.split()[0],
             "test_word_ppl": f"{result['test']['word_ppl']:.1f}",
             "train_flops": f"{t['train_flops']:.3e}" if "train_flops" in t else "-",
             "n_params": str(t.get("n_params", "")), "git_commit": commit, "params_sha256": digest})
+
+
+def seed_sentence(name: str, shown: dict, sd: float | None, stale: list[str]) -> str:
+    """What a registry card says of the seed noise: the spread, or why there is none (a person must not read one
+    seed's number as a mean)."""
+    if name == BASELINE:
+        return "The n-gram has no seeds: it is counted, not trained."
+    if sd is not None:
+        return f"Test bpb over the seeds: {shown['test bpb']}."
+    if name in stale:
+        return ("No seed spread: seeds/seeds.csv holds the seeds of an earlier training of this model "
+                "(`lmpipe seeds` trains them again).")
+    return "No seed spread yet: one seed (`lmpipe seeds` trains more)."
 
 
 def check_covers(models: list[str]) -> None:

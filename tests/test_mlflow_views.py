@@ -134,3 +134,13 @@ def test_the_report_labels_each_model_run_and_describes_the_version_it_registere
     found = client.search_runs([client.get_experiment_by_name("lmpipe").experiment_id],
                                views.runs_state("KN-5")["searchFilter"])  # the "every model so far" view's rows
     assert sorted(r.info.run_id for r in found) == sorted(ids.values())
+
+    # the model trained again in another precision: its seed rows are of an earlier training, and the card says so
+    (tmp_path / "metrics/train/gru.json").write_text(json.dumps(
+        {"n_params": 1_843_200, "train_flops": 3.0006e13, "tokens_seen": 9_100_000, "epochs": 3.2, "precision": "fp32"}))
+    label_each_model_run(load_params(store), models)
+    described = client.get_model_version("lmpipe-gru", version.version)
+    assert "7,893. No seed spread: seeds/seeds.csv holds the seeds of an earlier training of this model " \
+           "(`lmpipe seeds` trains them again). Trained at commit" in described.description, described.description
+    assert (described.tags["test_bpb_sd"], described.tags["seeds"]) == ("unknown", "1")
+    assert client.get_run(ids["gru"]).data.tags["test bpb"] == "1.959"  # no spread shown
