@@ -12,7 +12,7 @@ study: $(READY) server
 	python -m flows.progress     # = dvc repro, with a line per stage: k of n, the training minutes left
 	python -m flows.record       # MLflow runs of the stages DVC skipped because git holds their outputs
 	@echo "report: reports/study.html   numbers: dvc metrics show   MLflow: lmpipe ui   (tools in $(VENV)/bin)"
-	@echo "the Prefect server (http://127.0.0.1:4200) is still up, for the next run and its UI: stop it with make stop"
+	@[ -n "$$PREFECT_API_URL" ] || echo "the Prefect server (http://127.0.0.1:4200) is still up, for the next run and its UI: stop it with make stop"
 
 # -n auto: a worker per core (pytest-xdist); --dist loadgroup in collection order: a module per worker, the two
 # end-to-end groups first (tests/conftest.py). `make test` is the loop while editing: every test but those marked

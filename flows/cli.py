@@ -456,6 +456,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # `.venv/bin/lmpipe retrain` from cron or a service, the venv not activated: the tools every command starts (dvc,
+    # and the stages' `python -m flows.<stage>` under it, mlflow, uvicorn) are this interpreter's, as under `make`
+    os.environ["PATH"] = server.this_environment()["PATH"]
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)

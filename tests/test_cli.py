@@ -218,3 +218,18 @@ def test_every_command_says_what_it_does_in_its_own_help(capsys):
         build_parser().parse_args(["--help"])
     listed = capsys.readouterr().out.split("{", 1)[1].split("}", 1)[0].split(",")
     assert listed[:3] == ["check-params", "server", "generate"]
+
+
+def test_a_command_run_from_the_venv_without_activating_it_starts_the_venv_s_tools(monkeypatch, tmp_path):
+    """`.venv/bin/lmpipe retrain` from cron, a service or a teammate's shell, PATH without the venv: the dvc it
+    starts, and the `python` of the stages under dvc, are the venv's, not missing (a bare FileNotFoundError) nor
+    another Python without the project's packages."""
+    import shutil
+    from pathlib import Path
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.chdir(ROOT)
+    assert main(["check-params"]) == 0
+    venv = Path(sys.executable).parent
+    assert shutil.which("dvc") == str(venv / "dvc")
+    assert Path(shutil.which("python")).parent == venv
