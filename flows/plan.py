@@ -87,4 +87,4 @@ def summary(stages: list[str], params) -> str:
 
 def plan(overrides: list[str] | None = None) -> str:
     changes, params = moved(list(overrides or []))
-    return summary(planned_stages("dvc.yaml", changes), params)
+    return summary(planned_stages(changes), params)

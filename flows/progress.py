@@ -55,10 +55,11 @@ class Progress:
                 f"the {rate / 1e9:.0f} GFLOP/s measured so far)")
 
 
-def planned_stages(pipeline: str = "dvc.yaml", changes: dict | None = None) -> list[str]:
-    """The stages of `pipeline` that `dvc repro` will run, in its order: each that `dvc status` finds changed (a
-    fresh clone: every one), each that tracks a setting `changes` ({dotted key: new value}, as `-S` gives them)
-    moves, and each downstream of one, whose inputs are about to change. Frozen stages never run.
+def planned_stages(changes: dict | None = None) -> list[str]:
+    """The stages that `dvc repro` (or `dvc exp run`) will run, in its order: dvc.yaml's, and those of other pipelines
+    that they take inputs from (the scaling grid's fit, which tracks the models' settings too): each that `dvc
+    status` finds changed (a fresh clone: every one), each that tracks a setting `changes` ({dotted key: new value},
+    as `-S` gives them) moves, and each downstream of one, whose inputs are about to change. Frozen stages never run.
     (`dvc repro --dry` cannot tell: it lists a stage only once its inputs exist.)"""
     import networkx as nx
     from dvc.repo import Repo
@@ -72,7 +73,9 @@ def planned_stages(pipeline: str = "dvc.yaml", changes: dict | None = None) -> l
             runs[stage] = bool(getattr(stage, "cmd", None)) and not stage.frozen and (
                 any(runs.get(upstream) for upstream in graph.successors(stage)) or stage.changed()
                 or bool(changes and tracks(stage, changes)))
-        return [s.addressing for s in order if runs[s] and s.dvcfile.relpath == pipeline]
+        study = [s for s in order if s.dvcfile.relpath == "dvc.yaml"]
+        repro = set(study).union(*(nx.descendants(graph, s) for s in study))  # dvc.yaml's and their inputs' stages
+        return [s.addressing for s in order if runs[s] and s in repro]
 
 
 def tracks(stage, changes: dict) -> bool:

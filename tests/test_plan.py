@@ -22,8 +22,20 @@ PIPELINE = """stages:
     outs: [lstm.txt]
   join:
     cmd: python -c "open('join.txt', 'w').write('j')"
-    deps: [gru.txt, lstm.txt]
+    deps: [gru.txt, lstm.txt, fit.txt]
     outs: [join.txt]
+"""
+FITS = """stages:
+  fit:
+    wdir: ..
+    cmd: python -c "open('fit.txt', 'w').write('f')"
+    params: [models.gru]
+    outs: [fit.txt]
+  apart:
+    wdir: ..
+    cmd: python -c "open('apart.txt', 'w').write('a')"
+    params: [models.gru]
+    outs: [apart.txt]
 """
 
 
@@ -34,7 +46,11 @@ def reproduced(tmp_path, monkeypatch):
         subprocess.run(command, cwd=tmp_path, check=True)
     (tmp_path / "dvc.yaml").write_text(PIPELINE)
     (tmp_path / "params.yaml").write_text("models:\n  gru: {optim: {lr: 0.005}}\n  lstm: {optim: {lr: 0.004}}\n")
+    (tmp_path / "fits").mkdir()  # a second pipeline, as scaling/dvc.yaml's: a stage join reads (as the report reads
+    # the scaling fit's) and one no stage of dvc.yaml reads, which `dvc repro` leaves alone
+    (tmp_path / "fits/dvc.yaml").write_text(FITS)
     subprocess.run([DVC, "repro", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([DVC, "repro", "-q", "fits/dvc.yaml:apart"], cwd=tmp_path, check=True)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -43,7 +59,8 @@ def test_an_override_plans_the_stages_that_track_it_and_those_below(reproduced):
     from flows.progress import planned_stages
 
     assert planned_stages() == []
-    assert planned_stages(changes={"models.gru.optim.lr": 0.003}) == ["gru", "join"]
+    assert sorted(planned_stages(changes={"models.gru.optim.lr": 0.003})) == ["fits/dvc.yaml:fit", "gru", "join"]
+    assert planned_stages(changes={"models.gru.optim.lr": 0.003})[-1] == "join"
     assert planned_stages(changes={"models.lstm": {"optim": {"lr": 0.001}}}) == ["lstm", "join"]
     assert planned_stages(changes={"models.rnn.optim.lr": 0.1}) == []
     (reproduced / "lstm.txt").unlink()  # what dvc status finds changed plans too
