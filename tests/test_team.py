@@ -14,7 +14,8 @@ def test_a_port_in_use_is_one_line_naming_the_flag_and_nothing_is_made(tmp_path)
     with taken_port() as port:
         with pytest.raises(LmpipeError, match=rf"^127\.0\.0\.1:{port} is taken by another program \(choose another: "
                                               r"lmpipe team up --mlflow-port N\)$"):
-            team.up(tmp_path / "team", {"mlflow": port})
+            team.up(tmp_path / "team", {**{name: 0 for name in team.PORTS}, "mlflow": port})  # the others free (0),
+            # whatever runs on their default ports (a team already up on this machine)
     assert not (tmp_path / "team").exists()
 
 
