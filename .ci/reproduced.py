@@ -71,12 +71,11 @@ def weat_rows(metrics: Path, model: str) -> dict:
 
 
 def significant(rows: dict) -> dict:
-    """{test: sign of d} for the tests the report reads as significant (q < WEAT_Q over the tests that ran)."""
-    from scipy.stats import false_discovery_control
+    """{test: sign of d} for the tests the report reads as significant: q < WEAT_Q, q as the report adjusts it."""
+    from lmpipe.report import weat_adjusted_p
 
-    ran = sorted(t for t, (d, p) in rows.items() if p is not None)
-    q = false_discovery_control([rows[t][1] for t in ran]) if ran else []
-    return {t: math.copysign(1, rows[t][0]) for t, q_t in zip(ran, q) if q_t < WEAT_Q}
+    q = weat_adjusted_p({t: {"p_value": p} for t, (d, p) in rows.items()})
+    return {t: math.copysign(1, rows[t][0]) for t, q_t in q.items() if q_t < WEAT_Q}
 
 
 def weat_verdict(model: str, old: dict, new: dict, exact_numbers: bool) -> tuple[bool, str]:

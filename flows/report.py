@@ -93,8 +93,6 @@ def label_each_model_run(params, models: dict) -> None:
 def seed_sentence(name: str, shown: dict, sd: float | None, stale: list[str]) -> str:
     """What a registry card says of the seed noise: the spread, or why there is none (a person must not read one
     seed's number as a mean)."""
-    if name == BASELINE:
-        return "The n-gram has no seeds: it is counted, not trained."
     if sd is not None:
         return f"Test bpb over the seeds: {shown['test bpb']}."
     if name in stale:
