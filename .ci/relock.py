@@ -5,7 +5,8 @@
 For a maintainer, after a change to code a stage depends on that is shown not to change its outputs (tests that
 compare bytes, bit-for-bit runs of small models): what `dvc commit` does, for a checkout that lacks the outputs (a
 fresh clone before its study, or a machine that cannot reproduce them). Each stage's code deps (files git tracks) and
-params are hashed anew by DVC; its data deps and outputs stay as dvc.lock records them. A fresh clone's study then re-makes the same lock.
+params are hashed anew by DVC; its outputs stay as dvc.lock records them, and its data deps take the hashes that the
+stages making them record (after `dvc commit` of a stage whose outputs changed, its readers follow). A fresh clone's study then re-makes the same lock.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ def is_code(path: str, outputs: list[str]) -> bool:
 def relock(patterns: list[str]) -> list[str]:
     done = []
     with Repo() as repo, repo.lock:
-        outputs = [out.fs_path for stage in repo.index.stages for out in stage.outs]
+        recorded = {out.fs_path: out for stage in repo.index.stages for out in stage.outs}  # as dvc.lock has them
+        outputs = list(recorded)
         for stage in repo.index.stages:
             name = stage.addressing  # `train@gru`; `seeds/dvc.yaml:seeds` outside dvc.yaml
             if not any(fnmatch.fnmatchcase(name, p) for p in patterns):
@@ -46,6 +48,8 @@ def relock(patterns: list[str]) -> list[str]:
             for dep in stage.deps:  # code (what git tracks) and params anew; data (other stages' outputs) as recorded,
                 if isinstance(dep, ParamsDependency) or is_code(dep.fs_path, outputs):  # or from git where new
                     dep.save()
+                elif (made := recorded.get(dep.fs_path)) is not None and made.hash_info:  # data: as its maker records
+                    dep.hash_info, dep.meta, dep.hash_name = made.hash_info, made.meta, made.hash_name
                 elif not dep.hash_info:
                     if not is_tracked(dep.fs_path):
                         raise SystemExit(f"{name}: {dep} is data that dvc.lock records no hash of")

@@ -2,10 +2,10 @@
 
     python -m flows.progress [target ...]          (what `make study` runs; targets as for `dvc repro`)
 
-First DVC's status and graph name the stages that will run (n; given targets, n grows as they start). As DVC starts
-each, one line says where the study is. Once a model has trained, the minutes left follow from the FLOPs the training stages still to run will spend
-(each model's budget, `study.budget`) at the FLOP/s the finished ones measured (their log line '..., 3.00e13 FLOPs,
-176 s'). Everything DVC and the stages print passes through unchanged; the exit status is DVC's.
+First DVC's status and graph name the stages that may run (n; given targets, n grows as they start; n shrinks as DVC
+skips a planned stage whose inputs came out as recorded). As DVC starts each, one line says where the study is. Once
+a model has trained, the minutes left follow from the FLOPs the training stages still to run will spend (each
+model's budget, `study.budget`) at the FLOP/s the finished ones measured (their log line '..., 3.00e13 FLOPs, 176 s'). Everything DVC and the stages print passes through unchanged; the exit status is DVC's.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from lmpipe.config import load_params
 from lmpipe.errors import first_line
 
 STARTED = re.compile(r"Running stage '([^']+)'")
+SKIPPED = re.compile(r"Stage '([^']+)' didn't change, skipping")  # its inputs came out as recorded: DVC's own call
 TRAINED = re.compile(r"(\S+): best valid bpb .*?([\d.]+e[+-]?\d+) FLOPs, (\d+) s")
 
 
@@ -29,6 +30,7 @@ class Progress:
     def __init__(self, planned: list[str], budgets: dict[str, float]):
         self.planned, self.budgets = planned, budgets  # stages that will run; training FLOPs per model
         self.started: list[str] = []
+        self.skipped: set[str] = set()  # planned, but DVC found their inputs unchanged once the stages above had run
         self.flops = self.seconds = 0.0  # spent by the trainings finished so far
 
     def see(self, line: str) -> str | None:
@@ -36,15 +38,23 @@ class Progress:
             self.flops += float(trained[2])
             self.seconds += float(trained[3])
             return None
+        if skipped := SKIPPED.search(line):
+            self.skipped.add(skipped[1])
+            return None
         if not (started := STARTED.search(line)):
             return None
         stage = started[1]
         self.started.append(stage)
-        k, n = len(self.started), max(len(self.planned), len(self.started))
+        k, n = len(self.started), max(len(self.to_run()), len(self.started))
         return f"[study] stage {k} of {n}: {stage}" + self.time_left()
 
+    def to_run(self) -> list[str]:
+        """The plan less what DVC skipped: a stage below one that re-made its outputs exactly as recorded (a fresh
+        clone's) is planned, as its inputs are about to be re-made, but runs only if they come out changed."""
+        return [s for s in self.planned if s not in self.skipped]
+
     def time_left(self) -> str:
-        left = [s for s in self.planned if s not in self.started[:-1] and s.startswith("train@")]
+        left = [s for s in self.to_run() if s not in self.started[:-1] and s.startswith("train@")]
         if not left:
             return ""
         flops = sum(self.budgets.get(s.removeprefix("train@"), 0.0) for s in left)

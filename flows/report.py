@@ -8,7 +8,7 @@ from prefect import flow, task
 
 from lmpipe import paths
 from flows._stage import PARAMS_FILE, drop_removed, main, stage_run
-from lmpipe import tracking
+from lmpipe import grid_record, tracking
 from lmpipe.compare import BASELINE, baseline_label, best_model, not_compute_matched, vs_baseline
 from lmpipe.config import load_params
 from lmpipe.errors import LmpipeError
@@ -122,7 +122,8 @@ def write_report(params) -> str:
     write_text(PLOTS_TEMPLATE, dvc_plots_template())
     return str(build_report(".", OUT_DIR, models, tracking.experiment_tags().get(tracking.EXPERIMENT),
                             study_seed=params.train.seed, label=baseline_label(params.ngram), made_from=made_from(),
-                            budget_flops=params.study.flops, budget_exceptions=params.budget_exceptions()))
+                            budget_flops=params.study.flops, budget_exceptions=params.budget_exceptions(),
+                            grid_stale=grid_record.stale(params)))
 
 
 @flow(name="report")

@@ -27,7 +27,8 @@ from lmpipe.errors import ConfigError
 from lmpipe.io import csv_text, write_json, write_text
 from lmpipe.flops import ANALYTIC, train_flops_per_token
 from lmpipe.models import arch_with_defaults
-from lmpipe.scaling import MAX_EPOCHS, GridPoint, grid_points, made_with, size_label
+from lmpipe.grid_record import made_with
+from lmpipe.scaling import MAX_EPOCHS, GridPoint, grid_points, size_label
 from lmpipe.splits import TokenData, load_tokens
 from lmpipe.checkpoints import code_version
 from lmpipe.train.job import Job, prepare, publish

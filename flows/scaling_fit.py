@@ -1,8 +1,8 @@
 """scaling pipeline's `fit` stage (scaling/dvc.yaml): the IsoFLOP and parametric fits (lmpipe.scaling) of the
 grid's runs -> reports/scaling.md, reports/scaling.html, reports/scaling/*.png and metrics/scaling.json, also logged
-to the grid's MLflow run. metrics/scaling.json also says whether the grid is current: made from this study's data
-and settings (scaling/made_with.json against now). The study's report reads it, so `dvc repro` runs this stage
-when it is out of date; the grid itself is frozen (`lmpipe scaling` runs it)."""
+to the grid's MLflow run. The study's report reads metrics/scaling.json, so `dvc repro` runs this stage when it is
+out of date; the grid itself is frozen (`lmpipe scaling` runs it). Whether the grid is still the study's (made from
+its data and settings now) is the study report's to say, so a retrain of one model never re-runs these fits."""
 
 from __future__ import annotations
 
@@ -19,14 +19,13 @@ from pathlib import Path
 from prefect import flow
 
 from lmpipe import paths
-from flows._stage import PARAMS_FILE, check_declared, main
+from flows._stage import PARAMS_FILE, main
 from lmpipe import tracking
 from lmpipe.compare import baseline_label
 from lmpipe.config import load_params
 from lmpipe.errors import ConfigError
 from lmpipe.io import atomic_path, write_json
-from lmpipe.scaling import analyse, best_per_budget, changed_since, frontier, made_with
-from lmpipe.splits import load_tokens
+from lmpipe.scaling import analyse, best_per_budget, frontier
 
 REPORTS, SUMMARY, NGRAM = Path(paths.REPORTS), Path(paths.SCALING_METRICS), Path(paths.NGRAM_METRICS)
 
@@ -43,9 +42,6 @@ def fit() -> str:
     from lmpipe.scaling_report import write_scaling_report
 
     params, rows = load_params(PARAMS_FILE), read_runs()
-    check_declared(list(params.scaling.models), paths.SCALING_PIPELINE, "fit")
-    recorded = json.loads(Path(paths.GRID_MADE_WITH).read_text()) if Path(paths.GRID_MADE_WITH).exists() else None
-    stale = changed_since(recorded, made_with(params, load_tokens()))
     settings = params.scaling.fit
     analysis = analyse(rows, settings.bootstrap, settings.seed, settings.huber_delta)
     best = best_per_budget(rows)
@@ -55,9 +51,9 @@ def fit() -> str:
             "min_budget": min(float(r["budget"]) for r in rows), "max_budget": max(float(r["budget"]) for r in rows),
             "train_tokens": int(rows[0]["epoch_tokens"]), "flops": sum(float(r["flops"]) for r in rows),
             "device": ", ".join(sorted({r["device"] for r in rows})), "bootstrap": settings.bootstrap,
-            "huber_delta": settings.huber_delta, "stale": stale}
+            "huber_delta": settings.huber_delta}
     summary = {"baseline": baseline and {"label": baseline[0], "valid_bpb": baseline[1]}, "best_per_budget": best,
-               "frontier": frontier(rows), "families": analysis, "grid_flops": meta["flops"], "stale": stale,
+               "frontier": frontier(rows), "families": analysis, "grid_flops": meta["flops"],
                "grid": {"families": sorted({r["model"] for r in rows}), "min_budget": meta["min_budget"],
                         "max_budget": meta["max_budget"], "max_params": max(int(r["n_params"]) for r in rows),
                         "overrides": params.scaling.overrides}}

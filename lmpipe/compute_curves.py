@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,10 +208,11 @@ def _near(a: float, b: float, tolerance: float = 0.01) -> bool:
     return abs(a - b) <= tolerance * max(a, b)
 
 
-def against_grid(points: dict[str, list[dict]], scaling: dict | None) -> list[str]:
+def against_grid(points: dict[str, list[dict]], scaling: dict | None, stale: Sequence[str] = ()) -> list[str]:
     """The scaling grid's frontier (each family's best size at a budget, metrics/scaling.json) against the study's
     annealed points at the budgets both have: per budget each family's valid bpb in both and the two rankings. The
-    grid trains apart from the study with its own recipe, so where the budgets do not meet nothing is compared."""
+    grid trains apart from the study with its own recipe, so where the budgets do not meet nothing is compared; nor
+    where it was made from other data or settings than the study's (`stale` names them: lmpipe.grid_record.changed_since)."""
     if not scaling or "frontier" not in scaling:
         return []
     e = lambda x: f"{x:.2e}"  # noqa: E731
@@ -219,8 +221,8 @@ def against_grid(points: dict[str, list[dict]], scaling: dict | None) -> list[st
     name = (f"The scaling grid (reports/scaling.md: {', '.join(sorted(frontier))} at {len(budgets)} budgets from "
             f"{e(budgets[0])} to {e(budgets[-1])} FLOPs, several sizes each, one seed a run, its own recipe: "
             + ", ".join(f"{k} {v}" for k, v in grid["overrides"].items()) + ")")
-    if scaling["stale"]:
-        return [f"{name}: not compared, as it was trained from other {', '.join(scaling['stale'])} than this study "
+    if stale:
+        return [f"{name}: not compared, as it was trained from other {', '.join(stale)} than this study "
                 "(run `lmpipe scaling` again)."]
     pairs = []  # (budget, model, study valid bpb, grid's best run)
     for model, rows in sorted(points.items()):

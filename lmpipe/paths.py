@@ -48,7 +48,7 @@ SUMMARIES = "metrics/models"  # <model>.json: what `dvc metrics show` lists
 
 SCALING_PIPELINE = "scaling/dvc.yaml"  # the scaling-law experiment, apart from the study
 RUNS = "scaling/runs.csv"  # the scaling grid's rows: written by `grid`, fitted by `fit`
-GRID_MADE_WITH = "scaling/made_with.json"  # the data and settings the grid trained from (lmpipe.scaling.made_with)
+GRID_MADE_WITH = "scaling/made_with.json"  # the data and settings the grid trained from (lmpipe.grid_record)
 SCALING_METRICS = "metrics/scaling.json"
 SEEDS_PIPELINE = "seeds/dvc.yaml"  # the seed spread, apart from the study (its stage is frozen: lmpipe seeds runs it)
 SEEDS = "seeds/seeds.csv"  # every model at every seed, the study's own run among them; the report reads it

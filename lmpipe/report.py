@@ -347,14 +347,15 @@ def dvc_plots_template(vega_lite: str = "5.21") -> str:
 def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None = None,
                  experiment: str | None = None, study_seed: int | None = None, *, label: str,
                  made_from: str | None = None, budget_flops: float | None = None,
-                 budget_exceptions: Sequence[str] = ()) -> Path:
+                 budget_exceptions: Sequence[str] = (), grid_stale: Sequence[str] = ()) -> Path:
     """Write study.md, study.html and figures/ under `out_dir`, and metrics/models/, from the metrics under `root`;
     `models` (params.yaml's) limits the per-model files read, so a removed model's leftovers never show;
     `experiment` names the `dvc exp run` that made them, so its report never passes for the study's; `study_seed`
     (train.seed) picks the study's own run out of seeds/seeds.csv; `label` names the n-gram baseline; `made_from`
     names the settings and data at the top; `budget_flops` (study.budget) is the compute every neural model
     should have had, `budget_exceptions` the models with epochs or a budget of their own: a model that had other compute is
-    marked and left out of the verdicts."""
+    marked and left out of the verdicts; `grid_stale` names what the scaling grid was made from that the study no
+    longer is (lmpipe.grid_record.changed_since), so the report does not compare with it."""
     root, out_dir = Path(root), Path(out_dir)
     figures = out_dir / "figures"
     figures.mkdir(parents=True, exist_ok=True)
@@ -392,7 +393,7 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
         sds = {name: at_c.get(name, {}) | results.budget_sds.get(name, {}) for name in points}
         ngram = evaluation["models"].get(BASELINE, {}).get("test", {}).get("bpb") if evaluation else None
         lines += compute_section(points, sds, (label, ngram) if ngram else None, figures / "compute.png") + [""]
-    if grid := against_grid(points, results.scaling):
+    if grid := against_grid(points, results.scaling, grid_stale):
         lines += grid + [""]
     if curves:
         baseline = evaluation["models"].get(BASELINE, {}).get("valid", {}).get("bpb") if evaluation else None

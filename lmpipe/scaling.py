@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from lmpipe import paths
 
 KEEP_STARTS = 64
 HUBER_DELTA = 1e-3  # Hoffmann et al.'s choice: nearly an L1 fit of log-loss, robust to outlying runs
@@ -291,24 +290,3 @@ def frontier(rows: list[dict]) -> dict[str, list[dict]]:
             out.setdefault(model, []).append({"budget": c, "size": best["size"], "n_params": int(best["n_params"]),
                                               "valid_bpb": float(best["valid_bpb"]), "edge": edge})
     return out
-
-
-def made_with(params, data) -> dict:
-    """What the grid's runs were trained from, besides the code: the token data, the `train` section, the settings
-    of each family it starts from and its own `scaling` section (the fits' settings aside). The grid records it
-    beside its runs; the fits compare it with the study's now, so a grid made for other data or settings is
-    called stale instead of being compared with the study."""
-    return {"data": data.fingerprint, "train": params.section("train"),
-            "models": {m: params.models[m].model_dump(mode="json", exclude_none=True) for m in params.scaling.models},
-            "scaling": {k: v for k, v in params.section("scaling").items() if k != "fit"}}
-
-
-def changed_since(recorded: dict | None, now: dict) -> list[str]:
-    """What differs between the grid's record and now, as the user would name it: 'data/tokens', 'train',
-    'models.lstm', 'scaling'; everything when there is no record."""
-    if not recorded:
-        return ["the grid's record (scaling/made_with.json is missing)"]
-    names = {"data": paths.TOKENS, "train": "train", "scaling": "scaling"}
-    changed = [names[k] for k in ("data", "train", "scaling") if recorded.get(k) != now[k]]
-    families = sorted(set(recorded.get("models", {})) | set(now["models"]))
-    return changed + [f"models.{m}" for m in families if recorded.get("models", {}).get(m) != now["models"].get(m)]

@@ -215,10 +215,6 @@ def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], baselin
              "bits per byte (bpb); N counts all parameters; FLOPs are lmpipe.flops' analytic count. "
              f"Compute of the grid: {meta['flops']:.2e} training FLOPs on {meta['device']} (its wall time: the "
              "scaling run in MLflow).", ""]
-    if meta.get("stale"):
-        lines += [f"**Stale**: the grid was trained from other {', '.join(meta['stale'])} than params.yaml and "
-                  "data/tokens hold now; the study's report does not compare with it until `lmpipe scaling` runs "
-                  "again.", ""]
     if baseline:
         lines += [f"{baseline[0]} on the same split: {baseline[1]:.4f} bpb.", ""]
     lines += ["## What the grid shows", ""] + [f"- {f}" for f in findings(analysis, best, baseline)] + [""]

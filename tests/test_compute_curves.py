@@ -87,7 +87,7 @@ def test_without_branches_the_report_has_no_such_section(tmp_path):
     assert "As compute grows" not in build_report(tmp_path, tmp_path / "reports", label="KN-5").read_text()
 
 
-def grid_summary(stale=()) -> dict:
+def grid_summary() -> dict:
     """metrics/scaling.json of a grid at C/16, C/8 and C/4: two sizes of the lstm and the transformer each."""
     rows = [{"model": m, "size": f"w{w}", "n_params": w * 10_000, "budget": b, "valid_bpb": bpb}
             for m, w, b, bpb in [("lstm", 16, C / 16, 2.30), ("lstm", 32, C / 16, 2.35), ("lstm", 16, C / 8, 2.25),
@@ -95,7 +95,7 @@ def grid_summary(stale=()) -> dict:
                                   ("transformer", 32, C / 16, 2.33), ("transformer", 16, C / 8, 2.31),
                                   ("transformer", 32, C / 8, 2.21), ("transformer", 32, C / 4, 2.10),
                                   ("transformer", 64, C / 4, 2.12)]]
-    return {"stale": list(stale), "frontier": frontier(rows),
+    return {"frontier": frontier(rows),
             "grid": {"overrides": {"batch_size": 16, "seq_len": 64}}}
 
 
@@ -122,9 +122,9 @@ def test_the_grid_is_compared_with_the_study_at_the_budgets_both_have():
     assert lines[-1].startswith("- The grid's best size is below the study's model at 4 of 4 points (mean gap +0.")
     assert against_grid({}, summary)[0].endswith("not compared, as the study has no annealed result at its budgets "
                                                  "(`study.branches` gives them).")
-    assert against_grid(study, grid_summary(["data/tokens"]))[0].endswith(
+    assert against_grid(study, summary, ["data/tokens"])[0].endswith(
         "not compared, as it was trained from other data/tokens than this study (run `lmpipe scaling` again).")
-    assert against_grid(study, None) == [] and against_grid(study, {"stale": []}) == []  # no grid, or an old summary
+    assert against_grid(study, None) == [] and against_grid(study, {"stale": []}) == []  # no grid, or an old one
 
 
 def test_with_seeds_at_every_budget_each_gap_is_judged_by_that_budgets_sd(tmp_path):

@@ -95,3 +95,18 @@ def test_the_plan_says_the_training_it_holds_and_the_rate_it_assumes(tmp_path, m
                                     f"at {rate / 1e9:.0f} GFLOP/s (assumed: no training has finished on this machine "
                                     "yet" + ("" if bf16 else ", and it trains in fp32") + ")")
     assert summary([], params) == "nothing would run: every stage is up to date"
+
+
+def test_a_change_to_one_models_setting_leaves_the_scaling_fits_alone():
+    """In the project's own pipelines: `-S models.gru.optim.lr=...` moves gru's training and the report (which says
+    whether the scaling grid is still the study's), never the grid's fits, whose bootstraps take ~40 min on 2 cores."""
+    from dvc.repo import Repo
+
+    from flows.progress import tracks
+
+    with Repo(str(ROOT)) as repo:
+        moving = {s.addressing for s in repo.index.stages if tracks(s, {"models.gru.optim.lr": 0.003})}
+        fit = next(s for s in repo.index.stages if s.addressing == "scaling/dvc.yaml:fit")
+    assert {"train@gru", "report"} <= moving
+    assert "scaling/dvc.yaml:fit" not in moving and not tracks(fit, {"train.seed": 1})
+    assert tracks(fit, {"scaling.fit.bootstrap": 10})

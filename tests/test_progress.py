@@ -36,6 +36,15 @@ def test_each_stage_dvc_starts_gets_a_line_and_the_training_left_is_timed_from_m
     assert said[5] == "[study] stage 4 of 5: score@nplm"  # nothing left to train: no estimate
 
 
+def test_a_planned_stage_dvc_skips_leaves_the_count():
+    """A fresh clone: the scaling fit sits below the n-gram stages, whose outputs are about to be re-made, so it is
+    planned; DVC skips it when they come out as recorded, and the count ends at n of n."""
+    progress = Progress(["ngram", "scaling/dvc.yaml:fit", "report"], {})
+    assert progress.see("Running stage 'ngram':") == "[study] stage 1 of 3: ngram"
+    assert progress.see("Stage 'scaling/dvc.yaml:fit' didn't change, skipping") is None
+    assert progress.see("Running stage 'report':") == "[study] stage 2 of 2: report"
+
+
 def test_a_stage_dvc_runs_beyond_the_dry_runs_list_still_counts():
     progress = Progress([], {})
     assert progress.see("Running stage 'evaluate':") == "[study] stage 1 of 1: evaluate"

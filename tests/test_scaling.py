@@ -207,19 +207,18 @@ def test_the_grid_depends_on_the_models_it_trains_not_on_the_whole_study():
     from tests.conftest import ROOT
 
     families = list(yaml.safe_load((ROOT / "params.yaml").read_text())["scaling"]["models"])
-    for stage in ("grid", "fit"):  # the fit reads them too: it calls a grid made from other settings stale
-        declared = yaml.safe_load((ROOT / "scaling/dvc.yaml").read_text())["stages"][stage]["params"]
-        assert "models" not in declared
-        check_declared(families, "scaling/dvc.yaml", stage)
-        with pytest.raises(ConfigError, match=f"scaling.models lists my_lm, but scaling/dvc.yaml's {stage} does not "
-                                              "name models.my_lm in its params"):
-            check_declared(families + ["my_lm"], "scaling/dvc.yaml", stage)  # a model of the user's
+    declared = yaml.safe_load((ROOT / "scaling/dvc.yaml").read_text())["stages"]["grid"]["params"]
+    assert "models" not in declared
+    check_declared(families, "scaling/dvc.yaml", "grid")
+    with pytest.raises(ConfigError, match="scaling.models lists my_lm, but scaling/dvc.yaml's grid does not "
+                                          "name models.my_lm in its params"):
+        check_declared(families + ["my_lm"], "scaling/dvc.yaml", "grid")  # a model of the user's
 
 
 def test_the_grid_is_stale_exactly_where_its_data_or_settings_changed():
     """made_with records what the grid trained from; changed_since names what differs now, as a user would."""
     from lmpipe.config import load_params
-    from lmpipe.scaling import changed_since, made_with
+    from lmpipe.grid_record import changed_since, made_with
     from lmpipe.splits import Split, TokenData
     from tests.conftest import ROOT
 
