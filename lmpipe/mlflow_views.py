@@ -22,13 +22,14 @@ def labels(name: str, test: dict, baseline: tuple[str, float], n_params: float, 
            sd: float | None = None, seeds: int = 1) -> dict[str, str]:
     """A model run's numbers as a person reads them, the views' columns: MLflow shows a metric's every digit, cut to
     the cell (`1.92056884…`), so the views show these tags and sort by the exact metric. `baseline`: the n-gram's
-    label and test bpb; `sd`: the seed sd of test bpb over `seeds` seeds."""
+    label and test bpb; `sd`: the seed sd of test bpb over `seeds` seeds. Size: a model's parameters in millions (the
+    n-gram's n-grams), as short as MLflow's default cell width shows whole."""
     label, kn = baseline
     spread = f" ± {sd:.3f} ({seeds} seeds)" if sd is not None else ""
     return {"test bpb": f"{test['bpb']:.3f}{spread}",
             f"vs {label}": "baseline" if name == BASELINE else f"{test['bpb'] - kn:+.3f} bpb",
             "word ppl": f"{test['word_ppl']:,.0f}",
-            "size": f"{n_params / 1e6:.2f}M {'n-grams' if name == BASELINE else 'params'}",
+            "size": f"{n_params / 1e6:.2f}M" + (" n-grams" if name == BASELINE else ""),  # "1.84M params" was cut
             "training FLOPs": f"{train_flops:.2e}" if train_flops else "-"}
 
 

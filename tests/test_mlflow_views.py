@@ -119,7 +119,7 @@ def test_the_report_labels_each_model_run_and_describes_the_version_it_registere
 
     gru, ngram = (client.get_run(ids[n]).data.tags for n in ("gru", "ngram"))
     assert gru["test bpb"] == "1.959 ± 0.003 (3 seeds)" and gru["vs KN-5"] == "-0.090 bpb"
-    assert (gru["word ppl"], gru["size"], gru["training FLOPs"]) == ("5,200", "1.84M params", "3.00e+13")
+    assert (gru["word ppl"], gru["size"], gru["training FLOPs"]) == ("5,200", "1.84M", "3.00e+13")
     assert (ngram["test bpb"], ngram["vs KN-5"], ngram["size"]) == ("2.049", "baseline", "3.21M n-grams")
     assert gru[views.RANKED] == ngram[views.RANKED] == "yes"
     described = client.get_model_version("lmpipe-gru", version.version)
