@@ -5,7 +5,8 @@
 First DVC's status and graph name the stages that may run (n; given targets, n grows as they start; n shrinks as DVC
 skips a planned stage whose inputs came out as recorded). As DVC starts each, one line says where the study is. Once
 a model has trained, the minutes left follow from the FLOPs the training stages still to run will spend (each
-model's budget, `study.budget`) at the FLOP/s the finished ones measured (their log line '..., 3.00e13 FLOPs, 176 s'). Everything DVC and the stages print passes through unchanged; the exit status is DVC's.
+model's budget, `study.budget`) at the FLOP/s the finished ones measured (their log line '..., 3.00e13 FLOPs, 176 s').
+Everything DVC and the stages print passes through unchanged; the exit status is DVC's.
 """
 
 from __future__ import annotations

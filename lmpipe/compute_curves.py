@@ -212,7 +212,7 @@ def against_grid(points: dict[str, list[dict]], scaling: dict | None, stale: Seq
     """The scaling grid's frontier (each family's best size at a budget, metrics/scaling.json) against the study's
     annealed points at the budgets both have: per budget each family's valid bpb in both and the two rankings. The
     grid trains apart from the study with its own recipe, so where the budgets do not meet nothing is compared; nor
-    where it was made from other data or settings than the study's (`stale` names them: lmpipe.grid_record.changed_since)."""
+    where it was made from other data or settings than the study's (`stale` names them: lmpipe.grid_record)."""
     if not scaling or "frontier" not in scaling:
         return []
     e = lambda x: f"{x:.2e}"  # noqa: E731

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from lmpipe import paths
+from lmpipe.splits import load_tokens
 
 
 def made_with(params, data) -> dict:
@@ -32,8 +33,6 @@ def changed_since(recorded: dict | None, now: dict) -> list[str]:
 def stale(params) -> list[str]:
     """What the committed grid was made from that the study (params, data/tokens) no longer is; nothing when there
     is no grid to compare with."""
-    from lmpipe.splits import load_tokens
-
     if not Path(paths.SCALING_METRICS).exists():
         return []
     made = Path(paths.GRID_MADE_WITH)
