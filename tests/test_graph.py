@@ -136,3 +136,35 @@ def test_every_data_path_in_dvc_yaml_is_one_of_lmpipe_paths():
 
 
 KEY = "some-model"
+
+
+def test_every_lock_entry_records_the_code_and_params_its_stage_depends_on_now():
+    """A code or params change without its relock leaves the committed lock stale, and a fresh clone's `dvc repro`
+    then re-runs that stage (the scaling fits: ~40 min on 2 cores) although its outputs would not change. Each
+    dependency git tracks that is no stage's output must hash as dvc.lock records it (`python .ci/relock.py STAGE`
+    after a change shown not to move the outputs; `dvc commit` where they moved)."""
+    import subprocess
+
+    from dvc.dependency import ParamsDependency
+    from dvc.repo import Repo
+
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
+                  .stdout.splitlines())
+    stale = []
+    with Repo(str(ROOT)) as repo:
+        outputs = {os.path.relpath(out.fs_path, ROOT) for stage in repo.index.stages for out in stage.outs}
+        for stage in repo.index.stages:
+            for dep in stage.deps:
+                path = os.path.relpath(dep.fs_path, ROOT)
+                if isinstance(dep, ParamsDependency):
+                    changed = bool(dep.status())
+                elif path in outputs or any(path.startswith(o + os.sep) or o.startswith(path + os.sep)
+                                            for o in outputs):
+                    continue  # data: its making stage's lock entry speaks for it
+                elif path in tracked or any(t.startswith(path + os.sep) for t in tracked):
+                    changed = dep.hash_info != dep.get_hash()
+                else:
+                    continue
+                if changed:
+                    stale.append(f"{stage.addressing}: {path}")
+    assert not stale, f"dvc.lock records other code or params than these stages depend on now: {stale}"
