@@ -168,3 +168,16 @@ def test_every_lock_entry_records_the_code_and_params_its_stage_depends_on_now()
                 if changed:
                     stale.append(f"{stage.addressing}: {path}")
     assert not stale, f"dvc.lock records other code or params than these stages depend on now: {stale}"
+
+
+def test_python_bytecode_beside_the_sources_is_no_stage_input():
+    """Python writes __pycache__/ into lmpipe/models and lmpipe/ngram on import (unless PYTHONDONTWRITEBYTECODE is
+    set, as on some machines): DVC must leave it out of those folders' hashes, or every import would make the train
+    and score stages look changed and a study would leave dvc.lock modified."""
+    from dvc.repo import Repo
+
+    with Repo(str(ROOT)) as repo:
+        for folder in ("lmpipe/models", "lmpipe/ngram"):
+            assert repo.dvcignore.is_ignored_dir(str(ROOT / folder / "__pycache__"))
+            assert repo.dvcignore.is_ignored_file(str(ROOT / folder / "__pycache__" / "base.cpython-311.pyc"))
+        assert not repo.dvcignore.is_ignored_file(str(ROOT / "lmpipe/models/base.py"))
