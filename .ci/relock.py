@@ -6,7 +6,8 @@ For a maintainer, after a change to code a stage depends on that is shown not to
 compare bytes, bit-for-bit runs of small models): what `dvc commit` does, for a checkout that lacks the outputs (a
 fresh clone before its study, or a machine that cannot reproduce them). Each stage's code deps (files git tracks) and
 params are hashed anew by DVC; its outputs stay as dvc.lock records them, and its data deps take the hashes that the
-stages making them record (after `dvc commit` of a stage whose outputs changed, its readers follow). A fresh clone's study then re-makes the same lock.
+stages making them record (after `dvc commit` of a stage whose outputs changed, its readers follow). A fresh clone's
+study then re-makes the same lock; tests/test_graph.py checks, with `is_code` below, that the lock is current.
 """
 
 from __future__ import annotations
