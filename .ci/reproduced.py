@@ -13,7 +13,7 @@ so a neural model within SEED_SPREAD_BPB passes with a loud "NOT bit for bit" li
 rank as committed (models within TIE_BPB of each other are a tie). Anything else fails.
 
 The WEAT audit (metrics/weat.json) follows the same rule: a model's effect sizes must match bit for bit when its
-numbers did (word2vec's too: its kernels are pinned per instruction set, lmpipe/blas.py). Otherwise its embedding
+numbers did (word2vec's too: every AVX2 CPU runs OpenBLAS's Haswell kernels, lmpipe/blas.py). Otherwise its embedding
 is another sample, as another seed's, and on word sets of 4 to 8 words its effect sizes move far (the RNN trained
 in fp32 against the committed bf16 run, same seed: weat8 +0.77 -> -0.43, p 0.08 -> 0.78): what must stand is
 the report's reading, which tests are significant (q < 0.05, Benjamini-Hochberg over the tests the model ran) and

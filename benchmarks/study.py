@@ -1,8 +1,10 @@
 """Does the default study hold its targets? Prints each target, the measured number and whether it holds.
 
 Compute targets (metrics/train/<model>.json, params.yaml): one budget C >= 3e13 FLOPs (`study.budget`), and every
-neural model's training FLOPs within 1% of it. Speed target: every train run that made the study's models ran at
->= 100 GFLOP/s (`flops_per_sec` on its MLflow run, found by the model folder's content hash).
+neural model's training FLOPs within 1% of it. Speed targets: every train run that made the study's models ran at
+>= 100 GFLOP/s (`flops_per_sec` on its MLflow run, found by the model folder's content hash), and its decay branches
+(`study.branches`) took at most 25% more time than its run (wall times on its MLflow run, evaluations in:
+`branch_seconds` against `fit_seconds`).
 Quality targets, read from the last run's metrics/eval.json, metrics/combine.json and seeds/seeds.csv (the rows
 that still hold, lmpipe/seeds.py), over the compute-matched models only:
 - every recurrent family and the transformer below KN-5 in test bits per byte; the best neural model's test word
@@ -41,6 +43,7 @@ BUDGET_SECONDS, SEEDS_BUDGET_SECONDS = 30 * 60, 60 * 60
 TRANSFORMER_GOAL, BEST_SINGLE_GOAL, BEST_COMBINATION_GOAL, COMBINATION_GAIN = 2.00, 1.93, 1.82, 0.03
 MIN_BUDGET, MIN_FLOPS_PER_SEC = 3e13, 100e9
 BRANCH_DIVISORS = (16, 8, 4, 2, 1)
+BRANCH_SHARE = 0.25  # the branches' extra training time, at most this share of the study's
 
 
 def compute_targets(trained: dict, budget: float) -> list[tuple[str, str, bool]]:
@@ -56,16 +59,31 @@ def compute_targets(trained: dict, budget: float) -> list[tuple[str, str, bool]]
     return rows
 
 
-def speed_targets(names: list[str], experiment: str) -> list[tuple[str, str, bool]]:
-    """Each study model's training FLOP/s, from the MLflow run that made the model now in models/<name>."""
+def speed_targets(names: list[str], experiment: str, branched: bool) -> list[tuple[str, str, bool]]:
+    """Each study model's training FLOP/s, from the MLflow run that made the model now in models/<name>; with the
+    decay branches, their wall time (`branch_seconds`: each decay with its evaluations) against the run's own
+    (`fit_seconds`, its evaluations in too), per model and over the study."""
     from lmpipe import tracking
 
-    rows = []
+    rows, spent = [], {"run": 0.0, "branches": 0.0}
     for name in names:
         run_id = tracking.run_of_output(experiment, ROOT / "models" / name)
-        rate = tracking.tracker().client.get_run(run_id).data.metrics.get("flops_per_sec") if run_id else None
+        metrics = tracking.tracker().client.get_run(run_id).data.metrics if run_id else {}
+        rate = metrics.get("flops_per_sec")
         rows.append((f"{name}: training >= {MIN_FLOPS_PER_SEC / 1e9:.0f} GFLOP/s (its MLflow run)",
                      "no run found" if rate is None else f"{rate / 1e9:.1f} G", (rate or 0) >= MIN_FLOPS_PER_SEC))
+        if branched and "branch_seconds" in metrics and metrics.get("fit_seconds"):
+            spent["run"] += metrics["fit_seconds"]
+            spent["branches"] += metrics["branch_seconds"]
+            share = metrics["branch_seconds"] / metrics["fit_seconds"]
+            rows.append((f"{name}: its decay branches <= {BRANCH_SHARE:.0%} of its training time",
+                         f"{metrics['branch_seconds']:.0f} s ({share:.0%})", share <= BRANCH_SHARE))
+    if branched:
+        share = spent["branches"] / spent["run"] if spent["run"] else None
+        rows.append((f"decay branches <= {BRANCH_SHARE:.0%} of the study's training time",
+                     "no branch_seconds, fit_seconds on the runs" if share is None else
+                     f"{spent['branches']:.0f} of {spent['run']:.0f} s ({share:.0%})",
+                     share is not None and share <= BRANCH_SHARE))
     return rows
 
 
@@ -195,7 +213,8 @@ def main() -> int:
     params, evaluation = load_params(ROOT / "params.yaml"), json.loads((ROOT / "metrics/eval.json").read_text())
     trained = {name: json.loads((ROOT / f"metrics/train/{name}.json").read_text()) for name in params.models}
     budget = params.study.flops or 0.0
-    rows = compute_targets(trained, budget) + speed_targets(list(params.models), params.tracking.experiment)
+    rows = compute_targets(trained, budget) + speed_targets(list(params.models), params.tracking.experiment,
+                                                            bool(params.study.branches))
     unmatched = not_compute_matched(trained, budget, params.budget_exceptions())  # shown above, left out of every verdict below
     models = {name: r for name, r in evaluation["models"].items() if name not in unmatched}
     evaluation = {**evaluation, "models": models}

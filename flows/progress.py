@@ -102,13 +102,17 @@ def tracks(stage, changes: dict) -> bool:
 
 
 def budgets(params=None) -> dict[str, float]:
-    """Each model's training FLOPs (its budget or the study's); a budget in tokens gives no estimate."""
+    """Each model's training FLOPs (its budget or the study's), with its decay branches' (`study.branches`: each
+    decays over its own decay_fraction of its budget); a budget in tokens gives no estimate."""
     params = params or load_params(PARAMS_FILE)
     found = {}
     for name in params.models:
-        budget = params.model_settings(name).budget
-        if budget is not None and budget.flops:
-            found[name] = float(budget.flops)
+        settings = params.model_settings(name)
+        if settings.budget is None or not settings.budget.flops:
+            continue
+        found[name] = float(settings.budget.flops)
+        if settings.budget == params.study.budget and settings.optim.schedule == "wsd":
+            found[name] += settings.optim.decay_fraction * sum(params.study.branch_budgets)
     return found
 
 

@@ -58,7 +58,9 @@ def fit(job: Job, run_id: str, branches: list[Job] = ()):
                              trainer.total_steps / trainer.steps_per_epoch)
         logger.info(line)  # the console and the flow run's page in the Prefect UI
 
+    started = time.perf_counter()
     result = job.run(on_eval=on_eval, branches=branches)
+    tracking.log_metrics({"fit_seconds": time.perf_counter() - started}, run_id=run_id)  # wall time, evaluations in
     for record in result.history:  # points trained before a resume: the whole curve on this run too
         if record["step"] not in logged:
             tracking.log_evaluation(record, run_id)
@@ -74,12 +76,13 @@ def fit(job: Job, run_id: str, branches: list[Job] = ()):
 def anneal(job: Job, result: TrainResult, branches: list[Job], run_id: str) -> list[dict]:
     """Each branch's decay from the state the run saved for it, then every budget's annealed model scored: a record
     (budget, FLOPs, valid and test bpb) per budget, the run itself last. Test as the score stage scores it."""
-    logger, records = get_run_logger(), []
+    logger, records, decays = get_run_logger(), [], 0.0
     for branch, budget in [*((b, b.settings.budget.flops) for b in branches), (None, job.settings.budget.flops)]:
         started = time.perf_counter()
         done = branch.trainer.run() if branch is not None else result
         took = time.perf_counter() - started
         test = evaluate_lm(done.model.eval(), job.data, job.common.eval_chunk)["test"]
+        decays += time.perf_counter() - started if branch is not None else 0.0  # its test pass in
         records.append({"budget_flops": budget, "train_flops": done.metrics["train_flops"],
                         "tokens_seen": done.metrics["tokens_seen"], "valid_bpb": done.metrics["valid_bpb"],
                         "test_bpb": test["bpb"]})
@@ -89,6 +92,7 @@ def anneal(job: Job, result: TrainResult, branches: list[Job], run_id: str) -> l
         step = int(budget / 1e9)  # GFLOPs: the MLflow chart's x axis
         tracking.log_metrics({"annealed_valid_bpb": records[-1]["valid_bpb"],
                               "annealed_test_bpb": records[-1]["test_bpb"]}, run_id=run_id, step=step)
+    tracking.log_metrics({"branch_seconds": decays}, run_id=run_id)  # wall time, evaluations in: beside fit_seconds
     return records
 
 

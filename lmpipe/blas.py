@@ -1,12 +1,15 @@
-"""One BLAS kernel per instruction set, so a stage whose numbers come from OpenBLAS gives the same bytes on every
-CPU generation that has that instruction set.
+"""One BLAS kernel for every x86-64 CPU with AVX2, so a stage whose numbers come from OpenBLAS gives the same bytes on
+every CPU generation.
 
-OpenBLAS (inside NumPy's and SciPy's wheels) picks its kernels by CPU model at load time. Two 2-core EPYCs with the
-same AVX-512 instructions got different ones (a Zen 4 and a Zen 5): gensim's word2vec, which trains through SciPy's
-`sdot`/`saxpy`, then gave other vectors, and NumPy's dot products moved the WEAT effect sizes by ~1e-15. Naming the
-kernel by instruction set (`OPENBLAS_CORETYPE`, which OpenBLAS reads once, when the library loads) removes the CPU
-model from the arithmetic: every AVX-512 CPU runs the SkylakeX kernels (what a Zen 4 chose by itself, so the
-committed numbers stand), every other AVX2 CPU the Haswell ones.
+OpenBLAS (inside NumPy's and SciPy's wheels) picks its kernels by CPU model at load time: gensim's word2vec, which
+trains through SciPy's `sdot`/`saxpy`, gives other vectors under other kernels, and NumPy's dot products move the
+WEAT effect sizes by ~1e-15. A Zen 4 and a Zen 5 pick SkylakeX (AVX-512) by themselves, a Zen 3 Haswell (AVX2), and
+some machines set OPENBLAS_CORETYPE=Haswell in their environment (this workplace's Zen 5s do: older OpenBLAS builds
+fail on them), which a project must not override. So the kernel is the one every such CPU can run and that such an
+environment chooses: Haswell, on any CPU with AVX2 and FMA, AVX-512 or not (OPENBLAS_CORETYPE, which OpenBLAS reads
+once, when the library loads). Measured on a Zen 5: word2vec's vectors under Haswell are the same bytes with the
+environment's setting and with this pin, and other bytes under SkylakeX. A user's own OPENBLAS_CORETYPE wins; with
+another value than Haswell, word2vec and the WEAT effect sizes may differ in their last digits from the committed.
 """
 
 from __future__ import annotations
@@ -15,8 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-AVX512 = frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})  # what OpenBLAS's SkylakeX needs
-AVX2 = frozenset({"avx2", "fma"})
+AVX2 = frozenset({"avx2", "fma"})  # what OpenBLAS's Haswell kernels need
 
 
 def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
@@ -32,12 +34,9 @@ def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
 
 
 def kernel_for(flags: frozenset[str]) -> str | None:
-    """The OpenBLAS core type for these instruction sets; None (OpenBLAS's own choice) on other architectures."""
-    if AVX512 <= flags:
-        return "SkylakeX"
-    if AVX2 <= flags:
-        return "Haswell"
-    return None
+    """The OpenBLAS core type for these instruction sets: Haswell wherever it runs (AVX-512 CPUs included); None
+    (OpenBLAS's own choice) on other architectures."""
+    return "Haswell" if AVX2 <= flags else None
 
 
 def pin_kernel() -> str | None:

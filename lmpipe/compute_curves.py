@@ -120,7 +120,8 @@ def ranking(points: dict[str, list[dict]], sds: dict[str, dict[float, float]]) -
 
 
 def lead_sentence(points: dict[str, list[dict]]) -> str | None:
-    """How the transformer's lead over the best recurrent model changes from the smallest budget to the largest."""
+    """How the transformer's lead over the best recurrent model moves from the smallest budget to the largest: grows
+    or closes only where it does so at every step, and the budgets where the transformer is ahead and behind."""
     recurrent = [m for m in points if m in RECURRENT]
     if "transformer" not in points or not recurrent:
         return None
@@ -129,14 +130,20 @@ def lead_sentence(points: dict[str, list[dict]]) -> str | None:
     if len(budgets) < 2:
         return None
     leads = []
-    for budget in (budgets[0], budgets[-1]):
+    for budget in budgets:
         best = min(recurrent, key=lambda m: by_budget[m][budget])
         leads.append((best, by_budget[best][budget] - by_budget["transformer"][budget]))
-    (first_best, first), (last_best, last) = leads
-    trend = "grows" if last > first else "closes" if last < first else "holds"
-    return (f"The transformer's lead over the best recurrent model {trend}: {first:+.3f} bpb over {first_best} at "
-            f"{budgets[0]:.2e} FLOPs, {last:+.3f} over {last_best} at {budgets[-1]:.2e} (positive: the transformer "
-            "is better).")
+    steps = [b[1] - a[1] for a, b in zip(leads, leads[1:])]
+    trend = ("grows" if all(d > 0 for d in steps) else "closes" if all(d < 0 for d in steps)
+             else "moves both ways")
+    each = ", ".join(f"{lead:+.3f} over {best} at {budget:.2e}" for budget, (best, lead) in zip(budgets, leads))
+    sentence = (f"The transformer's lead over the best recurrent model {trend} from {budgets[0]:.2e} to "
+                f"{budgets[-1]:.2e} FLOPs: {each} (positive: the transformer is better).")
+    ahead = [f"{b:.2e}" for b, (_, lead) in zip(budgets, leads) if lead > 0]
+    if ahead and len(ahead) < len(budgets):
+        behind = [f"{b:.2e}" for b, (_, lead) in zip(budgets, leads) if lead <= 0]
+        sentence += f" It is ahead at {', '.join(ahead)} and behind at {', '.join(behind)}."
+    return sentence
 
 
 def compute_figure(points: dict[str, list[dict]], curves: dict[str, Curve | None],

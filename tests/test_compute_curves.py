@@ -61,8 +61,16 @@ def test_the_ranking_marks_real_gaps_and_the_lead_sentence_says_which_way_it_mov
         f"< transformer {law(*TRUTH['transformer'])[0]:.3f}")
     assert lines[-1].startswith("- 3.00e+13 FLOPs: transformer ")
     sentence = lead_sentence(points())
-    assert sentence.startswith("The transformer's lead over the best recurrent model grows: -0.")
-    assert "over lstm at 1.88e+12 FLOPs" in sentence and "over lstm at 3.00e+13" in sentence
+    assert sentence.startswith("The transformer's lead over the best recurrent model grows from 1.88e+12 to 3.00e+13 "
+                               "FLOPs: -0.")
+    assert "over lstm at 1.88e+12, " in sentence and "over lstm at 3.00e+13 (positive" in sentence
+    assert sentence.endswith("It is ahead at 3.00e+13 and behind at 1.88e+12, 3.75e+12, 7.50e+12, 1.50e+13.")
+    # ahead at the ends, behind between (as the study's own points were): neither "grows" nor "closes"
+    wavy = points()
+    for row, shift in zip(wavy["transformer"], (-1.0, 0.0, 0.0, 0.0, 0.0)):
+        row["test_bpb"] += shift
+    sentence = lead_sentence(wavy)
+    assert "model moves both ways from" in sentence and "It is ahead at 1.88e+12, 3.00e+13 and behind at" in sentence
 
 
 def test_the_report_draws_the_annealed_points_where_a_model_has_them(tmp_path):

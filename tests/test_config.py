@@ -275,7 +275,7 @@ def test_the_study_budget_is_every_models_length_unless_an_entry_states_its_own(
     assert by_epochs.budget is None and by_epochs.epochs == 2 and by_epochs.patience == 3
     assert params.budget_exceptions() == ["own"]
     with pytest.raises(ConfigError, match=r"models.gru states neither epochs nor budget, and study.budget is null"):
-        parse_params(project_params(study={"budget": None}, models={"gru": gru}))
+        parse_params(project_params(study={"budget": None, "branches": []}, models={"gru": gru}))
     with pytest.raises(ConfigError, match=r"a run of `epochs` needs patience"):
         parse_params(project_params(models={"gru": {**gru, "epochs": 2}}))
 

@@ -48,7 +48,7 @@ TINY = {
     "validate": {"min_words": 200, "max_oov_rate": 0.6},
     "tokenizer": {"vocab_size": 600},
     "evaluate": {"prompts": ["The history of"], "max_new_tokens": 8, "beam_size": 2},
-    "study": {"budget": None},  # each tiny model by its own few steps
+    "study": {"budget": None, "branches": []},  # each tiny model by its own few steps
     "models": {
         "nplm": entry("nplm", {"context": 3, "emb": 16, "hidden": 32}, **QUICK),
         "rnn": entry("rnn", {"cell": "rnn_tanh", "emb": 16, "layers": 1}, **QUICK),
@@ -1410,6 +1410,9 @@ def test_the_train_stage_gives_each_branch_budget_as_its_standalone_run(scratch)
     run(["lmpipe", "seeds", "--models", "gru"], copy, env)  # each seed's run gives its branches too
     with open(copy / "seeds/budgets.csv") as f:
         rows = [{k: (v if k == "model" else float(v)) for k, v in r.items()} for r in csv.DictReader(f)]
+    kept = {r["model"] for r in rows} - {"gru"}  # the committed study's other models keep their rows
+    assert kept == {"nplm", "rnn", "lstm", "transformer"}, kept
+    rows = [r for r in rows if r["model"] == "gru"]
     assert sorted((r["seed"], r["budget_flops"]) for r in rows) == sorted(
         (seed, r["budget_flops"]) for seed in (1, 2, 1234) for r in budgets)
     assert [r["test_bpb"] for r in rows if r["seed"] == 1234] == [r["test_bpb"] for r in budgets]  # the study's own

@@ -79,7 +79,8 @@ def test_only_an_override_that_changes_a_value_moves_it():
 
 
 def test_the_plan_says_the_training_it_holds_and_the_rate_it_assumes(tmp_path, monkeypatch):
-    """The assumed rate is the bf16 machine's, or fp32's (2.4x slower) where this machine trains in fp32."""
+    """The FLOPs are the model's budget and its decay branches' decays; the assumed rate is the bf16 machine's, or
+    fp32's (FP32_SLOWER times lower) where this machine trains in fp32."""
     from flows.plan import DEFAULT_FLOPS_PER_S, FP32_SLOWER, summary
     from lmpipe.config import load_params
     from lmpipe.train import autocast_dtype, pick_device
@@ -87,7 +88,9 @@ def test_the_plan_says_the_training_it_holds_and_the_rate_it_assumes(tmp_path, m
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")  # a store with no runs
     params = load_params(ROOT / "params.yaml")
     text = summary(["train@gru", "score@gru", "evaluate"], params)
-    flops = params.study.flops
+    decays = params.models["gru"].optim.decay_fraction * sum(params.study.branch_budgets)
+    flops = params.study.flops + decays
+    assert params.study.branches and decays > 0.1 * params.study.flops  # the committed study has branches
     bf16 = autocast_dtype(params.train.precision, pick_device(params.train.device)) is not None
     rate = DEFAULT_FLOPS_PER_S if bf16 else DEFAULT_FLOPS_PER_S / FP32_SLOWER
     assert text.splitlines()[0] == "3 stage(s) would run: train@gru, score@gru, evaluate"
