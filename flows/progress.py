@@ -111,8 +111,8 @@ def budgets(params=None) -> dict[str, float]:
         if settings.budget is None or not settings.budget.flops:
             continue
         found[name] = float(settings.budget.flops)
-        if settings.budget == params.study.budget and settings.optim.schedule == "wsd":
-            found[name] += settings.optim.decay_fraction * sum(params.study.branch_budgets)
+        if settings.optim.schedule == "wsd":  # another schedule has no branches (the train stage says so)
+            found[name] += settings.optim.decay_fraction * sum(params.branches_of(settings))
     return found
 
 

@@ -99,8 +99,7 @@ def anneal(job: Job, result: TrainResult, branches: list[Job], run_id: str) -> l
 def study_branches(params: Params, job: Job) -> list[Job]:
     """The decay branches of `study.branches` for a run on the study's budget (a model with a budget of its own, or
     epochs, has none)."""
-    on_study_budget = params.study.budget is not None and job.settings.budget == params.study.budget
-    return [job.branch(flops) for flops in params.study.branch_budgets] if on_study_budget else []
+    return [job.branch(flops) for flops in params.branches_of(job.settings)]
 
 
 @flow(name="train", flow_run_name="train@{model}")

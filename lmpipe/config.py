@@ -273,6 +273,12 @@ class Params(Section):
             return entry
         return entry.model_copy(update={"budget": self.study.budget})
 
+    def branches_of(self, settings: ModelParams) -> list[float]:
+        """The budgets C/k a run of `settings` decays to by branches (`study.branches`): a run on the study's budget
+        has them, one with a length of its own none."""
+        on_study_budget = self.study.budget is not None and settings.budget == self.study.budget
+        return self.study.branch_budgets if on_study_budget else []
+
     def budget_exceptions(self) -> list[str]:
         """The entries of `models` with a run length of their own (epochs or a budget): not compute-matched, whatever
         FLOPs they reach."""
