@@ -73,14 +73,14 @@ def label_each_model_run(params, models: dict) -> None:
         t, spread = trained.get(name, {}), spreads.get(name)
         sd, seeds = (spread.bpb_sd, spread.n) if spread and name != BASELINE else (None, 1)
         size = t.get("n_params", result.get("n_params", 0))
-        shown = views.labels(name, result["test"], (label, baseline["bpb"]), size, t.get("train_flops"), sd, seeds)
+        shown = views.labels(name, result["test"], (label, baseline["bpb"]), size, t.get("train_flops"), sd)
         tracking.log_metrics({f"test_{k}": v for k, v in result["test"].items()}, run_id=run_id)
         note = describe(name, result, t)
         tracking.set_tags(run_id, {tracking.NOTE: note, **shown, views.RANKED: "yes"})
         commit = tracking.tracker().client.get_run(run_id).data.tags.get("mlflow.source.git.commit", "")
         gap = shown[f"vs {label}"]
         card = (f"{note} Against {label}: {gap}, word perplexity {result['test']['word_ppl']:,.0f} against "
-                f"{baseline['word_ppl']:,.0f}. {seed_sentence(name, shown, sd, stale)} "
+                f"{baseline['word_ppl']:,.0f}. {seed_sentence(name, shown, seeds, stale)} "
                 f"Trained at commit {commit[:12] or '(none)'} from params.yaml sha256 {digest}.")
         tracking.registry.describe_versions(tracking.registry.registered_name(name), paths.model_dir(name), card, {
             "test_bpb": f"{result['test']['bpb']:.4f}", "test_bpb_sd": "unknown" if sd is None else f"{sd:.4f}",
@@ -90,11 +90,11 @@ def label_each_model_run(params, models: dict) -> None:
             "n_params": str(t.get("n_params", "")), "git_commit": commit, "params_sha256": digest})
 
 
-def seed_sentence(name: str, shown: dict, sd: float | None, stale: list[str]) -> str:
-    """What a registry card says of the seed noise: the spread, or why there is none (a person must not read one
-    seed's number as a mean)."""
-    if sd is not None:
-        return f"Test bpb over the seeds: {shown['test bpb']}."
+def seed_sentence(name: str, shown: dict, seeds: int, stale: list[str]) -> str:
+    """What a registry card says of the seed noise: the spread (the sd over `seeds` seeds), or why there is none (a
+    person must not read one seed's number as a mean)."""
+    if seeds > 1:
+        return f"Test bpb over the seeds: {shown['test bpb']} (sd of {seeds} seeds)."
     if name in stale:
         return ("No seed spread: seeds/seeds.csv holds the seeds of an earlier training of this model "
                 "(`lmpipe seeds` trains them again).")

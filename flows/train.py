@@ -75,14 +75,18 @@ def fit(job: Job, run_id: str, branches: list[Job] = ()):
 @task(cache_policy=NO_CACHE)
 def anneal(job: Job, result: TrainResult, branches: list[Job], run_id: str) -> list[dict]:
     """Each branch's decay from the state the run saved for it, then every budget's annealed model scored: a record
-    (budget, FLOPs, valid and test bpb) per budget, the run itself last. Test as the score stage scores it."""
-    logger, records, decays = get_run_logger(), [], 0.0
+    (budget, FLOPs, valid and test bpb) per budget, the run itself last. Test as the score stage scores it (valid:
+    the run's own last evaluation). Logs the branches' cost two ways: `branch_train_seconds`, their decays' training
+    steps (beside the run's `seconds`), and `branch_seconds`, wall time with their validation and test passes."""
+    logger, records, decays, steps = get_run_logger(), [], 0.0, 0.0
     for branch, budget in [*((b, b.settings.budget.flops) for b in branches), (None, job.settings.budget.flops)]:
         started = time.perf_counter()
         done = branch.trainer.run() if branch is not None else result
         took = time.perf_counter() - started
-        test = evaluate_lm(done.model.eval(), job.data, job.common.eval_chunk)["test"]
-        decays += time.perf_counter() - started if branch is not None else 0.0  # its test pass in
+        test = evaluate_lm(done.model.eval(), job.data, job.common.eval_chunk, splits=("test",))["test"]
+        if branch is not None:  # its test pass in
+            decays += time.perf_counter() - started
+            steps += done.metrics["seconds"] - branch.trainer.resumed_seconds
         records.append({"budget_flops": budget, "train_flops": done.metrics["train_flops"],
                         "tokens_seen": done.metrics["tokens_seen"], "valid_bpb": done.metrics["valid_bpb"],
                         "test_bpb": test["bpb"]})
@@ -92,7 +96,7 @@ def anneal(job: Job, result: TrainResult, branches: list[Job], run_id: str) -> l
         step = int(budget / 1e9)  # GFLOPs: the MLflow chart's x axis
         tracking.log_metrics({"annealed_valid_bpb": records[-1]["valid_bpb"],
                               "annealed_test_bpb": records[-1]["test_bpb"]}, run_id=run_id, step=step)
-    tracking.log_metrics({"branch_seconds": decays}, run_id=run_id)  # wall time, evaluations in: beside fit_seconds
+    tracking.log_metrics({"branch_seconds": decays, "branch_train_seconds": steps}, run_id=run_id)
     return records
 
 

@@ -58,15 +58,16 @@ def load_lm(directory, device: str = "cpu"):
     raise ModelFileError(f"{directory}: no trained model there (train it: dvc repro {stage})")
 
 
-def evaluate_lm(model, data, chunk: int = 128, device: str | None = None, token_logprobs: dict | None = None) -> dict:
-    """valid and test loss/ppl/word_ppl/bpb of any model, with the same accounting for all; each token's
+def evaluate_lm(model, data, chunk: int = 128, device: str | None = None, token_logprobs: dict | None = None,
+                splits: tuple[str, ...] = ("valid", "test")) -> dict:
+    """valid and test (or `splits`) loss/ppl/word_ppl/bpb of any model, with the same accounting for all; each token's
     log-probability per split (float32) goes to `token_logprobs` when one is given (what `combine` mixes). A neural
     model is scored on the device its weights are on (a GPU-trained one on the GPU) unless `device` says otherwise."""
     from lmpipe.models import count_parameters
     from lmpipe.ngram import NGramLM
 
     out = {}
-    for name in ("valid", "test"):
+    for name in splits:
         split, kept = data.splits[name], []
         if isinstance(model, NGramLM):
             scores = model.token_log_probs(split.tokens)

@@ -5,6 +5,7 @@ states them (every setting), with a test's changes."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import http.server
@@ -17,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
+import urllib.request
 from pathlib import Path
 from typing import Iterator
 
@@ -79,9 +82,76 @@ def dom(url: str, seconds: int = 40) -> str:
     return done.stdout
 
 
-def leaderboard_page(project: Path, link_text: str = "workspace holds, best test bpb first", env: dict | None = None) -> str:
+LAID_OUT = """(() => {
+  const cells = [...document.querySelectorAll('.ag-cell[col-id^="tags."]')], grid = document.querySelector('.ag-root');
+  const cut = cells.filter(cell => {  // its text wider than the cell's content box: shown with an ellipsis
+    const style = getComputedStyle(cell), text = cell.querySelector('.ag-cell-value') || cell;
+    return text.scrollWidth > cell.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+  }).map(cell => cell.textContent);
+  const right = grid ? grid.getBoundingClientRect().right : 0;  // columns a scroll away are not shown
+  const shown = [...document.querySelectorAll('.ag-header-cell[col-id^="tags."]')]
+    .filter(head => head.getBoundingClientRect().right <= right).map(head => head.getAttribute('col-id'));
+  return {cut, shown};
+})()"""
+SHOWN = """document.querySelectorAll('.ag-cell[col-id^="tags."]').length > 0
+  || document.body.innerText.includes('Test bits per byte')"""  # the views' grid or chart has rendered
+
+
+def inspect(url: str, expression: str, ready: str, seconds: int = 60, shot: Path | None = None,
+            width: int = 1400) -> tuple[str, object]:
+    """The page at `url` in headless Chromium, `width` x 1000, driven over its DevTools protocol: once the JavaScript
+    `ready` is true (or `seconds` have passed) and a second more, (its DOM, the value of `expression` there); a
+    screenshot to `shot` when given. What --dump-dom cannot tell: how the page lays its text out."""
+    from websockets.sync.client import connect
+
+    with tempfile.TemporaryDirectory() as profile:
+        browser = subprocess.Popen([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                                    "--no-first-run", f"--user-data-dir={profile}", f"--window-size={width},1000",
+                                    "--remote-debugging-port=0", "about:blank"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            active = Path(profile) / "DevToolsActivePort"
+            for _ in range(300):
+                if active.exists() and len(active.read_text().split()) == 2:
+                    break
+                time.sleep(0.1)
+            port = active.read_text().split()[0]
+            targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30).read())
+            page = next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")
+            with connect(page, max_size=2 ** 26) as ws:
+                calls = iter(range(1, 10 ** 6))
+
+                def call(method: str, **params):
+                    ident = next(calls)
+                    ws.send(json.dumps({"id": ident, "method": method, "params": params}))
+                    while (reply := json.loads(ws.recv(timeout=60))).get("id") != ident:
+                        pass
+                    assert "error" not in reply, reply
+                    return reply["result"]
+
+                def evaluate(js: str):
+                    return call("Runtime.evaluate", expression=js, returnByValue=True)["result"].get("value")
+
+                call("Page.navigate", url=url)
+                deadline = time.monotonic() + seconds
+                while not evaluate(ready) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                time.sleep(1)
+                if shot is not None:
+                    shot.write_bytes(base64.b64decode(call("Page.captureScreenshot", format="png")["data"]))
+                return evaluate("document.documentElement.outerHTML"), evaluate(expression)
+        finally:
+            os.killpg(browser.pid, signal.SIGTERM)
+            browser.wait(timeout=30)
+
+
+def leaderboard_page(project: Path, link_text: str = "workspace holds, best test bpb first", env: dict | None = None,
+                     shot: Path | None = None, grid: bool = True) -> str:
     """`lmpipe ui` in `project` (with `env`, default this process's): the page its link after `link_text` opens, as a
-    browser has it."""
+    browser 1600 px wide has it (MLflow 3.17 opens its Assistant panel there, ~360 px, on a first visit), once its
+    grid shows runs. It asserts that test bpb, the gap to KN-5, size and FLOPs are in view, no scroll away (not on a
+    `grid=False` link: a chart), and that no label is cut (shown with an ellipsis: the view's columns are MLflow's 100 px). A screenshot to `shot` when given."""
     port = free_port()
     env = {**(os.environ if env is None else env), "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=project, env=env,
@@ -96,7 +166,11 @@ def leaderboard_page(project: Path, link_text: str = "workspace holds, best test
                 break
         link = next((line.split(": ", 1)[1].strip() for line in lines if link_text in line), None)
         assert link, f"lmpipe ui printed no link to the models: {lines}"
-        return dom(link)
+        page, laid_out = inspect(link, LAID_OUT, SHOWN, shot=shot, width=1600)
+        assert laid_out["cut"] == [], f"cut to the cell's width: {laid_out['cut']}"
+        hidden = [c for c in ("test bpb", "vs KN-5", "size", "training FLOPs") if f"tags.`{c}`" not in laid_out["shown"]]
+        assert not (hidden and grid), f"a scroll away: {hidden}"  # the first screen answers "by how much, at what cost"
+        return page
     finally:
         stuck.cancel()
         os.killpg(ui.pid, 15)

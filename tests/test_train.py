@@ -449,9 +449,11 @@ def test_a_decay_branch_is_the_standalone_run_of_its_budget_bit_for_bit(tmp_path
     assert 5 < start < main.total_steps // 3
     branched = main.run(branches={start: tmp_path / "branch"})
     steps = []
-    branch = Trainer("modern", small, COMMON, synthetic_data(), tmp_path / "branch", setup_process(COMMON),
-                     progress_bar=False).run(on_step=steps.append)
+    trainer = Trainer("modern", small, COMMON, synthetic_data(), tmp_path / "branch", setup_process(COMMON),
+                      progress_bar=False)
+    branch = trainer.run(on_step=steps.append)
     assert steps[0] == start + 1  # it trained its decay alone
+    assert 0 < trainer.resumed_seconds < branch.metrics["seconds"]  # the parent's seconds, then its own decay's
     alone = train(tmp_path / "alone", "modern", settings=small)
     unbranched = train(tmp_path / "unbranched", "modern", settings=big)
     for (ours, theirs) in ((branch, alone), (branched, unbranched)):

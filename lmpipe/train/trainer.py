@@ -424,6 +424,7 @@ class Trainer:
         checkpoint, from which the run of a smaller budget whose decay starts there resumes (`decay_start`)."""
         self.on_eval, self.on_step = on_eval or (lambda record: None), on_step or (lambda step: None)
         self.branches = dict(branches or {})
+        self.resumed_seconds = 0.0  # training seconds the run had before this call (a branch: its parent's)
         self._resume()
         with _StopRequest(active=self.ranks.world == 1) as stop:
             while not self._done():
@@ -451,6 +452,7 @@ class Trainer:
             self.model.load_state_dict(initial)  # load_state_dict may have copied some tensors before it failed
             return self._set_rng_states(*self.fresh_rng)
         self.optimizer, self.progress = optimizer, progress
+        self.resumed_seconds = sum(h["train_seconds"] for h in progress.history) + progress.seconds
         if self.ranks.main:
             print(f"resuming {self.name} from step {progress.step} of {self.total_steps} ({path})", file=sys.stderr,
                   flush=True)
