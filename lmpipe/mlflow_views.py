@@ -23,15 +23,21 @@ def labels(name: str, test: dict, baseline: tuple[str, float], n_params: float, 
     """A model run's numbers as a person reads them, the views' columns: MLflow shows a metric's every digit, cut to
     the cell (`1.92056884…`), so the views show these tags and sort by the exact metric. `baseline`: the n-gram's
     label and test bpb; `sd`: the seed sd of test bpb (the registry card says over how many seeds). Each
-    fits MLflow's 100-px cell whole (76 px of text: "1.921 ± 0.002" takes 73, "1.75M n-grams" 81, so the n-gram's
-    count has two digits). Size: a model's parameters in millions (the n-gram's n-grams)."""
+    fits MLflow's 100-px cell whole (76 px of text: "1.921 ± 0.002" takes 73, "1.75M n-grams" 81, "470k n-grams"
+    73). Size: a model's parameters in millions; the n-gram's n-grams (`short_count`)."""
     label, kn = baseline
     spread = f" ± {sd:.3f}" if sd is not None else ""
     return {"test bpb": f"{test['bpb']:.3f}{spread}",  # in the order the views show them (MLflow's: the tags')
             f"vs {label}": "baseline" if name == BASELINE else f"{test['bpb'] - kn:+.3f} bpb",
-            "size": f"{n_params / 1e6:.2g}M n-grams" if name == BASELINE else f"{n_params / 1e6:.2f}M",
+            "size": f"{short_count(n_params)} n-grams" if name == BASELINE else f"{n_params / 1e6:.2f}M",
             "training FLOPs": f"{train_flops:.2e}" if train_flops else "-",
             "word ppl": f"{test['word_ppl']:,.0f}"}
+
+
+def short_count(n: float) -> str:
+    """A count in two or three digits and k or M: 470k, 1.8M, 12M (the n-gram's size, whole in its cell)."""
+    value, unit = (n / 1e6, "M") if n >= 999_500 else (n / 1e3, "k")
+    return f"{value:.2g}{unit}" if value < 10 else f"{value:.0f}{unit}"
 
 
 def column(metric: str, kind: str = "metrics") -> str:

@@ -146,3 +146,8 @@ def test_the_report_labels_each_model_run_and_describes_the_version_it_registere
            "(`lmpipe seeds` trains them again). Trained at commit" in described.description, described.description
     assert (described.tags["test_bpb_sd"], described.tags["seeds"]) == ("unknown", "1")
     assert client.get_run(ids["gru"]).data.tags["test bpb"] == "1.959"  # no spread shown
+
+
+def test_a_count_of_n_grams_is_two_or_three_digits_and_a_unit():
+    """The n-gram's size in its 100-px cell: "0.47M n-grams" was cut (81 px of 76), "470k n-grams" is whole (73)."""
+    assert [views.short_count(n) for n in (470_123, 999_600, 1_753_000, 12_300_000)] == ["470k", "1M", "1.8M", "12M"]
