@@ -20,6 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lmpipe.paths import CACHE_DIR  # noqa: E402
 
 # The 2019 recipe, stated whole so that the rows mean the same whatever params.yaml's transformer is today
 GPT2 = ["arch.position=learned", "arch.norm=layernorm", "arch.qk_norm=false", "arch.mlp=gelu", "arch.tie=true",
@@ -52,7 +55,7 @@ def rows(budget: float) -> list[tuple[str, list[str]]]:
 
 def probe(settings: list[str]) -> dict:
     done = subprocess.run([sys.executable, "-m", "lmpipe.train", "--model", "transformer", "--threads", "1", "--score",
-                           "--checkpoints", str(ROOT / ".cache/lmpipe/ablation"), "--set", *settings],
+                           "--checkpoints", str(ROOT / CACHE_DIR / "ablation"), "--set", *settings],
                           capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         raise SystemExit(f"probe failed: {settings}\n{done.stderr[-2000:]}")

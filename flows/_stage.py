@@ -19,6 +19,7 @@ from prefect import runtime
 from flows.server import on_running_server
 from lmpipe import tracking
 from lmpipe.config import Params, load_params, params_hash
+from lmpipe.paths import BASELINE
 from lmpipe.errors import ConfigError, Interrupted, LmpipeError, first_line
 from lmpipe.process import keep_freed_memory
 
@@ -28,7 +29,7 @@ MODEL_STAGES = ("train", "score")  # the foreach stages over `models` in dvc.yam
 
 def score_stage(model: str) -> str:
     """The DVC stage that scores `model`: score@<model>, or score_ngram for the baseline (dvc.yaml)."""
-    return "score_ngram" if model == "ngram" else f"score@{model}"
+    return f"score_{BASELINE}" if model == BASELINE else f"score@{model}"
 
 
 def is_transient(task, task_run, state) -> bool:

@@ -164,8 +164,9 @@ def _scaling(args) -> int:
 
 
 def _seeds_args(p):
-    p.add_argument("--models", nargs="+", metavar="MODEL",
-                   help="retrain only these models' seeds; the other models keep their rows of seeds/seeds.csv")
+    from lmpipe.seeds import add_arguments  # its flags, defined once for `lmpipe seeds` and python -m flows.seeds
+
+    add_arguments(p)
 
 
 @command("seeds", _seeds_args,

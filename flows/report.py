@@ -74,9 +74,8 @@ def label_each_model_run(params, models: dict) -> None:
         sd, seeds = (spread.bpb_sd, spread.n) if spread and name != BASELINE else (None, 1)
         size = t.get("n_params", result.get("n_params", 0))
         shown = views.labels(name, result["test"], (label, baseline["bpb"]), size, t.get("train_flops"), sd)
-        tracking.log_metrics({f"test_{k}": v for k, v in result["test"].items()}, run_id=run_id)
         note = describe(name, result, t)
-        tracking.set_tags(run_id, {tracking.NOTE: note, **shown, views.RANKED: "yes"})
+        tracking.record_results(run_id, result["test"], {tracking.NOTE: note, **shown, views.RANKED: "yes"})
         commit = tracking.tracker().client.get_run(run_id).data.tags.get("mlflow.source.git.commit", "")
         gap = shown[f"vs {label}"]
         card = (f"{note} Against {label}: {gap}, word perplexity {result['test']['word_ppl']:,.0f} against "

@@ -147,6 +147,8 @@ def seeds(models: list[str] | None = None) -> str:
 if __name__ == "__main__":
     import argparse
 
+    from lmpipe.seeds import add_arguments
+
     parser = argparse.ArgumentParser(description="retrain models with the seeds of seeds.extra")
-    parser.add_argument("--models", nargs="*", help="only these (default: every model of params.yaml)")
+    add_arguments(parser)
     main(seeds, models=parser.parse_args().models or None)

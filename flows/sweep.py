@@ -136,10 +136,9 @@ def sweep(model: str, trials: int = 20, seeds: int = 3, space_file: str = sw.SPA
 
 
 if __name__ == "__main__":
+    from flows.cli import _sweep_args  # `lmpipe sweep`'s flags, defined once
+
     parser = argparse.ArgumentParser(description="tune one model of params.yaml with Optuna")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--trials", type=int, default=20, help="trials to finish (a grid space: at most its points)")
-    parser.add_argument("--seeds", type=int, default=3, help="retrain the winner with this many other seeds")
-    parser.add_argument("--space", default=sw.SPACE_FILE, help="the search space file")
+    _sweep_args(parser)
     args = parser.parse_args()
     main(sweep, model=args.model, trials=args.trials, seeds=args.seeds, space_file=args.space)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
+from lmpipe.paths import BASELINE  # noqa: F401  (the baseline's name, re-exported: compare's callers use it)
+
 def baseline_label(ngram) -> str:
     """The n-gram baseline's name from its settings (params.yaml `ngram`): 'KN-5', 'add-k 3-gram', ..."""
     if ngram.method == "kneser_ney":
@@ -12,7 +14,6 @@ def baseline_label(ngram) -> str:
     return f"{ngram.method.replace('_', ' ').replace('add k', 'add-k')} {ngram.order}-gram"
 
 
-BASELINE = "ngram"  # the study's baseline model: its row in metrics/eval.json
 CACHE = "cache"  # the unigram cache's name in a combination (lmpipe/combine.py): not a model, so reserved
 
 

@@ -20,13 +20,14 @@ from pydantic import ByteSize, ConfigDict, Field, ValidationError, field_validat
 from lmpipe.decode_rules import DecodingParams, Strategy
 from lmpipe.errors import ConfigError, describe_error
 from lmpipe.model_params import Budget, ModelParams, Section
+from lmpipe.paths import BASELINE, WORD2VEC
 
 SOURCES = ("enwiki-sample", "wikipedia-dump", "wikitext-2", "wikitext-103", "local")
 # A model's name is a DVC stage (train@<name>), a folder (models/<name>), a Prefect artifact key and an MLflow
 # registered model (lmpipe-<name>): lowercase letters, digits, '-' and '_', starting with a letter, which all take.
 MODEL_NAME = re.compile(r"[a-z][a-z0-9_-]{0,39}")
-RESERVED_NAMES = ("ngram", "word2vec", "cache")  # the baseline's and the audit reference's rows and folders; the
-# combination's unigram cache (lmpipe.compare.CACHE)
+RESERVED_NAMES = (BASELINE, Path(WORD2VEC).name, "cache")  # the baseline's and the audit reference's rows and
+# folders; the combination's unigram cache (lmpipe.compare.CACHE)
 
 
 class LocalFiles(Section):

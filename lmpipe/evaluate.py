@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from lmpipe.paths import BASELINE
 from lmpipe.perplexity import perplexities  # noqa: F401  (re-exported: the evaluator's companion)
 
 
@@ -54,7 +55,7 @@ def load_lm(directory, device: str = "cpu"):
         return load_model(directory / "model.pt", device)
     from lmpipe.errors import ModelFileError
 
-    stage = "ngram" if directory.name == "ngram" else f"train@{directory.name}"
+    stage = BASELINE if directory.name == BASELINE else f"train@{directory.name}"  # the n-gram's stage is its name
     raise ModelFileError(f"{directory}: no trained model there (train it: dvc repro {stage})")
 
 

@@ -23,7 +23,8 @@ EMBEDDINGS = "data/embeddings"  # the audited vectors, one file per model
 LOGPROBS = "data/logprobs"  # <model>.npz: each token's log-probability on valid and test (what `combine` mixes)
 
 MODELS = "models"  # every language model of the study, one folder each
-NGRAM = f"{MODELS}/ngram"
+BASELINE = "ngram"  # the study's baseline model: its folder, its row in metrics/eval.json, its stages (ngram, score_ngram)
+NGRAM = f"{MODELS}/{BASELINE}"
 
 CORPUS_METRICS = "metrics/corpus.json"
 VALIDATION_METRICS = "metrics/validation.json"

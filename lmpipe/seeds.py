@@ -22,6 +22,12 @@ from pathlib import Path
 
 from lmpipe.compare import best_of
 
+
+def add_arguments(parser) -> None:
+    """The flags of `lmpipe seeds` (and of `python -m flows.seeds`, which it runs)."""
+    parser.add_argument("--models", nargs="+", metavar="MODEL",
+                        help="retrain only these models' seeds; the other models keep their rows of seeds/seeds.csv")
+
 COLUMNS = ("model", "seed", "valid_bpb", "test_bpb", "test_word_ppl", "precision")
 BUDGET_COLUMNS = ("model", "seed", "budget_flops", "train_flops", "valid_bpb", "test_bpb")
 REAL_GAP_SDS = 2.0

@@ -166,6 +166,15 @@ def is_label(tag: str) -> bool:
     return tag in (*LABELS, RANKED) or tag.startswith("vs ")
 
 
+def record_results(run_id: str, test: Mapping, tags: Mapping[str, str] | None = None) -> None:
+    """A model's results on the run that trained it, the one way they get there: its `test` metrics (as `test_<key>`)
+    and the report's description and labels (`tags`). Its writers: the score stage, the report (for a model whose
+    scoring DVC skipped) and `carry_results` (a retrain that made the same files)."""
+    log_metrics({f"test_{k}": v for k, v in test.items()}, run_id=run_id)
+    if tags:
+        set_tags(run_id, tags)
+
+
 def carry_results(path: str | Path, run_id: str) -> None:
     """Give `run_id` the test metrics, description and labels of the newest evaluated run of its experiment that made
     the same files at `path`.
@@ -176,10 +185,8 @@ def carry_results(path: str | Path, run_id: str) -> None:
     earlier = next((r for r in found if r.info.run_id != run_id), None)
     if earlier is None:
         return
-    log_metrics({k: v for k, v in earlier.data.metrics.items() if k.startswith("test_")}, run_id=run_id)
-    carried = {k: v for k, v in earlier.data.tags.items() if k == NOTE or is_label(k)}
-    if carried:
-        set_tags(run_id, carried)
+    test = {k.removeprefix("test_"): v for k, v in earlier.data.metrics.items() if k.startswith("test_")}
+    record_results(run_id, test, {k: v for k, v in earlier.data.tags.items() if k == NOTE or is_label(k)})
 
 
 from lmpipe.tracking import registry, runs, store  # noqa: E402  (they build on the Tracker above)

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from lmpipe import checkpoints, distributed
 from lmpipe.config import load_params
@@ -17,6 +18,7 @@ from lmpipe.overrides import assignments
 from lmpipe.errors import Interrupted, LmpipeError
 from lmpipe.evaluate import evaluate_lm
 from lmpipe.io import OUT_MARK, check_out_dir, out_dir
+from lmpipe.paths import CACHE_DIR
 from lmpipe.train.job import Outputs, prepare, publish
 
 
@@ -39,7 +41,8 @@ def main(argv: list[str] | None = None) -> None:
                                       f"earlier --out wrote (it holds {OUT_MARK}, which lists lmpipe's files there; only those are "
                                       "replaced) (default: none)")
     parser.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")
-    parser.add_argument("--checkpoints", default=".cache/lmpipe/ckpt", help="root of the resumable checkpoints")
+    parser.add_argument("--checkpoints", default=str(Path(CACHE_DIR) / "ckpt"),
+                        help="root of the resumable checkpoints")
     args = parser.parse_args(argv)
     ranks = distributed.launched()
     train = {k: v for k, v in (("seed", args.seed), ("threads", args.threads), ("compile", args.compile or None))
