@@ -17,7 +17,7 @@ import prefect
 from prefect import runtime
 
 from flows.server import on_running_server
-from lmpipe import tracking
+from lmpipe import dvc_files, tracking
 from lmpipe.config import Params, load_params, params_hash
 from lmpipe.paths import BASELINE
 from lmpipe.errors import ConfigError, Interrupted, LmpipeError, first_line
@@ -46,9 +46,7 @@ def is_transient(task, task_run, state) -> bool:
 def git_tracked_outputs(stage: str, pipeline: str = "dvc.yaml") -> list[str]:
     """The outputs of `stage` when git holds every one of them (`cache: false`), else []: in a fresh clone DVC skips
     such a stage whose deps reproduce, so its MLflow run has to be made another way (flows/record.py)."""
-    import yaml
-
-    entry = (yaml.safe_load(Path(pipeline).read_text(encoding="utf-8")) or {}).get("stages", {}).get(stage) or {}
+    entry = dvc_files.pipeline_stages(pipeline).get(stage) or {}
     listed = [item for kind in ("outs", "metrics", "plots") for item in entry.get(kind) or []]
     cached = [not isinstance(item, dict) or (next(iter(item.values())) or {}).get("cache", True) for item in listed]
     return [] if not listed or any(cached) else [next(iter(item)) for item in listed]
@@ -108,13 +106,11 @@ def fail(line: str, restorable: bool = True) -> NoReturn:
 def ran_before(stage: str) -> bool:
     """Whether DVC's lock file records a run of `stage` ('train@gru', 'scaling/dvc.yaml:grid'): only then did it
     have outputs to remove."""
-    import yaml
-
     pipeline, _, name = stage.rpartition(":")
     lock = Path(os.environ.get("DVC_ROOT", ".")) / (pipeline or "dvc.yaml").replace("dvc.yaml", "dvc.lock")
     try:
-        return name in (yaml.safe_load(lock.read_text()) or {}).get("stages", {})
-    except (OSError, yaml.YAMLError):
+        return name in dvc_files.locked_stages(lock.read_text())
+    except (OSError, dvc_files.YAMLError):
         return False
 
 
@@ -169,9 +165,9 @@ def main(flow: Callable, **flow_kwargs) -> None:
         fail(f"error: stage failed: {type(exc).__name__}: {first_line(str(exc))}")
 
 
-def stale_model_stages(lock: dict, models: list[str]) -> list[str]:
-    """The train@ and score@ stages of a dvc.lock's contents whose model is not among `models`."""
-    return [name for name in lock.get("stages", {})
+def stale_model_stages(locked: dict, models: list[str]) -> list[str]:
+    """The train@ and score@ stages among a dvc.lock's `locked` ones whose model is not among `models`."""
+    return [name for name in locked
             if name.partition("@")[0] in MODEL_STAGES and name.partition("@")[2] not in models]
 
 
@@ -183,16 +179,14 @@ def drop_removed(models: list[str], lock_file: str | Path = "dvc.lock") -> list[
     the outputs of a stage it no longer has, and a stale curve, metrics file or model would otherwise stay in `dvc
     plots show`, the report, git and `dvc status`. The model stays in DVC's cache. Every stage that covers all models (evaluate, combine, audit, report) calls it first: the first
     of them to run removes them, before DVC records the `models/` and `metrics/eval/` folders as dependencies."""
-    import yaml
-
     gone: list[Path] = []
     if not Path(lock_file).exists() or not stale_model_stages(
-            yaml.load(Path(lock_file).read_text(encoding="utf-8"), Loader=yaml.CSafeLoader) or {}, models):
+            dvc_files.locked_stages(Path(lock_file).read_text(encoding="utf-8")), models):
         return gone  # the common case, read in milliseconds: DVC's round-trip reader takes seconds
     from dvc.utils.serialize import modify_yaml
 
     with modify_yaml(lock_file) as lock:  # DVC's own reader and writer: the file keeps its form
-        stale = stale_model_stages(lock, models)
+        stale = stale_model_stages(lock.get("stages", {}), models)
         for name in stale:
             for out in lock["stages"][name].get("outs", []):
                 path = Path(out["path"])
@@ -233,9 +227,7 @@ def check_declared(families: list[str], pipeline: str, stage: str) -> None:
     """A scaling stage reads each listed family's study settings (`models.<family>`), and DVC re-runs it when they
     change only where its pipeline names them: a family it does not name is refused. So the stage depends on those
     models alone, not on the study's whole `models` (adding a model to the study leaves the grid current)."""
-    import yaml
-
-    declared = yaml.safe_load(Path(pipeline).read_text())["stages"][stage].get("params", [])
+    declared = dvc_files.pipeline_stages(pipeline)[stage].get("params", [])
     missing = [m for m in families if f"models.{m}" not in declared]
     if missing:
         raise ConfigError(f"{PARAMS_FILE}: scaling.models lists {', '.join(missing)}, but {pipeline}'s {stage} "

@@ -15,10 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
-
 from flows._stage import PARAMS_FILE, git_tracked_outputs
-from lmpipe import tracking
+from lmpipe import dvc_files, tracking
 from lmpipe.config import load_params
 from lmpipe.errors import LmpipeError, first_line
 
@@ -26,7 +24,7 @@ from lmpipe.errors import LmpipeError, first_line
 def unrecorded_stages(pipeline: str = "dvc.yaml") -> list[str]:
     """The stages of `pipeline`, in its order, whose outputs git holds and no MLflow run of this store made."""
     experiment = load_params(PARAMS_FILE).tracking.experiment
-    stages = (yaml.safe_load(Path(pipeline).read_text(encoding="utf-8")) or {}).get("stages", {})
+    stages = dvc_files.pipeline_stages(pipeline)
     missing = []
     for stage in stages:
         outputs = git_tracked_outputs(stage, pipeline)

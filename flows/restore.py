@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 from flows.server import this_environment
+from lmpipe import dvc_files
 from lmpipe.errors import LmpipeError, first_line
 from lmpipe.git import git, git_or_empty
 
@@ -16,7 +18,6 @@ def restore(stage: str) -> str:
     run (HEAD's dvc.lock entry for the stage, which the workspace's dvc.lock then records again): an uncommitted
     run's metrics were never in git, so its model cannot come back with them. `dvc checkout` alone restores only
     the cached outputs, as the workspace's dvc.lock records them. Returns the line that says what came back."""
-    import yaml
     from dvc.exceptions import DvcException
     from dvc.repo import Repo
     from dvc.utils.serialize import modify_yaml
@@ -32,13 +33,13 @@ def restore(stage: str) -> str:
     if tracked:  # outputs in two places: they must come from the same run
         lock_file = os.path.relpath(stages[0].dvcfile.path, repo.root_dir).removesuffix(".yaml") + ".lock"
         names = [s.name for s in stages]
-        ours = (yaml.safe_load(open(lock_file, encoding="utf-8")) if os.path.exists(lock_file) else {}) or {}
-        head = yaml.safe_load(git_or_empty("show", f"HEAD:{lock_file}") or "{}") or {}
-        committed = {n: head.get("stages", {}).get(n) for n in names}
+        ours = dvc_files.locked_stages(Path(lock_file).read_text(encoding="utf-8")) if os.path.exists(lock_file) else {}
+        head = dvc_files.locked_stages(git_or_empty("show", f"HEAD:{lock_file}") or "")
+        committed = {n: head.get(n) for n in names}
         if any(entry is None for entry in committed.values()):
             raise LmpipeError(f"{stage}: no committed run of it (HEAD's {lock_file} has none), so its "
                               f"{', '.join(tracked)} are in no git commit: make them with dvc repro -s {stage}")
-        if any(ours.get("stages", {}).get(n) != entry for n, entry in committed.items()):
+        if any(ours.get(n) != entry for n, entry in committed.items()):
             with modify_yaml(lock_file) as lock:  # DVC's own reader and writer: the file keeps its form
                 lock.setdefault("stages", {}).update(committed)
             source = f"the commit (HEAD): the run {lock_file} recorded since was not committed, and its metrics never were"

@@ -22,7 +22,7 @@ from prefect import flow, task
 
 from flows._stage import PARAMS_FILE, main
 from flows.runners import task_runner
-from lmpipe import paths, tracking
+from lmpipe import dvc_files, paths, tracking
 from lmpipe.config import OrchestrationParams, load_params
 from lmpipe.overrides import check_overrides
 from lmpipe.errors import ConfigError, LmpipeError
@@ -105,9 +105,7 @@ def train_stage(model: str, cwd: str, env: dict) -> str:
 
 def stages_before_training(dvc_yaml: str | Path = "dvc.yaml") -> list[str]:
     """The stages whose outputs the train stages read, from dvc.yaml (the graph is written there, not here)."""
-    import yaml
-
-    stages = yaml.safe_load(Path(dvc_yaml).read_text())["stages"]
+    stages = dvc_files.pipeline_stages(dvc_yaml)
     reads = set(stages["train"]["do"]["deps"])
     return [name for name, stage in stages.items()
             if any((out if isinstance(out, str) else next(iter(out))) in reads for out in stage.get("outs", []))]
