@@ -5,8 +5,6 @@ metrics/eval.json, reports/samples.md and plots/eval/perplexity.csv; its MLflow 
 the UI compares them in one run. No model runs here: adding a model costs its own scoring and this join.
 """
 
-import csv
-import io
 import json
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from lmpipe import tracking
 from lmpipe.compare import BASELINE
 from lmpipe.config import load_params
 from lmpipe.errors import LmpipeError
-from lmpipe.io import write_json, write_text
+from lmpipe.io import csv_text, write_json, write_text
 from lmpipe.samples import samples_markdown, strategy_table
 
 METRICS, SAMPLES, PLOT = paths.EVAL, paths.SAMPLES, paths.PERPLEXITY_PLOT
@@ -46,12 +44,10 @@ def read_scores(names: list[str], strategies: list[str]) -> tuple[dict, dict]:
 
 
 def perplexity_csv(results: dict) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out)
-    writer.writerow(["model", "test_ppl", "test_word_ppl", "test_bpb", "valid_ppl"])
-    for name, r in sorted(results.items(), key=lambda kv: kv[1]["test"]["word_ppl"]):
-        writer.writerow([name, r["test"]["ppl"], r["test"]["word_ppl"], r["test"]["bpb"], r["valid"]["ppl"]])
-    return out.getvalue()
+    """plots/eval/perplexity.csv: a row per model, lowest test word perplexity first."""
+    return csv_text([{"model": name, "test_ppl": r["test"]["ppl"], "test_word_ppl": r["test"]["word_ppl"],
+                      "test_bpb": r["test"]["bpb"], "valid_ppl": r["valid"]["ppl"]}
+                     for name, r in sorted(results.items(), key=lambda kv: kv[1]["test"]["word_ppl"])])
 
 
 @flow(name="evaluate")

@@ -147,11 +147,14 @@ def sha256_tree(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def csv_text(rows: list[dict]) -> str:
-    """Rows of one shape as CSV text, the header from the first row's keys ('' when there are none)."""
+def csv_text(rows: list[dict], columns: list[str] | tuple[str, ...] | None = None, newline: str = "\r\n") -> str:
+    """Rows as CSV text, the project's one CSV writer: rows of one shape under the first row's keys ('' when there are
+    none), or the `columns` given (a header even without rows; other keys left out). Lines end as the csv module's
+    do, or with `newline` where a file has always had another ending (seeds/*.csv: \n)."""
     out = StringIO()
-    if rows:
-        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+    if rows or columns:
+        writer = csv.DictWriter(out, fieldnames=list(columns or rows[0]), lineterminator=newline,
+                                extrasaction="ignore" if columns else "raise")
         writer.writeheader()
         writer.writerows(rows)
     return out.getvalue()

@@ -15,12 +15,12 @@ budget (one row per model, seed and budget), so each point of the report's "As c
 from __future__ import annotations
 
 import csv
-import io
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from lmpipe.compare import best_of
+from lmpipe.io import csv_text
 
 
 def add_arguments(parser) -> None:
@@ -58,12 +58,9 @@ class Spread:
 def csv_rows(rows: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
     """seeds/seeds.csv (or, with BUDGET_COLUMNS, seeds/budgets.csv): sorted by model, seed (and budget), every
     digit of every number kept."""
-    out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    for row in sorted(rows, key=lambda r: (r["model"], int(r["seed"]), float(r.get("budget_flops", 0)))):
-        writer.writerow({k: (repr(float(row[k])) if isinstance(row[k], float) else row[k]) for k in columns})
-    return out.getvalue()
+    ordered = sorted(rows, key=lambda r: (r["model"], int(r["seed"]), float(r.get("budget_flops", 0))))
+    return csv_text([{k: (repr(float(r[k])) if isinstance(r[k], float) else r[k]) for k in columns} for r in ordered],
+                    columns, newline="\n")
 
 
 def read_rows(path: str | Path) -> list[dict]:
