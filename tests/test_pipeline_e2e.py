@@ -1263,8 +1263,8 @@ def test_changed_training_code_starts_afresh_and_equals_a_clean_run_of_the_new_c
     copy, env = scratch
     params = yaml.safe_load((copy / "params.yaml").read_text())
     params["train"]["checkpoint_every"] = 4
-    params["models"]["gru"] = {**params["models"]["gru"], "max_steps_per_epoch": 40,
-                               "optim": {**ADAMW, "name": "muon", "lr": 0.02}}
+    params["models"]["gru"] = {**params["models"]["gru"], "max_steps_per_epoch": 200,  # seconds past the first
+                               "optim": {**ADAMW, "name": "muon", "lr": 0.02}}      # checkpoint, not a race with it
     (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     ckpts = copy / ".cache/lmpipe/ckpt"
     started = time.time()
@@ -1273,7 +1273,7 @@ def test_changed_training_code_starts_afresh_and_equals_a_clean_run_of_the_new_c
                              preexec_fn=as_in_a_terminal)
     deadline = time.monotonic() + 300
     while not any(p.stat().st_mtime >= started for p in ckpts.glob("gru-*/last.pt")) and time.monotonic() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.05)
     stage.send_signal(signal.SIGINT)
     stage.communicate(timeout=60)
     (old,) = [p.parent for p in ckpts.glob("gru-*/last.pt")]
