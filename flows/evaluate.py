@@ -47,7 +47,8 @@ def perplexity_csv(results: dict) -> str:
     """plots/eval/perplexity.csv: a row per model, lowest test word perplexity first."""
     return csv_text([{"model": name, "test_ppl": r["test"]["ppl"], "test_word_ppl": r["test"]["word_ppl"],
                       "test_bpb": r["test"]["bpb"], "valid_ppl": r["valid"]["ppl"]}
-                     for name, r in sorted(results.items(), key=lambda kv: kv[1]["test"]["word_ppl"])])
+                     for name, r in sorted(results.items(), key=lambda kv: kv[1]["test"]["word_ppl"])],
+                    ("model", "test_ppl", "test_word_ppl", "test_bpb", "valid_ppl"))
 
 
 @flow(name="evaluate")

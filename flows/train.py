@@ -86,7 +86,7 @@ def anneal(job: Job, result: TrainResult, branches: list[Job], run_id: str) -> l
         test = evaluate_lm(done.model.eval(), job.data, job.common.eval_chunk, splits=("test",))["test"]
         if branch is not None:  # its test pass in
             decays += time.perf_counter() - started
-            steps += done.metrics["seconds"] - branch.trainer.resumed_seconds
+            steps += done.metrics["seconds"] - branch.trainer.progress.branched_seconds
         records.append({"budget_flops": budget, "train_flops": done.metrics["train_flops"],
                         "tokens_seen": done.metrics["tokens_seen"], "valid_bpb": done.metrics["valid_bpb"],
                         "test_bpb": test["bpb"]})

@@ -117,9 +117,10 @@ def inspect(url: str, expression: str, ready: str, seconds: int = 60, shot: Path
                     break
                 time.sleep(0.1)
             port = active.read_text().split()[0]
-            targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=30).read())
+            direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never a proxy for 127.0.0.1
+            targets = json.loads(direct.open(f"http://127.0.0.1:{port}/json/list", timeout=30).read())
             page = next(t["webSocketDebuggerUrl"] for t in targets if t["type"] == "page")
-            with connect(page, max_size=2 ** 26) as ws:
+            with connect(page, max_size=2 ** 26, proxy=None) as ws:
                 calls = iter(range(1, 10 ** 6))
 
                 def call(method: str, **params):

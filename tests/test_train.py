@@ -448,12 +448,21 @@ def test_a_decay_branch_is_the_standalone_run_of_its_budget_bit_for_bit(tmp_path
     start = main.decay_start(Budget(tokens=3000))
     assert 5 < start < main.total_steps // 3
     branched = main.run(branches={start: tmp_path / "branch"})
-    steps = []
-    trainer = Trainer("modern", small, COMMON, synthetic_data(), tmp_path / "branch", setup_process(COMMON),
-                      progress_bar=False)
+    every_step = COMMON.model_copy(update={"checkpoint_every": 1})  # where it is saved changes no number
+
+    def branch_trainer():
+        return Trainer("modern", small, every_step, synthetic_data(), tmp_path / "branch", setup_process(every_step),
+                       progress_bar=False)
+
+    first, killed = [], branch_trainer()
+    with pytest.raises(KeyboardInterrupt):  # killed once it has a checkpoint of its own
+        killed.run(on_step=lambda step: (first.append(step), kill_at(start + 1)(step)))
+    assert first == [start + 1]  # it trained its decay alone
+    trainer, steps = branch_trainer(), []
     branch = trainer.run(on_step=steps.append)
-    assert steps[0] == start + 1  # it trained its decay alone
-    assert 0 < trainer.resumed_seconds < branch.metrics["seconds"]  # the parent's seconds, then its own decay's
+    assert steps[0] == start + 2  # resumed from its own checkpoint, which kept the parent's seconds at the branch point
+    assert 0 < trainer.progress.branched_seconds == killed.progress.branched_seconds < branch.metrics["seconds"]
+    assert main.progress.branched_seconds == 0.0  # the parent is no branch
     alone = train(tmp_path / "alone", "modern", settings=small)
     unbranched = train(tmp_path / "unbranched", "modern", settings=big)
     for (ours, theirs) in ((branch, alone), (branched, unbranched)):

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -153,6 +154,7 @@ class _Progress:
     steps_summed: int = 0
     tokens_summed: int = 0
     seconds: float = 0.0
+    branched_seconds: float = 0.0  # a decay branch's: its parent's training seconds at the branch point
 
     def reset_sums(self, device) -> None:
         self.loss_sum, self.norm_sum = torch.zeros((), device=device), torch.zeros((), device=device)
@@ -424,7 +426,6 @@ class Trainer:
         checkpoint, from which the run of a smaller budget whose decay starts there resumes (`decay_start`)."""
         self.on_eval, self.on_step = on_eval or (lambda record: None), on_step or (lambda step: None)
         self.branches = dict(branches or {})
-        self.resumed_seconds = 0.0  # training seconds the run had before this call (a branch: its parent's)
         self._resume()
         with _StopRequest(active=self.ranks.world == 1) as stop:
             while not self._done():
@@ -452,7 +453,6 @@ class Trainer:
             self.model.load_state_dict(initial)  # load_state_dict may have copied some tensors before it failed
             return self._set_rng_states(*self.fresh_rng)
         self.optimizer, self.progress = optimizer, progress
-        self.resumed_seconds = sum(h["train_seconds"] for h in progress.history) + progress.seconds
         if self.ranks.main:
             print(f"resuming {self.name} from step {progress.step} of {self.total_steps} ({path})", file=sys.stderr,
                   flush=True)
@@ -640,7 +640,10 @@ class Trainer:
             branch.mkdir(parents=True, exist_ok=True)
             if self.ranks.main and checkpoints.best_path(self.ckpt_dir).exists():
                 shutil.copyfile(checkpoints.best_path(self.ckpt_dir), checkpoints.best_path(branch))
-            state.save(checkpoints.last_path(branch, self.ranks.rank))
+            p = self.progress  # the branch's own checkpoints keep what it started from, however often it resumes
+            spent = sum(h["train_seconds"] for h in p.history) + p.seconds
+            dataclasses.replace(state, progress={**state.progress, "branched_seconds": spent}).save(
+                checkpoints.last_path(branch, self.ranks.rank))
         checkpoints.make_dir(self.ckpt_dir, self.name)
         state.save(checkpoints.last_path(self.ckpt_dir, self.ranks.rank))
 
