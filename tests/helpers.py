@@ -70,18 +70,6 @@ def as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def dom(url: str, seconds: int = 40) -> str:
-    """The page at `url` as headless Chromium has it after `seconds` of virtual time (the scripts have run)."""
-    with tempfile.TemporaryDirectory() as profile:
-        done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                               "--no-first-run", f"--user-data-dir={profile}", "--window-size=1400,1000",
-                               f"--virtual-time-budget={seconds * 1000}", "--dump-dom", url],
-                              capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout
-
-
 LAID_OUT = """(() => {
   const cells = [...document.querySelectorAll('.ag-cell[col-id^="tags."]')], grid = document.querySelector('.ag-root');
   const cut = cells.filter(cell => {  // its text wider than the cell's content box: shown with an ellipsis
