@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Callable
@@ -152,17 +151,9 @@ def _scaling_args(p):
                      "(scaling/dvc.yaml:grid), then fit it (dvc repro scaling/dvc.yaml). The study's `dvc repro` "
                      "never trains the grid: its report compares with this one, or calls it stale.")
 def _scaling(args) -> int:
-    """The tokens first (the grid trains on them), the grid flow, `dvc commit` of its frozen stage, then the fits."""
-    env = server.this_environment()
-    steps = [["dvc", "repro", "--quiet", "tokenize"], [sys.executable, "-m", "flows.scaling"],
-             ["dvc", "commit", "--force", "--quiet", f"{paths.SCALING_PIPELINE}:grid"],
-             ["dvc", "repro", paths.SCALING_PIPELINE]]
-    for step in steps:
-        if code := subprocess.call(step, env=env):
-            return code
-    print(f"report: {paths.SCALING_REPORT} (and .html); runs: {paths.RUNS}; fits: {paths.SCALING_METRICS}; "
-          "the study's report compares with it: dvc repro (re-runs the report only)")
-    return 0
+    from flows import frozen
+
+    return frozen.scaling()
 
 
 def _seeds_args(p):
@@ -178,15 +169,9 @@ def _seeds_args(p):
                      "write seeds/seeds.csv, whose rows the study's report turns into mean ± sd and verdicts. "
                      "Finished runs are cached: a second call retrains only models whose settings changed.")
 def _seeds(args) -> int:
-    """The seeds flow, then `dvc commit` of its frozen stage: the report's seed spread, versioned."""
-    env = server.this_environment()
-    code = subprocess.call([sys.executable, "-m", "flows.seeds", *(["--models", *args.models] if args.models else [])],
-                           env=env)
-    if code == 0:
-        code = subprocess.call(["dvc", "commit", "--force", "--quiet", f"{paths.SEEDS_PIPELINE}:seeds"], env=env)
-    if code == 0:
-        print(f"runs: {paths.SEEDS}; the report's seed spread and verdicts: dvc repro (re-runs the report only)")
-    return code
+    from flows import frozen
+
+    return frozen.seeds(args.models)
 
 
 def _check_params_args(p):
@@ -198,20 +183,9 @@ def _check_params_args(p):
 
 @command("check-params", _check_params_args, help="validate params.yaml and say what is wrong in one line")
 def _check_params(args) -> int:
-    from lmpipe.config import load_params
-    from lmpipe.preflight import input_problems, output_problems
+    from lmpipe.preflight import check
 
-    params = load_params(args.file)
-    problems = input_problems(params, args.file) + output_problems(params)
-    if problems:
-        raise LmpipeError("; ".join(problems))
-    if args.store:  # what every stage needs before DVC removes its outputs: the tracking store answers
-        from lmpipe.tracking.store import check_store, tracking_uri
-
-        check_store(params.tracking.timeout_seconds)
-        print(f"{args.file}: ok; MLflow store {tracking_uri()}: ok")
-    else:
-        print(f"{args.file}: ok")
+    print(check(args.file, store=args.store))
     return 0
 
 
@@ -235,20 +209,9 @@ def _export_arpa_args(p):
 
 @command("ngram export-arpa", _export_arpa_args, help="write the n-gram model as an ARPA file (KenLM, SRILM)")
 def _export_arpa(args) -> int:
-    from tqdm.auto import tqdm
+    from lmpipe.ngram.arpa import export
 
-    from lmpipe.ngram import NGramLM, arpa_counts, write_arpa
-
-    if not (Path(args.model) / "ngram.json").exists():
-        raise LmpipeError(f"{args.model}: no n-gram model there (run: dvc repro ngram)")
-    model = NGramLM.load(args.model)
-    if model.method != "kneser_ney":
-        raise LmpipeError(f"{args.model}: ARPA needs a kneser_ney model, this one is {model.method} (set ngram.method)")
-    with tqdm(total=sum(arpa_counts(model).values()), desc=f"writing {args.out}", unit=" n-grams", unit_scale=True,
-              disable=not sys.stderr.isatty()) as bar:
-        counts = write_arpa(model, args.out, bar.update)
-    print(f"wrote {args.out}: " + ", ".join(f"{n} {k}-grams" for k, n in counts.items()))
-    print("tokens are written as their ids; the boundary token is </s> (and <s> as context)")
+    print(export(args.model, args.out))
     return 0
 
 
@@ -261,22 +224,9 @@ def _profile_args(p):
 
 @command("profile", _profile_args, help="print a params profile as `-S` overrides for dvc exp run")
 def _profile(args) -> int:
-    import shlex
+    from lmpipe.overrides import profile_flags
 
-    import yaml
-
-    from lmpipe.config import parse_params
-    from lmpipe.overrides import apply_overrides, profile_overrides
-
-    overrides = profile_overrides(yaml.safe_load(Path(args.file).read_text()))
-    # check the merged params before anyone spends GPU hours on a typo
-    merged = apply_overrides(yaml.safe_load(Path("params.yaml").read_text()), overrides)
-    parse_params(merged, f"params.yaml + {args.file}")
-    if args.write:  # the same params as one file, for runs outside DVC (python -m lmpipe.train --params FILE)
-        from lmpipe.io import write_text
-
-        write_text(args.write, yaml.safe_dump(merged, sort_keys=False))
-    print(" ".join(f"-S {shlex.quote(o)}" for o in overrides))
+    print(profile_flags(args.file, args.write))
     return 0
 
 
@@ -299,38 +249,10 @@ def _generate_args(p):
 
 @command("generate", _generate_args, help="continue a prompt with a trained model")
 def _generate(args) -> int:
-    from tokenizers import Tokenizer
+    from flows.generate import generate
 
-    from lmpipe.config import load_params
-    from lmpipe.decode import DecodeSettings, continuation
-    from lmpipe.evaluate import load_lm
-    from lmpipe.tokenize import boundary_id
-
-    params = load_params()
     flags = {name: getattr(args, name) for name in DECODE_FLAGS if getattr(args, name) is not None}
-    try:  # each flag by its one rule (lmpipe.decode_rules.check_decoding), before any model loads
-        settings = DecodeSettings.from_params(params.evaluate, strategy=args.strategy, **flags)
-    except ConfigError as exc:
-        name = str(exc).split()[0]
-        raise LmpipeError(f"--{name.replace('_', '-')} {flags[name]}: {exc}") from None
-    if args.model.startswith("models:/"):  # a registered model, e.g. models:/lmpipe-gru@champion: its own tokenizer
-        from lmpipe.serving import load_bundle  # MLflow's pyfunc: imported only for a registered model
-        from lmpipe.tracking.registry import registered_artifacts
-
-        print(f"loading {args.model} from the MLflow registry ...", file=sys.stderr, flush=True)
-        model, tokenizer, boundary, _ = load_bundle(registered_artifacts(args.model))
-    else:
-        if not Path(args.tokenizer).exists():
-            raise LmpipeError(f"{args.tokenizer}: no tokenizer (run: dvc repro tokenize)")
-        tokenizer = Tokenizer.from_file(args.tokenizer)
-        boundary = boundary_id(tokenizer, params.tokenizer.boundary_token)
-        directory = Path(paths.model_dir(args.model))
-        if not directory.exists():
-            raise LmpipeError(f"{directory}: no trained model '{args.model}' (run: dvc repro, or give "
-                              "models:/lmpipe-<name>@champion)")
-        print(f"loading {directory} ...", file=sys.stderr, flush=True)
-        model = load_lm(directory)
-    print(args.prompt + continuation(model, tokenizer, boundary, args.prompt, settings))
+    print(generate(args.model, args.prompt, args.strategy, flags, args.tokenizer))
     return 0
 
 

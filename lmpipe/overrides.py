@@ -109,6 +109,22 @@ def profile_overrides(tree: dict, prefix: str = "") -> list[str]:
     return out
 
 
+def profile_flags(file: str | Path, write: str | Path | None = None, params_file: str = "params.yaml") -> str:
+    """`lmpipe profile`: a params profile as `-S` flags for dvc exp run, checked against params.yaml merged with it
+    first (before anyone spends GPU hours on a typo); `write`: that merged file too (for python -m lmpipe.train
+    --params)."""
+    import shlex
+
+    overrides = profile_overrides(yaml.safe_load(Path(file).read_text()))
+    merged = apply_overrides(yaml.safe_load(Path(params_file).read_text()), overrides)
+    parse_params(merged, f"{params_file} + {file}")
+    if write:
+        from lmpipe.io import write_text
+
+        write_text(write, yaml.safe_dump(merged, sort_keys=False))
+    return " ".join(f"-S {shlex.quote(o)}" for o in overrides)
+
+
 def nested(overrides: dict, tree: dict | None = None) -> dict:
     """Dotted settings written into a (copy of a) nested tree, a dict value merging into the one there (OmegaConf):
     {"optim.lr": 1} -> {"optim": {"lr": 1}}."""

@@ -11,7 +11,8 @@ import tempfile
 from pathlib import Path
 
 from lmpipe import paths
-from lmpipe.config import Params
+from lmpipe.config import Params, load_params
+from lmpipe.errors import LmpipeError
 
 OUTPUT_FOLDERS = ("data", "models", "metrics", "plots", "reports")  # where dvc.yaml's stages write
 
@@ -50,3 +51,18 @@ def output_problems(params: Params, root: str | Path = ".") -> list[str]:
             found.append(f"{folder}: cannot be written ({exc.strerror.lower()}): DVC would remove the outputs there "
                          f"and the stage then fail (make it writable: chmod -R u+w {folder})")
     return found
+
+
+def check(file: str = "params.yaml", store: bool = False) -> str:
+    """`lmpipe check-params`: the params file, the inputs and output folders it names, and with `store` the MLflow
+    tracking store (what every stage needs before DVC removes its outputs); every problem in one line."""
+    params = load_params(file)
+    problems = input_problems(params, file) + output_problems(params)
+    if problems:
+        raise LmpipeError("; ".join(problems))
+    if not store:
+        return f"{file}: ok"
+    from lmpipe.tracking.store import check_store, tracking_uri
+
+    check_store(params.tracking.timeout_seconds)
+    return f"{file}: ok; MLflow store {tracking_uri()}: ok"

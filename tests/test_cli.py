@@ -233,3 +233,16 @@ def test_a_command_run_from_the_venv_without_activating_it_starts_the_venv_s_too
     venv = Path(sys.executable).parent
     assert shutil.which("dvc") == str(venv / "dvc")
     assert Path(shutil.which("python")).parent == venv
+
+
+def test_a_frozen_stage_is_committed_only_after_its_flow_succeeds(tmp_path, monkeypatch):
+    """`lmpipe scaling` / `lmpipe seeds`: the steps run in order, and the first that fails stops the rest (no
+    `dvc commit` of a half-made grid), its exit code returned."""
+    from flows import frozen
+
+    monkeypatch.chdir(tmp_path)
+    mark = [sys.executable, "-c", "import sys; open(sys.argv[1], 'w')"]
+    code = frozen.run_and_commit("no_such_flow_module", "scaling/dvc.yaml:grid", before=[mark + ["before"]],
+                                 after=[mark + ["after"]])
+    assert code == 1
+    assert (tmp_path / "before").exists() and not (tmp_path / "after").exists()

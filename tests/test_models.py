@@ -56,6 +56,36 @@ def test_transformer_is_causal():
         assert not torch.allclose(logits[:, t + 1:], base[:, t + 1:])
 
 
+def test_attention_on_a_cpu_runs_in_fp32_under_bf16_autocast():
+    """Training steps run in bf16 autocast where the CPU has it; the attention inside them is computed in fp32 (its
+    bf16 CPU kernel is the slower and the less exact), so it equals fp32 attention of the same inputs."""
+    from lmpipe.models.transformer import attend
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 16, 8).bfloat16() for _ in range(3))
+    exact = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True).bfloat16()
+    bf16 = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = attend(q, k, v, causal=True)
+        under_autocast = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, exact)
+    assert under_autocast.dtype == torch.bfloat16 and not torch.equal(bf16.float(), exact.float())
+
+
+def test_the_transformers_dropout_keeps_each_value_with_probability_1_minus_p_and_rescales_it():
+    """Its CPU masks come from torch.rand, not bernoulli_: the same dropout, drawn from the seeded generator."""
+    from lmpipe.models.transformer import Dropout
+
+    drop, x = Dropout(0.2), torch.ones(64, 128, 128, dtype=torch.bfloat16)
+    torch.manual_seed(0)
+    out = drop(x)
+    assert set(out.unique().tolist()) == {0.0, 1.25}
+    assert abs((out == 0).float().mean().item() - 0.2) < 0.005
+    torch.manual_seed(0)
+    assert torch.equal(drop(x), out)
+    assert torch.equal(drop.eval()(x), x)
+
+
 def test_nplm_reads_exactly_its_context():
     torch.manual_seed(0)
     model = NPLM(V, context=3, emb=8, hidden=16).eval()

@@ -42,10 +42,32 @@ class Activation(nn.Module):
         return F.gelu(h) if self.kind == "gelu" else F.relu(h).square()
 
 
+class Dropout(nn.Dropout):
+    """nn.Dropout, its mask on a CPU drawn as uniform floats compared with p: there `bernoulli_` (F.dropout's draw)
+    takes 3x as long as `torch.rand` for the same mask shape (docs/benchmarks.md). Elsewhere F.dropout itself."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0 or x.device.type != "cpu":
+            return super().forward(x)
+        keep = torch.rand(x.shape) >= self.p
+        return x * (keep / (1 - self.p)).to(x.dtype)
+
+
 def mlp_block(dim: int, kind: str, dropout: float) -> nn.Sequential:
     hidden = mlp_hidden(dim, kind)
     return nn.Sequential(nn.Linear(dim, 2 * hidden if kind == "swiglu" else hidden), Activation(kind),
-                         nn.Linear(hidden, dim), nn.Dropout(dropout))
+                         nn.Linear(hidden, dim), Dropout(dropout))
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Scaled dot-product attention (SDPA: flash / memory-efficient kernels on CUDA, a fused kernel on a CPU).
+
+    On a CPU in fp32 whatever the training precision: there SDPA's bf16 kernel runs at 0.4x its fp32 one at the
+    study's shape, forward and backward (docs/benchmarks.md), and fp32 is the more exact of the two."""
+    if q.device.type == "cpu":  # autocast would cast the inputs to bf16 again
+        with torch.autocast("cpu", enabled=False):
+            return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal).to(v.dtype)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -62,14 +84,14 @@ class Block(nn.Module):
         self.ln1, self.ln2 = _norm(norm, dim), _norm(norm, dim)
         self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
         self.mlp = mlp_block(dim, mlp, dropout)
-        self.resid_drop = nn.Dropout(dropout)
+        self.resid_drop = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, rope: tuple | None = None) -> torch.Tensor:
         q, k, v = self._qkv(x, rope)
         # flash / memory-efficient kernels on CUDA, a fused kernel on CPU; causal mask built in. No dropout on the
         # attention weights (as in modded-nanogpt and nanochat): its mask forced SDPA's slow math path on the CPU and
         # cost more than the attention itself (docs/benchmarks.md); `dropout` acts on the residual stream
-        return self._mix(x, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        return self._mix(x, attend(q, k, v, causal=True))
 
     def decode(self, x: torch.Tensor, rope: tuple | None, cache: tuple | None = None):
         """`forward` that keeps the keys and values: with a `cache` of the earlier positions' (k, v), x is the one
@@ -77,16 +99,17 @@ class Block(nn.Module):
         q, k, v = self._qkv(x, rope)
         if cache is not None:
             k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
-        return self._mix(x, F.scaled_dot_product_attention(q, k, v, is_causal=cache is None)), (k, v)
+        return self._mix(x, attend(q, k, v, causal=cache is None)), (k, v)
 
     def _qkv(self, x: torch.Tensor, rope: tuple | None):
         b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        qk, v = qkv[:2], qkv[2]  # queries and keys normalised and rotated together: half the kernel launches
         if self.qk_norm:
-            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+            qk = F.rms_norm(qk, (qk.size(-1),))
         if rope is not None:
-            q, k = rotary(q, *rope), rotary(k, *rope)
-        return q, k, v
+            qk = rotary(qk, *rope)
+        return qk[0], qk[1], v
 
     def _mix(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The attention's output y (batch, heads, time, head_dim) into the residual stream, then the MLP."""
@@ -105,7 +128,7 @@ class TransformerLM(StreamLM):
         self.block_size, self.boundary, self.softcap = block_size, boundary, softcap
         self.embed = nn.Embedding(vocab_size, dim)
         self.pos = nn.Embedding(block_size, dim) if position == "learned" else None
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.blocks = nn.ModuleList(Block(dim, heads, dropout, norm, qk_norm, mlp) for _ in range(layers))
         self.ln_f = _norm(norm, dim)
         self.head = nn.Linear(dim, vocab_size, bias=False)

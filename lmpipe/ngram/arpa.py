@@ -8,10 +8,30 @@ from typing import Callable
 
 import numpy as np
 
+from lmpipe.errors import LmpipeError
 from lmpipe.ngram.counts import BITS, WORD_SHIFT, tokens_of
 from lmpipe.ngram.model import NGramLM
 
 ARPA_CHUNK = 1 << 20  # n-grams formatted at a time: the export's memory does not grow with the model
+
+
+def export(model_dir: str | Path, out: str | Path) -> str:
+    """`lmpipe ngram export-arpa`: the model in `model_dir` written to `out`, with a progress bar on a terminal;
+    what was written, in a line."""
+    import sys
+
+    from tqdm.auto import tqdm
+
+    if not (Path(model_dir) / "ngram.json").exists():
+        raise LmpipeError(f"{model_dir}: no n-gram model there (run: dvc repro ngram)")
+    model = NGramLM.load(model_dir)
+    if model.method != "kneser_ney":
+        raise LmpipeError(f"{model_dir}: ARPA needs a kneser_ney model, this one is {model.method} (set ngram.method)")
+    with tqdm(total=sum(arpa_counts(model).values()), desc=f"writing {out}", unit=" n-grams", unit_scale=True,
+              disable=not sys.stderr.isatty()) as bar:
+        counts = write_arpa(model, out, bar.update)
+    return (f"wrote {out}: " + ", ".join(f"{n} {k}-grams" for k, n in counts.items())
+            + "\ntokens are written as their ids; the boundary token is </s> (and <s> as context)")
 
 
 def arpa_counts(model: NGramLM) -> dict:

@@ -1,0 +1,42 @@
+"""The experiments beside the study, each a frozen DVC stage (the scaling grid, the seeds): its flow, then
+`dvc commit` of the stage, so that the lock versions what the flow made and the study's `dvc repro` never re-runs
+hours of training. `lmpipe scaling` and `lmpipe seeds` call these."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from flows import server
+from lmpipe import paths
+
+
+def run_and_commit(flow: str, stage: str, args: list[str] = (), before: list[list[str]] = (),
+                   after: list[list[str]] = ()) -> int:
+    """`python -m <flow> <args>` with the `before` commands ahead of it and the `after` ones behind `dvc commit
+    <stage>`, each in this interpreter's environment; the first that fails stops the rest (its exit code)."""
+    env = server.this_environment()
+    steps = [*before, [sys.executable, "-m", flow, *args], ["dvc", "commit", "--force", "--quiet", stage], *after]
+    for step in steps:
+        if code := subprocess.call(step, env=env):
+            return code
+    return 0
+
+
+def scaling() -> int:
+    """The tokens first (the grid trains on them), the grid, then its fits (dvc repro of the scaling pipeline)."""
+    code = run_and_commit("flows.scaling", f"{paths.SCALING_PIPELINE}:grid",
+                          before=[["dvc", "repro", "--quiet", "tokenize"]],
+                          after=[["dvc", "repro", paths.SCALING_PIPELINE]])
+    if code == 0:
+        print(f"report: {paths.SCALING_REPORT} (and .html); runs: {paths.RUNS}; fits: {paths.SCALING_METRICS}; "
+              "the study's report compares with it: dvc repro (re-runs the report only)")
+    return code
+
+
+def seeds(models: list[str] | None = None) -> int:
+    """Every model's extra seeds (or `models`' alone: the others keep their rows)."""
+    code = run_and_commit("flows.seeds", f"{paths.SEEDS_PIPELINE}:seeds", ["--models", *models] if models else [])
+    if code == 0:
+        print(f"runs: {paths.SEEDS}; the report's seed spread and verdicts: dvc repro (re-runs the report only)")
+    return code

@@ -1,0 +1,55 @@
+"""`lmpipe generate`: one prompt continued by a trained model, from models/ or the MLflow registry, with the
+decoding settings of params.yaml's `evaluate` and the flags that change them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from lmpipe import paths
+from lmpipe.config import load_params
+from lmpipe.decode import DecodeSettings, continuation
+from lmpipe.errors import ConfigError, LmpipeError
+
+
+def settings_of(strategy: str, flags: dict) -> DecodeSettings:
+    """params.yaml's decoding settings with the command's flags, each checked by its one rule
+    (lmpipe.decode_rules) before any model loads; a bad one named as the flag the user typed."""
+    try:
+        return DecodeSettings.from_params(load_params().evaluate, strategy=strategy, **flags)
+    except ConfigError as exc:
+        name = str(exc).split()[0]
+        raise LmpipeError(f"--{name.replace('_', '-')} {flags[name]}: {exc}") from None
+
+
+def load(model: str, tokenizer_file: str | Path = paths.TOKENIZER):
+    """(model, tokenizer, boundary id): a registered model (models:/lmpipe-gru@champion) with its own tokenizer, or
+    a name under models/ with the study's."""
+    if model.startswith("models:/"):
+        from lmpipe.serving import load_bundle  # MLflow's pyfunc: imported only for a registered model
+        from lmpipe.tracking.registry import registered_artifacts
+
+        print(f"loading {model} from the MLflow registry ...", file=sys.stderr, flush=True)
+        lm, tokenizer, boundary, _ = load_bundle(registered_artifacts(model))
+        return lm, tokenizer, boundary
+    from tokenizers import Tokenizer
+
+    from lmpipe.evaluate import load_lm
+    from lmpipe.tokenize import boundary_id
+
+    if not Path(tokenizer_file).exists():
+        raise LmpipeError(f"{tokenizer_file}: no tokenizer (run: dvc repro tokenize)")
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    directory = Path(paths.model_dir(model))
+    if not directory.exists():
+        raise LmpipeError(f"{directory}: no trained model '{model}' (run: dvc repro, or give "
+                          "models:/lmpipe-<name>@champion)")
+    print(f"loading {directory} ...", file=sys.stderr, flush=True)
+    return load_lm(directory), tokenizer, boundary_id(tokenizer, load_params().tokenizer.boundary_token)
+
+
+def generate(model: str, prompt: str, strategy: str, flags: dict, tokenizer_file: str | Path = paths.TOKENIZER) -> str:
+    """The prompt and its continuation."""
+    settings = settings_of(strategy, flags)
+    lm, tokenizer, boundary = load(model, tokenizer_file)
+    return prompt + continuation(lm, tokenizer, boundary, prompt, settings)
