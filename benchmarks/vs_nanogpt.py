@@ -157,8 +157,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--recipe", choices=("study", "gpt2"), default="study")
     parser.add_argument("--compile", action="store_true")
-    parser.add_argument("--dropout", type=float, default=0.0, help="lmpipe's dropout (the study's: 0.2); nanoGPT's stays 0")
-    parser.add_argument("--before", action="store_true", help="also time lmpipe's attention as it was before")
+    parser.add_argument("--dropout", type=float, default=0.0,
+                        help="lmpipe's dropout (the study's: 0.2); nanoGPT's stays 0")
+    parser.add_argument("--before", action="store_true", help="also time lmpipe's transformer as it was before "
+                                                              "2026-11-30 (CPU, eager: the changes are CPU paths)")
     args = parser.parse_args()
     params, data = load_params(), load_tokens()
     args.vocab = data.vocab_size

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Sequence
 
 from flows import server
 from lmpipe import paths
 
 
-def run_and_commit(flow: str, stage: str, args: list[str] = (), before: list[list[str]] = (),
-                   after: list[list[str]] = ()) -> int:
+def run_and_commit(flow: str, stage: str, args: Sequence[str] = (), before: Sequence[list[str]] = (),
+                   after: Sequence[list[str]] = ()) -> int:
     """`python -m <flow> <args>` with the `before` commands ahead of it and the `after` ones behind `dvc commit
     <stage>`, each in this interpreter's environment; the first that fails stops the rest (its exit code)."""
     env = server.this_environment()

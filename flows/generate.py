@@ -15,8 +15,9 @@ from lmpipe.errors import ConfigError, LmpipeError
 def settings_of(strategy: str, flags: dict) -> DecodeSettings:
     """params.yaml's decoding settings with the command's flags, each checked by its one rule
     (lmpipe.decode_rules) before any model loads; a bad one named as the flag the user typed."""
+    evaluate = load_params().evaluate  # a params.yaml problem is its own one-line error, not a flag's
     try:
-        return DecodeSettings.from_params(load_params().evaluate, strategy=strategy, **flags)
+        return DecodeSettings.from_params(evaluate, strategy=strategy, **flags)
     except ConfigError as exc:
         name = str(exc).split()[0]
         raise LmpipeError(f"--{name.replace('_', '-')} {flags[name]}: {exc}") from None
@@ -40,12 +41,13 @@ def load(model: str, tokenizer_file: str | Path = paths.TOKENIZER):
     if not Path(tokenizer_file).exists():
         raise LmpipeError(f"{tokenizer_file}: no tokenizer (run: dvc repro tokenize)")
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    boundary = boundary_id(tokenizer, load_params().tokenizer.boundary_token)
     directory = Path(paths.model_dir(model))
     if not directory.exists():
         raise LmpipeError(f"{directory}: no trained model '{model}' (run: dvc repro, or give "
                           "models:/lmpipe-<name>@champion)")
     print(f"loading {directory} ...", file=sys.stderr, flush=True)
-    return load_lm(directory), tokenizer, boundary_id(tokenizer, load_params().tokenizer.boundary_token)
+    return load_lm(directory), tokenizer, boundary
 
 
 def generate(model: str, prompt: str, strategy: str, flags: dict, tokenizer_file: str | Path = paths.TOKENIZER) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -41,6 +42,16 @@ def test_an_out_of_range_sampling_value_is_one_line_before_any_model_loads(flag,
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [f"error: {flag} {value}: {reason}"]
+
+
+def test_generate_outside_a_project_says_so_in_one_line(tmp_path):
+    """No params.yaml here: its own error, not a flag's (the flags are checked against params.yaml's `evaluate`)."""
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "generate", "--model", "gru", "--top-k", "5"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: params.yaml") and "Traceback" not in done.stderr, lines
 
 
 def test_a_bad_cron_is_one_line_and_starts_no_server():
@@ -246,3 +257,13 @@ def test_a_frozen_stage_is_committed_only_after_its_flow_succeeds(tmp_path, monk
                                  after=[mark + ["after"]])
     assert code == 1
     assert (tmp_path / "before").exists() and not (tmp_path / "after").exists()
+    # a flow that succeeds: then `dvc commit` of the stage (a stand-in dvc on PATH records it), then what follows
+    (tmp_path / "done_flow.py").write_text("")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dvc").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'dvc_calls'}\n")
+    (bin_dir / "dvc").chmod(0o755)
+    monkeypatch.setattr(frozen.server, "this_environment", lambda: {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert frozen.run_and_commit("done_flow", "seeds/dvc.yaml:seeds", after=[mark + ["after"]]) == 0
+    assert (tmp_path / "dvc_calls").read_text().split() == ["commit", "--force", "--quiet", "seeds/dvc.yaml:seeds"]
+    assert (tmp_path / "after").exists()

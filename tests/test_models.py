@@ -82,6 +82,8 @@ def test_the_transformers_dropout_keeps_each_value_with_probability_1_minus_p_an
     assert set(out.unique().tolist()) == {0.0, 1.25}
     assert abs((out == 0).float().mean().item() - 0.2) < 0.005
     torch.manual_seed(0)
+    assert torch.equal(out != 0, torch.rand(x.shape) >= 0.2)  # the mask torch.rand draws, not bernoulli_'s
+    torch.manual_seed(0)
     assert torch.equal(drop(x), out)
     assert torch.equal(drop.eval()(x), x)
 

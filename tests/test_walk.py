@@ -29,16 +29,31 @@ def module_of(path: str) -> str:
 
 
 def project_imports(path: str) -> set[str]:
-    """The project modules a file imports, function-level imports included (`from lmpipe import x` counts as
-    lmpipe.x where that is a module)."""
-    found = set()
+    """The project modules a file imports, function-level and relative imports included: `from pkg import x` counts
+    as pkg.x where that is a module, and as the module pkg/__init__.py took x from (a package's re-export)."""
+    found, package = set(), module_of(path).rsplit(".", 1)[0]
     for node in ast.walk(ast.parse((ROOT / path).read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("lmpipe", "flows"):
-            found.add(node.module)
-            found.update(f"{node.module}.{a.name}" for a in node.names)
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                module = f"{base}.{module}" if module else base
+            if module.split(".")[0] not in ("lmpipe", "flows"):
+                continue
+            names = [a.name for a in node.names]
+            found |= {module, *(f"{module}.{n}" for n in names), *reexported(module, names)}
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.split(".")[0] in ("lmpipe", "flows"))
     return found
+
+
+def reexported(package: str, names: list[str]) -> set[str]:
+    """The modules a package's __init__.py imports `names` from."""
+    init = ROOT / package.replace(".", "/") / "__init__.py"
+    if not init.exists():
+        return set()
+    return {node.module for node in ast.parse(init.read_text()).body
+            if isinstance(node, ast.ImportFrom) and node.module and {a.name for a in node.names} & set(names)}
 
 
 def test_the_walk_opens_at_most_six_files_starting_where_dvc_yaml_does():

@@ -49,7 +49,7 @@ class Dropout(nn.Dropout):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0 or x.device.type != "cpu":
             return super().forward(x)
-        keep = torch.rand(x.shape) >= self.p
+        keep = torch.rand_like(x, dtype=torch.float32) >= self.p
         return x * (keep / (1 - self.p)).to(x.dtype)
 
 
