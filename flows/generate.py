@@ -12,10 +12,9 @@ from lmpipe.decode import DecodeSettings, continuation
 from lmpipe.errors import ConfigError, LmpipeError
 
 
-def settings_of(strategy: str, flags: dict) -> DecodeSettings:
-    """params.yaml's decoding settings with the command's flags, each checked by its one rule
+def settings_of(evaluate, strategy: str, flags: dict) -> DecodeSettings:
+    """params.yaml's decoding settings (`evaluate`) with the command's flags, each checked by its one rule
     (lmpipe.decode_rules) before any model loads; a bad one named as the flag the user typed."""
-    evaluate = load_params().evaluate  # a params.yaml problem is its own one-line error, not a flag's
     try:
         return DecodeSettings.from_params(evaluate, strategy=strategy, **flags)
     except ConfigError as exc:
@@ -23,9 +22,9 @@ def settings_of(strategy: str, flags: dict) -> DecodeSettings:
         raise LmpipeError(f"--{name.replace('_', '-')} {flags[name]}: {exc}") from None
 
 
-def load(model: str, tokenizer_file: str | Path = paths.TOKENIZER):
+def load(model: str, boundary_token: str, tokenizer_file: str | Path = paths.TOKENIZER):
     """(model, tokenizer, boundary id): a registered model (models:/lmpipe-gru@champion) with its own tokenizer, or
-    a name under models/ with the study's."""
+    a name under models/ with the study's (its boundary: params.yaml's `boundary_token`)."""
     if model.startswith("models:/"):
         from lmpipe.serving import load_bundle  # MLflow's pyfunc: imported only for a registered model
         from lmpipe.tracking.registry import registered_artifacts
@@ -41,7 +40,7 @@ def load(model: str, tokenizer_file: str | Path = paths.TOKENIZER):
     if not Path(tokenizer_file).exists():
         raise LmpipeError(f"{tokenizer_file}: no tokenizer (run: dvc repro tokenize)")
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    boundary = boundary_id(tokenizer, load_params().tokenizer.boundary_token)
+    boundary = boundary_id(tokenizer, boundary_token)
     directory = Path(paths.model_dir(model))
     if not directory.exists():
         raise LmpipeError(f"{directory}: no trained model '{model}' (run: dvc repro, or give "
@@ -52,6 +51,7 @@ def load(model: str, tokenizer_file: str | Path = paths.TOKENIZER):
 
 def generate(model: str, prompt: str, strategy: str, flags: dict, tokenizer_file: str | Path = paths.TOKENIZER) -> str:
     """The prompt and its continuation."""
-    settings = settings_of(strategy, flags)
-    lm, tokenizer, boundary = load(model, tokenizer_file)
+    params = load_params()  # a params.yaml problem is its own one-line error, not a flag's
+    settings = settings_of(params.evaluate, strategy, flags)
+    lm, tokenizer, boundary = load(model, params.tokenizer.boundary_token, tokenizer_file)
     return prompt + continuation(lm, tokenizer, boundary, prompt, settings)
