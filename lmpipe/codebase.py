@@ -62,12 +62,21 @@ def imports_of(path: Path, root: Path = ROOT) -> set[Path]:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add(alias.name)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            add(node.module)
+        elif isinstance(node, ast.ImportFrom) and (module := absolute(node, path, root)):
+            add(module)
             for alias in node.names:  # `from lmpipe import tracking`: a submodule
-                if module_file(f"{node.module}.{alias.name}", root):
-                    add(f"{node.module}.{alias.name}")
+                if module_file(f"{module}.{alias.name}", root):
+                    add(f"{module}.{alias.name}")
     return found
+
+
+def absolute(node: ast.ImportFrom, path: Path, root: Path = ROOT) -> str:
+    """The dotted module a `from ... import` names, a relative one (`from .job import x` in path) resolved."""
+    if not node.level:
+        return node.module or ""
+    package = path.relative_to(root).with_suffix("").parts[:-1]
+    base = ".".join(package[:len(package) - node.level + 1])
+    return f"{base}.{node.module}" if node.module else base
 
 
 def closure(start: Path, root: Path = ROOT, stop: frozenset[str] = frozenset()) -> set[Path]:

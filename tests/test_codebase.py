@@ -52,6 +52,15 @@ def test_a_new_module_the_training_code_imports_joins_the_key(tmp_path):
     assert codebase.code_hash(root=root) not in (base, changed)
 
 
+def test_a_module_imported_relatively_joins_the_key_too(tmp_path):
+    root = copy_of_the_packages(tmp_path)
+    (root / "lmpipe/train/newpart.py").write_text("SCALE = 1.0\n")
+    trainer = root / "lmpipe/train/trainer.py"
+    trainer.write_text("from .newpart import SCALE\nfrom .. import newer\n" + trainer.read_text())
+    (root / "lmpipe/newer.py").write_text("")
+    assert {"lmpipe/train/newpart.py", "lmpipe/newer.py"} <= set(codebase.code_files(root=root))
+
+
 def test_the_train_stage_depends_on_every_file_of_the_training_code():
     """DVC re-runs a train stage exactly when its checkpoint key changes: the deps cover the key's files (the typed
     reading of params.yaml, and what only it imports, aside: params.yaml states every setting)."""

@@ -12,6 +12,7 @@ import re
 
 import yaml
 
+from lmpipe import codebase
 from tests.conftest import ROOT
 
 SECTION = "## One model's way, from dvc.yaml to the registry"
@@ -24,36 +25,12 @@ def walk() -> list[tuple[str, str]]:
     return [(re.match(r"\d+\. \*\*([^*]+)\*\*", item).group(1), item) for item in items]
 
 
-def module_of(path: str) -> str:
-    return path.removesuffix(".py").replace("/", ".")
-
-
-def project_imports(path: str) -> set[str]:
-    """The project modules a file imports, function-level and relative imports included: `from pkg import x` counts
-    as pkg.x where that is a module, and as the module pkg/__init__.py took x from (a package's re-export)."""
-    found, package = set(), module_of(path).rsplit(".", 1)[0]
-    for node in ast.walk(ast.parse((ROOT / path).read_text())):
-        if isinstance(node, ast.ImportFrom):
-            module = node.module or ""
-            if node.level:
-                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                module = f"{base}.{module}" if module else base
-            if module.split(".")[0] not in ("lmpipe", "flows"):
-                continue
-            names = [a.name for a in node.names]
-            found |= {module, *(f"{module}.{n}" for n in names), *reexported(module, names)}
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.split(".")[0] in ("lmpipe", "flows"))
-    return found
-
-
-def reexported(package: str, names: list[str]) -> set[str]:
-    """The modules a package's __init__.py imports `names` from."""
-    init = ROOT / package.replace(".", "/") / "__init__.py"
-    if not init.exists():
-        return set()
-    return {node.module for node in ast.parse(init.read_text()).body
-            if isinstance(node, ast.ImportFrom) and node.module and {a.name for a in node.names} & set(names)}
+def reached(path: str) -> set[str]:
+    """The project files a file imports (lmpipe.codebase.imports_of: function-level and relative imports too), and
+    through a package's __init__.py the files it re-exports from (`from lmpipe.train import Trainer`)."""
+    files = codebase.imports_of(ROOT / path)
+    files |= set().union(*(codebase.imports_of(f) for f in files if f.name == "__init__.py"))
+    return {f.relative_to(ROOT).as_posix() for f in files}
 
 
 def test_the_walk_opens_at_most_six_files_starting_where_dvc_yaml_does():
@@ -69,8 +46,7 @@ def test_the_walk_opens_at_most_six_files_starting_where_dvc_yaml_does():
 def test_no_file_of_the_walk_goes_back_to_one_already_left():
     files = [f for f, _ in walk() if f.endswith(".py")]
     for i, path in enumerate(files):
-        earlier = {module_of(f) for f in files[:i]}
-        assert not project_imports(path) & earlier, f"{path} imports {project_imports(path) & earlier}"
+        assert not reached(path) & set(files[:i]), f"{path} imports {reached(path) & set(files[:i])}"
 
 
 def test_the_trainers_methods_come_in_the_order_the_walk_names_them():

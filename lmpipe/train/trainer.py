@@ -20,8 +20,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -156,6 +155,11 @@ class _Progress:
     seconds: float = 0.0
     branched_seconds: float = 0.0  # a decay branch's: its parent's training seconds at the branch point
 
+    @property
+    def trained_seconds(self) -> float:
+        """Training seconds so far: the evaluated stretches' and the current one's."""
+        return sum(h["train_seconds"] for h in self.history) + self.seconds
+
     def reset_sums(self, device) -> None:
         self.loss_sum, self.norm_sum = torch.zeros((), device=device), torch.zeros((), device=device)
         self.steps_summed, self.tokens_summed, self.seconds = 0, 0, 0.0
@@ -260,7 +264,7 @@ def summary(name: str, settings: ModelParams, model: StreamLM, p: _Progress, flo
     """What a finished run reports: its size, its best validation point, the compute it had and how fast it ran
     (with MFU on a GPU: achieved FLOP/s over the device's bf16 peak)."""
     best = next(h for h in p.history if h["epoch"] == p.best_epoch)
-    seconds = float(sum(h["train_seconds"] for h in p.history))
+    seconds = float(p.trained_seconds)  # a run ends on an evaluation: nothing since it
     flops = float(p.tokens_seen * flops_per_token)
     metrics = {
         "model": name, "family": settings.family, "n_params": count_parameters(model),
@@ -640,9 +644,8 @@ class Trainer:
             branch.mkdir(parents=True, exist_ok=True)
             if self.ranks.main and checkpoints.best_path(self.ckpt_dir).exists():
                 shutil.copyfile(checkpoints.best_path(self.ckpt_dir), checkpoints.best_path(branch))
-            p = self.progress  # the branch's own checkpoints keep what it started from, however often it resumes
-            spent = sum(h["train_seconds"] for h in p.history) + p.seconds
-            dataclasses.replace(state, progress={**state.progress, "branched_seconds": spent}).save(
+            # the branch's own checkpoints keep what it started from, however often it resumes
+            replace(state, progress={**state.progress, "branched_seconds": self.progress.trained_seconds}).save(
                 checkpoints.last_path(branch, self.ranks.rank))
         checkpoints.make_dir(self.ckpt_dir, self.name)
         state.save(checkpoints.last_path(self.ckpt_dir, self.ranks.rank))
