@@ -10,7 +10,6 @@ from lmpipe.blas import pin_kernel
 
 pin_kernel()  # before NumPy loads: the fits' L-BFGS runs on the same BLAS kernels on every CPU of a kind
 
-import csv
 import json
 import tempfile
 from collections import Counter
@@ -24,7 +23,7 @@ from lmpipe import tracking
 from lmpipe.compare import baseline_label
 from lmpipe.config import load_params
 from lmpipe.errors import ConfigError
-from lmpipe.io import atomic_path, write_json
+from lmpipe.io import atomic_path, csv_records, write_json
 from lmpipe.scaling import analyse, best_per_budget, frontier
 
 REPORTS, SUMMARY, NGRAM = Path(paths.REPORTS), Path(paths.SCALING_METRICS), Path(paths.NGRAM_METRICS)
@@ -33,8 +32,7 @@ REPORTS, SUMMARY, NGRAM = Path(paths.REPORTS), Path(paths.SCALING_METRICS), Path
 def read_runs(path: Path = Path(paths.RUNS)) -> list[dict]:
     if not path.exists():
         raise ConfigError(f"{path}: no grid results (run: lmpipe scaling)")
-    with open(path) as f:
-        return list(csv.DictReader(f))
+    return csv_records(path)
 
 
 @flow(name="scaling-fit")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import csv
 import errno
 import hashlib
 import json
@@ -148,16 +147,33 @@ def sha256_tree(path: str | os.PathLike) -> str:
 
 
 def csv_text(rows: list[dict], columns: list[str] | tuple[str, ...] | None = None, newline: str = "\r\n") -> str:
-    """Rows as CSV text, the project's one CSV writer: rows of one shape under the first row's keys ('' when there are
-    none), or the `columns` given (a header even without rows; other keys left out). Lines end as the csv module's
-    do, or with `newline` where a file has always had another ending (seeds/*.csv: \n)."""
-    out = StringIO()
-    if rows or columns:
-        writer = csv.DictWriter(out, fieldnames=list(columns or rows[0]), lineterminator=newline,
-                                extrasaction="ignore" if columns else "raise")
-        writer.writeheader()
-        writer.writerows(rows)
-    return out.getvalue()
+    """Rows as CSV text through pandas, the project's one CSV writer: rows of one shape under the first row's keys
+    ('' when there are none; a key beyond them is refused), or the `columns` given (a header even without rows; other
+    keys left out). Each cell is written as Python writes it (object columns: an int stays an int beside a None,
+    which is written empty, and a float NaN as nan). Lines end in \r\n, as they always have, or with `newline` where
+    a file has always had another ending (seeds/*.csv: \n)."""
+    import pandas as pd  # here, not at the top: every lmpipe command imports this module
+
+    if not rows and not columns:
+        return ""
+    names = list(columns or rows[0])
+    if not columns and (extra := {k for row in rows for k in row} - set(names)):
+        raise ValueError(f"csv_text: keys {sorted(extra)} are not in the first row's {names}")
+    cells = [{k: "nan" if isinstance(v, float) and v != v else v for k, v in row.items()} for row in rows]
+    return pd.DataFrame(cells, columns=names, dtype=object).to_csv(index=False, lineterminator=newline)
+
+
+def csv_records(path: str | os.PathLike) -> list[dict[str, str]]:
+    """A CSV table's rows, each cell the text the file holds ('' for an empty one; the caller converts): the one
+    CSV reader, pandas' beside its writer. None when the file is missing or empty."""
+    import pandas as pd
+
+    try:
+        return pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records")
+    except FileNotFoundError:
+        return []
+    except pd.errors.EmptyDataError:  # not even a header
+        return []
 
 
 # Numbers that differ from run to run of the same params and code: how long a step took, how fast, how much memory.

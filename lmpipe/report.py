@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import csv
 import json
 import re
 from pathlib import Path
@@ -20,7 +19,7 @@ from lmpipe import paths  # noqa: E402
 from lmpipe import seeds as seed_spread  # noqa: E402
 from lmpipe.compute_curves import against_grid, annealed, section as compute_section  # noqa: E402
 from lmpipe.compare import BASELINE, CACHE, MATCHED, best_model, vs_baseline, without_cache  # noqa: E402
-from lmpipe.io import atomic_path, csv_text, write_text  # noqa: E402
+from lmpipe.io import atomic_path, csv_records, csv_text, write_text  # noqa: E402
 from lmpipe.results import load_results, read_json, si  # noqa: E402
 
 
@@ -28,8 +27,7 @@ from lmpipe.results import load_results, read_json, si  # noqa: E402
 def _curves(plots_dir: Path) -> dict[str, list[dict]]:
     curves = {}
     for path in sorted(plots_dir.glob("*.csv")):
-        with open(path) as f:
-            curves[path.stem] = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+        curves[path.stem] = [{k: float(v) for k, v in row.items()} for row in csv_records(path)]
     return curves
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmpipe.compare import best_of
-from lmpipe.io import csv_text
+from lmpipe.io import csv_records, csv_text
 
 
 def add_arguments(parser) -> None:
@@ -65,12 +65,8 @@ def csv_rows(rows: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
 
 def read_rows(path: str | Path) -> list[dict]:
     """The rows of seeds/seeds.csv or seeds/budgets.csv, numbers as numbers; none when the file is missing."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return [{k: (v if k in ("model", "precision") else int(v) if k == "seed" else float(v)) for k, v in r.items()}
-                for r in csv.DictReader(f)]
+    return [{k: (v if k in ("model", "precision") else int(v) if k == "seed" else float(v)) for k, v in r.items()}
+            for r in csv_records(path)]
 
 
 def budget_rows(model: str, seed: int, records: list[dict]) -> list[dict]:

@@ -35,6 +35,7 @@ import yaml
 from lmpipe.config import params_hash, yaml_error_place
 from lmpipe.model_params import ModelParams
 from lmpipe.errors import ConfigError
+from lmpipe.io import csv_records
 from lmpipe.overrides import nested
 
 SPACE_FILE = "sweeps/space.yaml"
@@ -199,15 +200,6 @@ def trials_figure(rows: list[dict], model: str, out: str | Path) -> None:
     plt.close(fig)
 
 
-def _read_csv(path: Path) -> list[dict]:
-    import csv
-
-    if not path.exists():
-        return []
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
 def _recipe(settings: str) -> dict:
     """An ablation row's settings column as {key: value}, the budget left out; a later value of a key wins."""
     return dict(item.split("=", 1) for item in re.sub(r"^budget=\{[^}]*\}\s*", "", settings).split())
@@ -224,7 +216,7 @@ def ablation_markdown(tables: list[Path]) -> list[str]:
              "seconds depend on what ran beside it; its bpb does not. The machine and precision of each table, and",
              "what was decided from it: [sweeps/notes.md](../sweeps/notes.md).", ""]
     for path in tables:
-        rows = _read_csv(path)
+        rows = csv_records(path)
         if not rows:
             continue
         budget = re.match(r"budget=\{flops: ([^}]+)\}", rows[0]["settings"])
@@ -264,7 +256,7 @@ def grid_summary(outcomes: list[tuple[Path, Path]], space_file: Path) -> list[st
         space = spaces.get(folder.name) or {}
         if file != space_file or not all("choices" in spec for spec in (space.get("space") or {"-": {}}).values()):
             continue  # not a grid
-        trials = [r for r in _read_csv(folder / "trials.csv") if r["state"] == "COMPLETE"]
+        trials = [r for r in csv_records(folder / "trials.csv") if r["state"] == "COMPLETE"]
         keys = [k for k in trials[0] if k not in ("number", "state", "valid_bpb", "evaluations", "tokens_seen",
                                                    "train_flops", "seconds")] if trials else []
         if not keys:
@@ -341,7 +333,7 @@ def _leading_comment(space_file: Path) -> list[str]:
 
 def _sweep_section(folder: Path, space: dict) -> list[str]:
     model, rel = folder.name, folder.as_posix()
-    rows, seeds = _read_csv(folder / "trials.csv"), _read_csv(folder / "seeds.csv")
+    rows, seeds = csv_records(folder / "trials.csv"), csv_records(folder / "seeds.csv")
     best_yaml = (folder / "best.yaml").read_text() if (folder / "best.yaml").exists() else ""
     states = [r["state"] for r in rows]
     complete = [r for r in rows if r["state"] == "COMPLETE"]
