@@ -125,6 +125,16 @@ def train_point(point: GridPoint, job: Job, params: Params, parent_id: str) -> d
     return job.cached(WORK / "runs", point.name, key, train, reused)
 
 
+def grid_run(params: Params, data: TokenData):
+    """The grid's MLflow run, resumed by what decides the grid (an interrupted grid continues in the same run)."""
+    section = params.section("scaling")
+    key = params_hash({"scaling": {k: v for k, v in section.items() if k != "fit"}, "train": params.section("train"),
+                       "models": {m: params.models[m].model_dump(mode="json") for m in params.scaling.models},
+                       "code": code_version(), "data": data.fingerprint})
+    return tracking.runs.run(params.tracking.experiment, f"scaling {key[:8]}", {"scaling": section},
+                             tags={"lmpipe.role": "scaling"}, resume={"lmpipe.scaling": key})
+
+
 @flow(name="scaling-grid")
 def grid() -> str:
     params, data = load_params(PARAMS_FILE), load_tokens()
@@ -132,12 +142,7 @@ def grid() -> str:
         raise ConfigError(f"{PARAMS_FILE}: scaling.models and scaling.budgets must list at least one model and budget")
     check_declared(list(params.scaling.models), SCALING_PIPELINE, "grid")
     points, jobs = plan(params, data)
-    section = params.section("scaling")
-    key = params_hash({"scaling": {k: v for k, v in section.items() if k != "fit"}, "train": params.section("train"),
-                       "models": {m: params.models[m].model_dump(mode="json") for m in params.scaling.models},
-                       "code": code_version(), "data": data.fingerprint})
-    with tracking.runs.run(params.tracking.experiment, f"scaling {key[:8]}", {"scaling": section},
-                           tags={"lmpipe.role": "scaling"}, resume={"lmpipe.scaling": key}) as parent:
+    with grid_run(params, data) as parent:
         rows = [train_point(p, job, params, parent.info.run_id) for p, job in zip(points, jobs)]
         write_text(RUNS, csv_text([{c: r[c] for c in COLUMNS} for r in rows]))  # timings: MLflow and the cache only
         write_json(GRID_MADE_WITH, made_with(params, data))

@@ -1,0 +1,40 @@
+"""Train a share of the scaling grid's points into its row cache, so that a machine's cores train several at once.
+
+`lmpipe scaling` trains one point after another; a grid point is a small model, which one thread trains about as
+fast as two. So on an n-core machine, start n shards of one thread each, then let `lmpipe scaling` assemble the
+grid from the rows they cached (it trains whatever is still missing, and commits the frozen stage):
+
+    OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/grid_shard.py 0/2 &
+    sleep 30; OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/grid_shard.py 1/2 &
+    wait; lmpipe scaling
+
+Shard k of n takes every n-th point without a cached row, from the k-th (the points in the grid's own order), each
+a child of the grid's MLflow run (start the second shard once the first has opened it). A killed shard resumes
+from its checkpoint when started again. PYTHONPATH=. so that the checkout's own code is trained and keyed.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from flows._stage import PARAMS_FILE
+from flows.scaling import WORK, grid_run, plan, row_key, train_point
+from lmpipe.config import load_params
+from lmpipe.splits import load_tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("shard", help="k/n: this shard's number k (from 0) of n")
+    k, n = (int(v) for v in parser.parse_args().shard.split("/"))
+    params, data = load_params(PARAMS_FILE), load_tokens()
+    points, jobs = plan(params, data)
+    todo = [(p, job) for p, job in zip(points, jobs) if not (WORK / "runs" / f"{p.name}-{row_key(job)}.json").exists()]
+    print(f"shard {k}/{n}: {len(todo[k::n])} of the {len(todo)} points without a cached row", flush=True)
+    with grid_run(params, data) as parent:
+        for point, job in todo[k::n]:
+            train_point.fn(point, job, params, parent.info.run_id)
+
+
+if __name__ == "__main__":
+    main()
