@@ -179,15 +179,15 @@ def scaling_targets(points: dict, report: str) -> list[tuple[str, str, bool]]:
     scaling = json.loads(path.read_text())
     families = scaling["families"]
     edge = [f"{m} {p['budget']:.1e}" for m, a in sorted(families.items()) for p in a["isoflop"] if not p["bracketed"]]
-    intervals = {m: ci for m, a in families.items() if (ci := a["law_exponent_intervals"].get("a"))}
-    half = {m: (ci[1] - ci[0]) / 2 for m, ci in intervals.items()}
-    narrow = [m for m, ci in intervals.items() if exponent_known(ci, isoflop_n_opt(families[m]))]
+    lines = {m: line for m, a in families.items() if (line := isoflop_n_opt(a)) and "interval" in line}
+    half = {m: (line["interval"][1] - line["interval"][0]) / 2 for m, line in lines.items()}
+    narrow = [m for m, line in lines.items() if exponent_known(line)]
     rows = [(f"grid: {len(families)} families, >= 3 budgets up to 1e13 FLOPs",
              f"{len(families)}, {scaling['grid']['min_budget']:.2e}..{scaling['grid']['max_budget']:.2e}",
              len(families) == 5 and len({p["budget"] for a in families.values() for p in a["isoflop"]}) >= 3),
             ("grid: IsoFLOP minimum bracketed at every budget of every family",
              "all" if not edge else f"not at {', '.join(edge)}", not edge),
-            (f"grid: N_opt exponent known to +-{EXPONENT_HALF_WIDTH:g} (interval holding the IsoFLOP exponent), >= 3 families",
+            (f"grid: N_opt exponent (IsoFLOP minima) known to +-{EXPONENT_HALF_WIDTH:g} (90%), >= 3 families",
              ", ".join(f"{m} +-{h:.2f}" for m, h in sorted(half.items())) or "none", len(narrow) >= 3)]
     compared = against_grid(points, scaling)
     verdict = "no shared budget" if not compared or "not compared" in compared[0] else "compared"

@@ -186,10 +186,20 @@ def isoflop_minimum(n, loss) -> dict:
             "coefficients": None, "span": None}
 
 
-def power_law(x, y) -> dict:
-    """y = k x^p fitted as a line in log-log space."""
-    p, log_k = np.polyfit(np.log(np.asarray(x, dtype=float)), np.log(np.asarray(y, dtype=float)), 1)
-    return {"exponent": float(p), "coefficient": float(math.exp(log_k))}
+def power_law(x, y, level: float = 0.9) -> dict:
+    """y = k x^p fitted as a line in log-log space. From three points on, p's `level` interval and the points'
+    `scatter` about the line (the sd of log y): the points are the measurements (IsoFLOP minima, one per budget), so
+    their scatter is their error, and p's interval is Student's t on n - 2 degrees of freedom."""
+    from scipy import stats
+
+    log_x, log_y = np.log(np.asarray(x, dtype=float)), np.log(np.asarray(y, dtype=float))
+    p, log_k = np.polyfit(log_x, log_y, 1)
+    fit = {"exponent": float(p), "coefficient": float(math.exp(log_k))}
+    if len(log_x) > 2:
+        scatter = math.sqrt(float(np.sum((log_y - p * log_x - log_k) ** 2)) / (len(log_x) - 2))
+        half = stats.t.ppf(0.5 + level / 2, len(log_x) - 2) * scatter / math.sqrt(float(np.sum((log_x - log_x.mean()) ** 2)))
+        fit.update(interval=[float(p - half), float(p + half)], scatter=scatter)
+    return fit
 
 
 def law_dict(law: Law) -> dict:

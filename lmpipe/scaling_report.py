@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 
 import numpy as np
@@ -132,42 +134,56 @@ def _ci(pair) -> str:
     return f"[{pair[0]:.3g}, {pair[1]:.3g}]" if pair else "-"
 
 
+def _ci_of(line: dict) -> str:
+    """A power law's 90% interval, as the report prints it beside the exponent."""
+    return f" [{line['interval'][0]:.2f}, {line['interval'][1]:.2f}]" if "interval" in line else ""
+
+
 EXPONENT_HALF_WIDTH = 0.1  # issue 50's target for N_opt's exponent: its 90% interval within +-0.1
 
 
-def isoflop_n_opt(family: dict) -> float | None:
-    """N_opt's exponent from a family's bracketed IsoFLOP minima (approach 2), None with fewer than two."""
-    return family["isoflop_exponents"]["n_opt"]["exponent"] if family["isoflop_exponents"] else None
+def isoflop_n_opt(family: dict) -> dict | None:
+    """The line through a family's bracketed IsoFLOP minima (approach 2): N_opt's exponent, with its interval and
+    the minima's scatter from three budgets on; None with fewer than two."""
+    return family["isoflop_exponents"]["n_opt"] if family["isoflop_exponents"] else None
 
 
-def agrees(interval: tuple[float, float], isoflop: float | None) -> bool:
-    """Whether the law's interval holds the exponent the IsoFLOP minima give (approach 2), where they give one."""
-    return isoflop is None or interval[0] <= isoflop <= interval[1]
+def exponent_known(line: dict | None) -> bool:
+    """Issue 50's target: N_opt's exponent, measured by the IsoFLOP minima, known to +-EXPONENT_HALF_WIDTH (its 90%
+    interval that narrow)."""
+    return bool(line and "interval" in line) and (line["interval"][1] - line["interval"][0]) / 2 < EXPONENT_HALF_WIDTH
 
 
-def exponent_known(interval: tuple[float, float], isoflop: float | None) -> bool:
-    """Issue 50's target: N_opt's exponent known to +-EXPONENT_HALF_WIDTH, that is a 90% interval that narrow which
-    also holds the exponent the IsoFLOP minima give. A narrow interval around another value comes from fits pinned
-    where the law cannot place a constant (E at 0), not from the runs."""
-    return (interval[1] - interval[0]) / 2 < EXPONENT_HALF_WIDTH and agrees(interval, isoflop)
-
-
-def precision_sentence(interval: tuple[float, float], bracketed: int, budgets: list[float],
-                       isoflop: float | None = None) -> str:
+def precision_sentence(line: dict | None, bracketed: int, budgets: list[float]) -> str:
     """Whether N_opt's exponent is known (`exponent_known`), and if not, the reason the grid gives."""
-    half = (interval[1] - interval[0]) / 2
     target = f"(target +-{EXPONENT_HALF_WIDTH:g})"
-    if exponent_known(interval, isoflop):
+    if not line or "interval" not in line:
+        return (f"With {bracketed} of its {len(budgets)} IsoFLOP minima inside the sizes tried, its exponent has no "
+                f"interval {target}: missed.")
+    half = (line["interval"][1] - line["interval"][0]) / 2
+    if exponent_known(line):
         return f"Its exponent is known to +-{half:.2f} {target}: met."
     if bracketed < len(budgets):
         why = (f"only {bracketed} of its {len(budgets)} IsoFLOP minima lie inside the sizes tried, so the runs pin the "
                "optimum's move poorly")
-    elif not agrees(interval, isoflop):
-        why = (f"its IsoFLOP minima grow as C^{isoflop:.2f}, outside that interval: the law does not describe these "
-               "runs well enough for its interval to measure the exponent")
     else:
-        why = "one seed a run: resampling the runs moves the law's five constants that much"
+        why = (f"its minima scatter about the line by {100 * (math.exp(line['scatter']) - 1):.0f}% in N (one seed a "
+               "run, and a profile is flat near its minimum)")
     return f"Its exponent's interval is +-{half:.2f} {target}: missed, as {why}."
+
+
+def law_sentence(family: dict) -> str:
+    """The fitted law's N_opt exponent (approach 3), and whether its interval holds the minima's."""
+    ci, line = family["law_exponent_intervals"].get("a"), isoflop_n_opt(family)
+    text = f"The fitted law puts N_opt ~ C^{family['law_exponents']['a']:.2f}"
+    if ci:
+        text += f" (90% interval {ci[0]:.2f} to {ci[1]:.2f})"
+        if line and not ci[0] <= line["exponent"] <= ci[1]:
+            text += (", which does not hold the minima's exponent: the law does not describe these runs well enough "
+                     "to measure it")
+    holdout = family["holdout"]["mean_abs_relative_error"]
+    return text + (f"; fitted without the largest budget, it predicts those runs to within {100 * holdout:.1f}% on "
+                   "average." if holdout is not None else ".")
 
 
 def findings(analysis: dict, best: list[dict], baseline: tuple[str, float] | None) -> list[str]:
@@ -191,14 +207,12 @@ def findings(analysis: dict, best: list[dict], baseline: tuple[str, float] | Non
                      f"{beyond} size tried and the IsoFLOP exponents are not measured by this grid")
         else:
             where = f"inside the sizes tried at {bracketed} of {len(a['isoflop'])} budgets"
-        ci = a["law_exponent_intervals"].get("a")
-        out.append(f"{model}: the IsoFLOP minimum lies {where}. The fitted law puts N_opt ~ C^{a['law_exponents']['a']:.2f}"
-                   + (f" (90% interval {ci[0]:.2f} to {ci[1]:.2f})" if ci else "")
-                   + (f"; fitted without the largest budget, it predicts those runs to within "
-                      f"{100 * a['holdout']['mean_abs_relative_error']:.1f}% on average."
-                      if a["holdout"]["mean_abs_relative_error"] is not None else ".")
-                   + (f" {precision_sentence(ci, bracketed, [p['budget'] for p in a['isoflop']], isoflop_n_opt(a))}"
-                      if ci else ""))
+        line = isoflop_n_opt(a)
+        measured = (f" Its minima grow as N_opt ~ C^{line['exponent']:.2f}" + (
+            f" (90% interval {line['interval'][0]:.2f} to {line['interval'][1]:.2f}, from the {bracketed} bracketed "
+            "budgets)" if "interval" in line else "") + "." if line else "")
+        out.append(f"{model}: the IsoFLOP minimum lies {where}.{measured} "
+                   f"{precision_sentence(line, bracketed, [p['budget'] for p in a['isoflop']])} {law_sentence(a)}")
     return out
 
 
@@ -233,8 +247,9 @@ def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], baselin
     lines.append("")
     for model, a in analysis.items():
         e = a["isoflop_exponents"]
-        lines.append(f"- {model}: " + (f"N_opt ~ C^{e['n_opt']['exponent']:.2f}, D_opt ~ C^{e['d_opt']['exponent']:.2f} "
-                                        f"(from the {sum(p['bracketed'] for p in a['isoflop'])} bracketed budgets)"
+        lines.append(f"- {model}: " + (f"N_opt ~ C^{e['n_opt']['exponent']:.2f}{_ci_of(e['n_opt'])}, D_opt ~ "
+                                        f"C^{e['d_opt']['exponent']:.2f}{_ci_of(e['d_opt'])} (from the "
+                                        f"{sum(p['bracketed'] for p in a['isoflop'])} bracketed budgets)"
                                         if e else "fewer than two bracketed minima: no exponent"))
     lines += ["", "![IsoFLOP profiles](scaling/isoflop.png)", "",
               "## The fitted law L(N, D) = E + A / N^alpha + B / D^beta (approach 3)", "",

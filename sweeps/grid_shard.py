@@ -1,8 +1,9 @@
 """Train a share of the scaling grid's points into its row cache, so that a machine's cores train several at once.
 
-`lmpipe scaling` trains one point after another; a grid point is a small model, which one thread trains about as
-fast as two. So on an n-core machine, start n shards of one thread each, then let `lmpipe scaling` assemble the
-grid from the rows they cached (it trains whatever is still missing, and commits the frozen stage):
+`lmpipe scaling` trains one point after another, each a small model that keeps few threads busy (the committed
+rows were trained one thread a run). On an n-core machine, start n shards of one thread each, then let `lmpipe
+scaling` assemble the grid from the rows they cached (it trains whatever is still missing, and commits the frozen
+stage):
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/grid_shard.py 0/2 &
     sleep 30; OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/grid_shard.py 1/2 &

@@ -2,12 +2,13 @@
 
 A grid row is cached under a key that hashes the training code (lmpipe.checkpoints.run_key), so any edit to that
 code, even one that changes no number, makes `lmpipe scaling` retrain all ~100 rows (12.5 h on the 2-core CPU). This
-retrains the cheapest committed row of each model (or the rows named) with the code as it is now and compares their
-valid bpb with the CSV: bit for bit, or within --tolerance bpb (another CPU rounds differently: 1e-8 to 1e-4 bpb
-between a Zen 3 and a Zen 5, sweeps/notes.md). For each model whose check rows hold, it writes each of its committed
-rows of the grid (params.yaml's `scaling`) into the row cache under the current key, marked `carried_from` with its
-old cache file and `carried_within` with the largest difference measured; a model whose check differs by more is
-not carried. Then `lmpipe scaling` trains only the points no carried row holds. From the checkout's root:
+retrains the cheapest committed row of each model in each CSV (or the rows named) with the code as it is now and
+compares their valid bpb with the CSV: bit for bit, or within --tolerance bpb (another CPU rounds differently: 1e-8
+to 1e-4 bpb between a Zen 3 and a Zen 5, sweeps/notes.md). For each model whose check rows all hold, it writes each
+of its committed rows of the grid (params.yaml's `scaling`) into the row cache under the current key, marked
+`carried_from` with its old cache file and `carried_within` with the largest difference measured; a model whose
+check differs by more is not carried. Then `lmpipe scaling` trains only the points no carried row holds. From the
+checkout's root:
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/reuse_grid_rows.py sweeps/grid_*.csv [--tolerance 1e-4]
     PYTHONPATH=. python sweeps/reuse_grid_rows.py --export sweeps/grid_<date>.csv   # the rows the CSVs lack
@@ -43,9 +44,18 @@ def keys_of(jobs: dict) -> dict:
 
 
 def committed(csvs: list[str]) -> pd.DataFrame:
-    """Every committed row, the last of each name (a re-run replaces an earlier one)."""
-    rows = pd.concat([pd.read_csv(path) for path in csvs], ignore_index=True)
+    """Every committed row, the last of each name (a re-run replaces an earlier one), with the CSV it came from."""
+    rows = pd.concat([pd.read_csv(path).assign(source=str(path)) for path in csvs], ignore_index=True)
     return rows.drop_duplicates("name", keep="last").set_index("name")
+
+
+def check_rows(rows: pd.DataFrame, known: list[str]) -> list[str]:
+    """The cheapest of `known` (committed rows of the grid) for each model in each CSV: each CSV is a grid run of the
+    code of its day, so each model's rows are checked once per CSV that holds them."""
+    cheapest = {}
+    for name in sorted(known, key=lambda n: -float(rows.loc[n, "train_seconds"])):
+        cheapest[rows.loc[name, "model"], rows.loc[name, "source"]] = name
+    return sorted(cheapest.values())
 
 
 def check(jobs: dict, rows: pd.DataFrame, names: list[str], tolerance: float = 0.0) -> dict[str, float]:
@@ -74,7 +84,8 @@ def carry(jobs: dict, keys: dict, rows: pd.DataFrame, held: dict[str, float]) ->
         done = ROWS / f"{name}-{keys[name]}.json"
         if name not in rows.index or done.exists() or rows.loc[name, "model"] not in held:
             continue
-        row = {k: (v.item() if hasattr(v, "item") else v) for k, v in rows.loc[name].items() if pd.notna(v)}
+        row = {k: (v.item() if hasattr(v, "item") else v) for k, v in rows.loc[name].items()
+               if pd.notna(v) and k != "source"}
         write_json(done, {"name": name, **row, "carried_from": row.pop("cache_file"),
                           "carried_within": held[row["model"]]})
         carried += 1
@@ -106,10 +117,7 @@ def main() -> None:
     if args.export:
         return export(args.export, jobs, keys_of(jobs), rows)
     known = [name for name in jobs if name in rows.index]
-    cheapest = {}
-    for name in sorted(known, key=lambda n: -float(rows.loc[n, "train_seconds"])):
-        cheapest[rows.loc[name, "model"]] = name
-    names = args.names or list(cheapest.values())
+    names = args.names or check_rows(rows, known)
     held = check(jobs, rows, names, args.tolerance)
     print(f"reproduced: {', '.join(f'{m} (within {d:.1e} bpb)' for m, d in sorted(held.items())) or 'no model'}; "
           f"{carry(jobs, keys_of(jobs), rows, held)} rows carried into {ROWS}; "

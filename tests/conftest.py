@@ -51,6 +51,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture()
+def mlflow_store(tmp_path, monkeypatch) -> str:
+    """A new MLflow store of the test's own (sqlite in tmp_path) as the tracking URI, and no study run inherited
+    from the shell: what every test that records runs starts from."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("LMPIPE_PARENT_RUN_ID", raising=False)
+    return uri
+
+
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory):
     """One `prefect server` for the whole suite (an ephemeral server per stage process costs ~12 s)."""

@@ -39,9 +39,8 @@ def make_runs(tmp_path: Path, params: Path, results: dict) -> dict:
 
 
 @pytest.fixture()
-def store(tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.delenv("LMPIPE_PARENT_RUN_ID", raising=False)
+def store(mlflow_store, tmp_path, monkeypatch):
+    """The test's own MLflow store, run from tmp_path with the committed params.yaml (the views read its models)."""
     monkeypatch.chdir(tmp_path)
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
     return tmp_path / "params.yaml"

@@ -78,14 +78,13 @@ def test_only_an_override_that_changes_a_value_moves_it():
     assert moved([f"models.gru.optim.lr={lr}"], params)[0] == {}  # DVC would re-run nothing for it
 
 
-def test_the_plan_says_the_training_it_holds_and_the_rate_it_assumes(tmp_path, monkeypatch):
+def test_the_plan_says_the_training_it_holds_and_the_rate_it_assumes(mlflow_store):  # a store with no runs
     """The FLOPs are the model's budget and its decay branches' decays; the assumed rate is the bf16 machine's, or
     fp32's (FP32_SLOWER times lower) where this machine trains in fp32."""
     from flows.plan import DEFAULT_FLOPS_PER_S, FP32_SLOWER, summary
     from lmpipe.config import load_params
     from lmpipe.train import autocast_dtype, pick_device
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")  # a store with no runs
     params = load_params(ROOT / "params.yaml")
     text = summary(["train@gru", "score@gru", "evaluate"], params)
     decays = params.models["gru"].optim.decay_fraction * sum(params.study.branch_budgets)

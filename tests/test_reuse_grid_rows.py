@@ -51,3 +51,16 @@ def test_carried_rows_land_under_todays_keys_marked_and_never_over_a_row_trained
     assert carried["carried_within"] == 1e-5
     assert json.loads(trained.read_text())["trained"] == "here"  # a row trained under today's key stays
     assert not (reuse.ROWS / "gru-new-k3.json").exists()  # a point no CSV holds is left to lmpipe scaling
+
+
+def test_each_model_is_checked_once_in_each_csv_by_its_cheapest_row(tmp_path):
+    """Each CSV is a grid run of its own day's code: a model's rows in two CSVs get a check row from each."""
+    old, new = tmp_path / "grid_a.csv", tmp_path / "grid_b.csv"
+    pd.DataFrame([{"name": "gru-a", "model": "gru", "valid_bpb": 2.5, "train_seconds": 9.0, "cache_file": "x"},
+                  {"name": "gru-b", "model": "gru", "valid_bpb": 2.4, "train_seconds": 3.0, "cache_file": "x"},
+                  {"name": "rnn-a", "model": "rnn", "valid_bpb": 2.6, "train_seconds": 5.0, "cache_file": "x"}]
+                 ).to_csv(old, index=False)
+    pd.DataFrame([{"name": "gru-c", "model": "gru", "valid_bpb": 2.3, "train_seconds": 7.0, "cache_file": "x"}]
+                 ).to_csv(new, index=False)
+    rows = reuse.committed([str(old), str(new)])
+    assert reuse.check_rows(rows, ["gru-a", "gru-b", "gru-c", "rnn-a"]) == ["gru-b", "gru-c", "rnn-a"]

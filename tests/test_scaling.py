@@ -112,9 +112,16 @@ def test_families_fitted_side_by_side_give_the_numbers_of_one_after_the_other():
     assert analyse(rows, bootstrap=2, workers=2, coarse=True) == analyse(rows, bootstrap=2, workers=1, coarse=True)
 
 
-def test_power_law_fit_recovers_an_exponent():
+def test_power_law_fit_recovers_an_exponent_and_its_interval_covers_it_as_often_as_it_says():
     fit = power_law([1, 10, 100], [3, 3 * 10 ** 0.5, 3 * 100 ** 0.5])
     assert fit["exponent"] == pytest.approx(0.5) and fit["coefficient"] == pytest.approx(3)
+    assert fit["interval"] == pytest.approx([0.5, 0.5]) and fit["scatter"] == pytest.approx(0, abs=1e-12)
+    assert set(power_law([1, 10], [1, 2])) == {"exponent", "coefficient"}  # two points: a line, no interval
+    rng, budgets = np.random.default_rng(0), np.geomspace(4.7e11, 7.5e12, 5)
+    fits = [power_law(budgets, 2 * budgets ** 0.6 * np.exp(rng.normal(0, 0.15, 5))) for _ in range(400)]
+    covered = np.mean([lo <= 0.6 <= hi for lo, hi in (f["interval"] for f in fits)])
+    assert 0.86 <= covered <= 0.94  # a 90% interval holds the true exponent nine times in ten
+    assert np.mean([f["scatter"] for f in fits]) == pytest.approx(0.15 * 0.92, rel=0.1)  # E[s] on 3 degrees of freedom: c4 sigma
 
 
 def test_best_per_budget_picks_the_lowest_loss_across_families():
@@ -259,15 +266,27 @@ def test_the_report_of_a_five_family_grid_draws_each_family_and_says_where_each_
     from lmpipe.scaling_report import precision_sentence
 
     budgets = [1e12, 2e12, 4e12]
-    assert precision_sentence((0.40, 0.54), 3, budgets, 0.5) == "Its exponent is known to +-0.07 (target +-0.1): met."
-    assert precision_sentence((0.2, 0.7), 1, budgets, 0.5).endswith(
+
+    def line(lo, hi, scatter=0.1):
+        return {"exponent": (lo + hi) / 2, "coefficient": 1.0, "interval": [lo, hi], "scatter": scatter}
+
+    assert precision_sentence(line(0.40, 0.54), 3, budgets) == "Its exponent is known to +-0.07 (target +-0.1): met."
+    assert precision_sentence(line(0.2, 0.7), 1, budgets).endswith(
         "missed, as only 1 of its 3 IsoFLOP minima lie inside the sizes tried, so the runs pin the optimum's move poorly.")
-    assert precision_sentence((0.2, 0.7), 3, budgets, 0.5).endswith(
-        "missed, as one seed a run: resampling the runs moves the law's five constants that much.")
-    # narrow, but around another value than the IsoFLOP minima's (the NPLM's law pinned at E = 0): not a measurement
-    assert precision_sentence((0.07, 0.17), 3, budgets, 0.42) == (
-        "Its exponent's interval is +-0.05 (target +-0.1): missed, as its IsoFLOP minima grow as C^0.42, outside that "
-        "interval: the law does not describe these runs well enough for its interval to measure the exponent.")
+    assert precision_sentence(line(0.2, 0.7), 3, budgets).endswith(
+        "missed, as its minima scatter about the line by 11% in N (one seed a run, and a profile is flat near its "
+        "minimum).")
+    assert precision_sentence({"exponent": 0.5, "coefficient": 1.0}, 2, budgets) == (
+        "With 2 of its 3 IsoFLOP minima inside the sizes tried, its exponent has no interval (target +-0.1): missed.")
+    # the law's interval narrow around another value than the minima's (the NPLM's law pinned at E = 0): said so
+    from lmpipe.scaling_report import law_sentence
+
+    family = {"law_exponents": {"a": 0.10}, "law_exponent_intervals": {"a": [0.07, 0.17]},
+              "isoflop_exponents": {"n_opt": line(0.2, 0.64)}, "holdout": {"mean_abs_relative_error": 0.011}}
+    assert law_sentence(family) == (
+        "The fitted law puts N_opt ~ C^0.10 (90% interval 0.07 to 0.17), which does not hold the minima's exponent: "
+        "the law does not describe these runs well enough to measure it; fitted without the largest budget, it "
+        "predicts those runs to within 1.1% on average.")
     for figure in ("isoflop.png", "law.png"):
         height, width = imread(tmp_path / "scaling" / figure).shape[:2]
         assert width == round(3 * 5.5 * 110) and height > round(2 * 4.2 * 110) - 2, (figure, width, height)

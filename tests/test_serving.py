@@ -230,15 +230,13 @@ def test_other_paths_and_methods_are_one_line_too(served):
     assert client.get("/invocations").status_code == 405
 
 
-def test_an_unknown_alias_or_version_names_what_the_registry_has(tmp_path, monkeypatch):
+def test_an_unknown_alias_or_version_names_what_the_registry_has(tmp_path, mlflow_store):
     from mlflow.tracking import MlflowClient
 
     from lmpipe.errors import LmpipeError
     from lmpipe.serve_app import resolve
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    client = MlflowClient(uri)
+    client = MlflowClient(mlflow_store)
     client.create_registered_model("lmpipe-gru")
     for _ in range(2):
         client.create_model_version("lmpipe-gru", source=str(tmp_path))
@@ -256,7 +254,7 @@ def test_an_unknown_alias_or_version_names_what_the_registry_has(tmp_path, monke
         assert str(caught.value) == message
     with pytest.raises(LmpipeError) as caught:
         resolve("lstm", "champion")
-    assert str(caught.value) == f"models:/lmpipe-lstm@champion: no model 'lstm' in the registry at {uri} (it has gru)"
+    assert str(caught.value) == f"models:/lmpipe-lstm@champion: no model 'lstm' in the registry at {mlflow_store} (it has gru)"
 
 
 def test_a_taken_port_is_one_line():

@@ -9,13 +9,11 @@ from lmpipe import tracking
 
 
 @pytest.fixture()
-def store(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.delenv("LMPIPE_PARENT_RUN_ID", raising=False)
+def store(mlflow_store, tmp_path):
+    """The test's own MLflow store, and a params.yaml naming only the corpus (what the study run's name reads)."""
     params = tmp_path / "params.yaml"
     params.write_text("corpus: {source: enwiki-sample}\n")
-    return uri, params
+    return mlflow_store, params
 
 
 def test_stages_nest_under_one_study_run(store):
