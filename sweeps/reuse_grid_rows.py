@@ -4,11 +4,11 @@ A grid row is cached under a key that hashes the training code (lmpipe.checkpoin
 code, even one that changes no number, makes `lmpipe scaling` retrain all ~100 rows (12.5 h on the 2-core CPU). This
 retrains the cheapest committed row of each model in each CSV (or the rows named) with the code as it is now and
 compares their valid bpb with the CSV: bit for bit, or within --tolerance bpb (another CPU rounds differently: 1e-8
-to 1e-4 bpb between a Zen 3 and a Zen 5, sweeps/notes.md). For each model whose check rows all hold, it writes each
-of its committed rows of the grid (params.yaml's `scaling`) into the row cache under the current key, marked
-`carried_from` with its old cache file and `carried_within` with the largest difference measured; a model whose
-check differs by more is not carried. Then `lmpipe scaling` trains only the points no carried row holds. From the
-checkout's root:
+to 1e-4 bpb between a Zen 3 and a Zen 5, sweeps/notes.md). For each model in each CSV whose check row holds, it
+writes each of those committed rows of the grid (params.yaml's `scaling`) into the row cache under the current key,
+marked `carried_from` with its old cache file and `carried_within` with the difference measured; rows whose check
+differs by more are not carried. Then `lmpipe scaling` trains only the points no carried row holds. --export writes
+the rows trained here (cached, not carried) as a CSV to commit beside the others. From the checkout's root:
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/reuse_grid_rows.py sweeps/grid_*.csv [--tolerance 1e-4]
     PYTHONPATH=. python sweeps/reuse_grid_rows.py --export sweeps/grid_<date>.csv   # the rows the CSVs lack
@@ -58,45 +58,46 @@ def check_rows(rows: pd.DataFrame, known: list[str]) -> list[str]:
     return sorted(cheapest.values())
 
 
-def check(jobs: dict, rows: pd.DataFrame, names: list[str], tolerance: float = 0.0) -> dict[str, float]:
-    """Retrain `names` with the code as it is: {model: its largest difference from the committed valid bpb} for each
-    model whose retrained rows all hold within `tolerance` (0: bit for bit). A model with a row beyond it is named
-    and left out, so its rows are not carried: lmpipe scaling retrains them."""
-    largest: dict[str, float] = {}
+def check(jobs: dict, rows: pd.DataFrame, names: list[str], tolerance: float = 0.0) -> dict[tuple, float]:
+    """Retrain `names` with the code as it is: {(model, CSV): the largest difference from the committed valid bpb}
+    for each model's rows in each CSV whose check rows all hold within `tolerance` (0: bit for bit). Rows whose check
+    is beyond it are named and left out, not carried: lmpipe scaling retrains them."""
+    largest: dict[tuple, float] = {}
     for name in names:
         result = jobs[name].trainer.run()
         checkpoints.discard(jobs[name].ckpt_dir)
         now, then = result.metrics["valid_bpb"], float(rows.loc[name, "valid_bpb"])
         print(f"{name}: valid bpb {now!r} now, {then!r} committed ({now - then:+.2e})", flush=True)
-        model = rows.loc[name, "model"]
-        largest[model] = max(largest.get(model, 0.0), abs(now - then) if abs(now - then) <= tolerance else math.inf)
-    for model in sorted(m for m, d in largest.items() if d == math.inf):
-        print(f"{model}: the code as it is does not reproduce its committed rows within {tolerance:g} bpb: not "
+        group = rows.loc[name, "model"], rows.loc[name, "source"]
+        largest[group] = max(largest.get(group, 0.0), abs(now - then) if abs(now - then) <= tolerance else math.inf)
+    for model, source in sorted(g for g, d in largest.items() if d == math.inf):
+        print(f"{model} in {source}: the code as it is does not reproduce these rows within {tolerance:g} bpb: not "
               "carried, lmpipe scaling retrains them", flush=True)
-    return {m: d for m, d in largest.items() if d != math.inf}
+    return {g: d for g, d in largest.items() if d != math.inf}
 
 
-def carry(jobs: dict, keys: dict, rows: pd.DataFrame, held: dict[str, float]) -> int:
-    """Each committed row of a model in `held` ({model: the largest difference its check rows showed}) written into
+def carry(jobs: dict, keys: dict, rows: pd.DataFrame, held: dict[tuple, float]) -> int:
+    """Each committed row of a (model, CSV) in `held` (the largest difference its check rows showed) written into
     the row cache under today's key, unless a row was trained there since."""
     carried = 0
     for name, job in jobs.items():
         done = ROWS / f"{name}-{keys[name]}.json"
-        if name not in rows.index or done.exists() or rows.loc[name, "model"] not in held:
+        if name not in rows.index or done.exists() or (group := tuple(rows.loc[name, ["model", "source"]])) not in held:
             continue
         row = {k: (v.item() if hasattr(v, "item") else v) for k, v in rows.loc[name].items()
                if pd.notna(v) and k != "source"}
-        write_json(done, {"name": name, **row, "carried_from": row.pop("cache_file"),
-                          "carried_within": held[row["model"]]})
+        write_json(done, {"name": name, **row, "carried_from": row.pop("cache_file"), "carried_within": held[group]})
         carried += 1
     return carried
 
 
 def export(out: Path, jobs: dict, keys: dict, rows: pd.DataFrame) -> None:
-    """The cached rows of the grid that no committed CSV holds, with their cache file, as a CSV."""
-    new = [{**json.loads((ROWS / f"{n}-{keys[n]}.json").read_text()), "cache_file": f"{n}-{keys[n]}.json"}
-           for n in jobs if n not in rows.index and (ROWS / f"{n}-{keys[n]}.json").exists()]
-    pd.DataFrame(new, columns=list(rows.reset_index().columns)).to_csv(out, index=False)
+    """The rows of the grid trained here (cached, not carried), with their cache file, as a CSV to commit: the next
+    machine carries them on as it carries the rows of the other CSVs."""
+    cached = {n: json.loads(path.read_text()) for n in jobs if (path := ROWS / f"{n}-{keys[n]}.json").exists()}
+    new = [{**row, "cache_file": f"{n}-{keys[n]}.json"} for n, row in cached.items() if "carried_from" not in row]
+    columns = [c for c in rows.reset_index().columns if c != "source"]
+    pd.DataFrame(new, columns=columns).to_csv(out, index=False)
     print(f"{out}: {len(new)} rows", flush=True)
 
 
@@ -119,7 +120,7 @@ def main() -> None:
     known = [name for name in jobs if name in rows.index]
     names = args.names or check_rows(rows, known)
     held = check(jobs, rows, names, args.tolerance)
-    print(f"reproduced: {', '.join(f'{m} (within {d:.1e} bpb)' for m, d in sorted(held.items())) or 'no model'}; "
+    print(f"reproduced: {', '.join(f'{m} in {c} (within {d:.1e} bpb)' for (m, c), d in sorted(held.items())) or 'none'}; "
           f"{carry(jobs, keys_of(jobs), rows, held)} rows carried into {ROWS}; "
           f"{len(jobs) - len(known)} points of the grid have no committed row", flush=True)
 

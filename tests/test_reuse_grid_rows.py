@@ -27,14 +27,16 @@ def committed(tmp_path, rows: dict) -> pd.DataFrame:
     return reuse.committed([str(path)])
 
 
-def test_a_model_whose_row_the_code_does_not_reproduce_is_left_out(tmp_path, capsys):
+def test_rows_the_code_does_not_reproduce_are_left_out(tmp_path, capsys):
     rows = committed(tmp_path, {"gru-a": 2.5, "rnn-a": 2.75})
-    assert reuse.check({"gru-a": job(2.5), "rnn-a": job(2.75)}, rows, ["gru-a", "rnn-a"]) == {"gru": 0.0, "rnn": 0.0}
-    assert reuse.check({"gru-a": job(2.5), "rnn-a": job(2.7500000000000004)}, rows, ["gru-a", "rnn-a"]) == {"gru": 0.0}
-    assert "rnn: the code as it is does not reproduce its committed rows within 0 bpb: not carried" in capsys.readouterr().out
+    gru, rnn = ("gru", str(tmp_path / "grid.csv")), ("rnn", str(tmp_path / "grid.csv"))
+    assert reuse.check({"gru-a": job(2.5), "rnn-a": job(2.75)}, rows, ["gru-a", "rnn-a"]) == {gru: 0.0, rnn: 0.0}
+    assert reuse.check({"gru-a": job(2.5), "rnn-a": job(2.7500000000000004)}, rows, ["gru-a", "rnn-a"]) == {gru: 0.0}
+    assert (f"rnn in {rnn[1]}: the code as it is does not reproduce these rows within 0 bpb: not carried"
+            in capsys.readouterr().out)
     held = reuse.check({"gru-a": job(2.50001), "rnn-a": job(2.76)}, rows, ["gru-a", "rnn-a"], tolerance=1e-4)
-    assert list(held) == ["gru"] and held["gru"] == pytest.approx(1e-5)
-    assert reuse.check({"gru-a": job(float("nan")), "rnn-a": job(2.75)}, rows, ["gru-a", "rnn-a"], 1.0) == {"rnn": 0.0}
+    assert list(held) == [gru] and held[gru] == pytest.approx(1e-5)
+    assert reuse.check({"gru-a": job(float("nan")), "rnn-a": job(2.75)}, rows, ["gru-a", "rnn-a"], 1.0) == {rnn: 0.0}
 
 
 def test_carried_rows_land_under_todays_keys_marked_and_never_over_a_row_trained_since(tmp_path, monkeypatch):
@@ -42,15 +44,23 @@ def test_carried_rows_land_under_todays_keys_marked_and_never_over_a_row_trained
     rows = committed(tmp_path, {"gru-a": 2.5, "gru-b": 2.4})
     trained = reuse.ROWS / "gru-b-k2.json"
     trained.parent.mkdir(parents=True)
-    trained.write_text(json.dumps({"valid_bpb": 2.4, "trained": "here"}))
+    trained.write_text(json.dumps({"name": "gru-b", "valid_bpb": 2.4, "trained": "here"}))
     jobs = {"gru-a": job(2.5), "gru-b": job(2.4), "gru-new": job(2.3)}
-    assert reuse.carry(jobs, {"gru-a": "k1", "gru-b": "k2", "gru-new": "k3"}, rows, {"rnn": 0.0}) == 0  # not held
-    assert reuse.carry(jobs, {"gru-a": "k1", "gru-b": "k2", "gru-new": "k3"}, rows, {"gru": 1e-5}) == 1
+    keys, csv = {"gru-a": "k1", "gru-b": "k2", "gru-new": "k3"}, str(tmp_path / "grid.csv")
+    assert reuse.carry(jobs, keys, rows, {("rnn", csv): 0.0, ("gru", "another.csv"): 0.0}) == 0  # not held
+    assert reuse.carry(jobs, keys, rows, {("gru", csv): 1e-5}) == 1
     carried = json.loads((reuse.ROWS / "gru-a-k1.json").read_text())
     assert carried["valid_bpb"] == 2.5 and carried["carried_from"] == "gru-a-old.json" and carried["name"] == "gru-a"
     assert carried["carried_within"] == 1e-5
     assert json.loads(trained.read_text())["trained"] == "here"  # a row trained under today's key stays
     assert not (reuse.ROWS / "gru-new-k3.json").exists()  # a point no CSV holds is left to lmpipe scaling
+    assert "source" not in carried
+
+    (reuse.ROWS / "gru-new-k3.json").write_text(json.dumps({"name": "gru-new", "valid_bpb": 2.3}))  # trained here
+    reuse.export(tmp_path / "out.csv", jobs, keys, rows)
+    exported = pd.read_csv(tmp_path / "out.csv")  # the rows trained here (gru-b, gru-new), not the one carried
+    assert sorted(exported["name"]) == ["gru-b", "gru-new"] and "source" not in exported.columns
+    assert list(exported.loc[exported["name"] == "gru-new", "cache_file"]) == ["gru-new-k3.json"]
 
 
 def test_each_model_is_checked_once_in_each_csv_by_its_cheapest_row(tmp_path):
