@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import tempfile
-from io import StringIO
 from pathlib import Path
 from typing import Iterator
 
@@ -152,6 +151,7 @@ def csv_text(rows: list[dict], columns: list[str] | tuple[str, ...] | None = Non
     keys left out). Each cell is written as Python writes it (object columns: an int stays an int beside a None,
     which is written empty, and a float NaN as nan). Lines end in \r\n, as they always have, or with `newline` where
     a file has always had another ending (seeds/*.csv: \n)."""
+    import numpy as np
     import pandas as pd  # here, not at the top: every lmpipe command imports this module
 
     if not rows and not columns:
@@ -159,17 +159,17 @@ def csv_text(rows: list[dict], columns: list[str] | tuple[str, ...] | None = Non
     names = list(columns or rows[0])
     if not columns and (extra := {k for row in rows for k in row} - set(names)):
         raise ValueError(f"csv_text: keys {sorted(extra)} are not in the first row's {names}")
-    cells = [{k: "nan" if isinstance(v, float) and v != v else v for k, v in row.items()} for row in rows]
+    cells = [{k: "nan" if isinstance(v, (float, np.floating)) and v != v else v for k, v in row.items()} for row in rows]
     return pd.DataFrame(cells, columns=names, dtype=object).to_csv(index=False, lineterminator=newline)
 
 
 def csv_records(path: str | os.PathLike) -> list[dict[str, str]]:
     """A CSV table's rows, each cell the text the file holds ('' for an empty one; the caller converts): the one
-    CSV reader, pandas' beside its writer. None when the file is missing or empty."""
+    CSV reader, pandas' beside its writer. No rows when the file is missing or empty."""
     import pandas as pd
 
     try:
-        return pd.read_csv(path, dtype=str, keep_default_na=False).to_dict("records")
+        return pd.read_csv(path, dtype=str, keep_default_na=False, index_col=False).to_dict("records")
     except FileNotFoundError:
         return []
     except pd.errors.EmptyDataError:  # not even a header

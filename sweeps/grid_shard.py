@@ -9,17 +9,19 @@ stage):
     sleep 30; OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/grid_shard.py 1/2 &
     wait; lmpipe scaling
 
-Shard k of n takes every n-th point without a cached row, from the k-th (the points in the grid's own order), each
-a child of the grid's MLflow run (start the second shard once the first has opened it). A killed shard resumes
-from its checkpoint when started again. PYTHONPATH=. so that the checkout's own code is trained and keyed.
+Shard k of n takes every n-th point of the grid's own order, from the k-th, that has no cached row yet, each a child
+of the grid's MLflow run (start the second shard once the first has opened it); n at most 3, as a family keeps 3
+unfinished runs' checkpoints side by side. A killed shard resumes from its checkpoint when started again. PYTHONPATH=. so that the checkout's own code is trained and keyed.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from flows._stage import PARAMS_FILE
 from flows.scaling import WORK, grid_run, plan, row_key, train_point
+from lmpipe.checkpoints import KEEP
 from lmpipe.config import load_params
 from lmpipe.splits import load_tokens
 
@@ -27,13 +29,21 @@ from lmpipe.splits import load_tokens
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("shard", help="k/n: this shard's number k (from 0) of n")
-    k, n = (int(v) for v in parser.parse_args().shard.split("/"))
+    shard = parser.parse_args().shard
+    try:
+        k, n = (int(v) for v in shard.split("/"))
+    except ValueError:
+        k, n = -1, 0
+    if not 0 <= k < n <= KEEP:
+        sys.exit(f"shard {shard}: k/n, where k counts from 0 to n - 1, and n is at most {KEEP} (the unfinished runs of a family "
+                 "kept side by side: lmpipe.checkpoints.KEEP)")
     params, data = load_params(PARAMS_FILE), load_tokens()
     points, jobs = plan(params, data)
-    todo = [(p, job) for p, job in zip(points, jobs) if not (WORK / "runs" / f"{p.name}-{row_key(job)}.json").exists()]
-    print(f"shard {k}/{n}: {len(todo[k::n])} of the {len(todo)} points without a cached row", flush=True)
+    mine = [(p, job) for i, (p, job) in enumerate(zip(points, jobs))  # the grid's own order, so shards never overlap
+            if i % n == k and not (WORK / "runs" / f"{p.name}-{row_key(job)}.json").exists()]
+    print(f"shard {k}/{n}: {len(mine)} points without a cached row", flush=True)
     with grid_run(params, data) as parent:
-        for point, job in todo[k::n]:
+        for point, job in mine:
             train_point.fn(point, job, params, parent.info.run_id)
 
 

@@ -106,7 +106,8 @@ def main() -> None:
         sys.exit(f"run from the checkout whose code it checks, with PYTHONPATH=. (this imports {codebase.ROOT})")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csvs", nargs="*", default=sorted(str(p) for p in Path("sweeps").glob("grid_*.csv")))
-    parser.add_argument("--names", nargs="*", default=None, help="the committed rows to retrain instead")
+    parser.add_argument("--names", nargs="*", default=None, help="the committed rows to retrain instead: only the rows of the models and CSVs they "
+                        "stand for are carried")
     parser.add_argument("--export", type=Path, default=None)
     parser.add_argument("--tolerance", type=float, default=0.0,
                         help="largest valid-bpb difference a retrained row may show (default 0: bit for bit)")
