@@ -37,7 +37,7 @@ from lmpipe.compare import (BASELINE, MATCHED, best_model, best_of, not_compute_
 from lmpipe.compute_curves import against_grid, annealed  # noqa: E402
 from lmpipe.config import load_params  # noqa: E402
 from lmpipe.results import load_results  # noqa: E402
-from lmpipe.scaling_report import EXPONENT_HALF_WIDTH, exponent_known, isoflop_n_opt  # noqa: E402
+from lmpipe.scaling_report import EXPONENT_HALF_WIDTH, exponent_known, half_width, isoflop_n_opt  # noqa: E402
 
 RECURRENT_AND_TRANSFORMER, NPLM = ("rnn", "lstm", "gru", "transformer"), "nplm"
 BUDGET_SECONDS, SEEDS_BUDGET_SECONDS = 30 * 60, 60 * 60
@@ -179,9 +179,8 @@ def scaling_targets(points: dict, report: str) -> list[tuple[str, str, bool]]:
     scaling = json.loads(path.read_text())
     families = scaling["families"]
     edge = [f"{m} {p['budget']:.1e}" for m, a in sorted(families.items()) for p in a["isoflop"] if not p["bracketed"]]
-    lines = {m: line for m, a in families.items() if (line := isoflop_n_opt(a)) and "interval" in line}
-    half = {m: (line["interval"][1] - line["interval"][0]) / 2 for m, line in lines.items()}
-    narrow = [m for m, line in lines.items() if exponent_known(line)]
+    half = {m: h for m, a in families.items() if (h := half_width(isoflop_n_opt(a))) is not None}
+    narrow = [m for m, a in families.items() if exponent_known(isoflop_n_opt(a))]
     rows = [(f"grid: {len(families)} families, >= 3 budgets up to 1e13 FLOPs",
              f"{len(families)}, {scaling['grid']['min_budget']:.2e}..{scaling['grid']['max_budget']:.2e}",
              len(families) == 5 and len({p["budget"] for a in families.values() for p in a["isoflop"]}) >= 3),

@@ -159,7 +159,8 @@ def csv_text(rows: list[dict], columns: list[str] | tuple[str, ...] | None = Non
     names = list(columns or rows[0])
     if not columns and (extra := {k for row in rows for k in row} - set(names)):
         raise ValueError(f"csv_text: keys {sorted(extra)} are not in the first row's {names}")
-    cells = [{k: "nan" if isinstance(v, (float, np.floating)) and v != v else v for k, v in row.items()} for row in rows]
+    cells = [{k: "nan" if isinstance(v, (float, np.floating)) and v != v else v for k, v in row.items()}
+             for row in rows]
     return pd.DataFrame(cells, columns=names, dtype=object).to_csv(index=False, lineterminator=newline)
 
 

@@ -197,7 +197,8 @@ def power_law(x, y, level: float = 0.9) -> dict:
     fit = {"exponent": float(p), "coefficient": float(math.exp(log_k))}
     if len(log_x) > 2:
         scatter = math.sqrt(float(np.sum((log_y - p * log_x - log_k) ** 2)) / (len(log_x) - 2))
-        half = stats.t.ppf(0.5 + level / 2, len(log_x) - 2) * scatter / math.sqrt(float(np.sum((log_x - log_x.mean()) ** 2)))
+        spread = math.sqrt(float(np.sum((log_x - log_x.mean()) ** 2)))
+        half = stats.t.ppf(0.5 + level / 2, len(log_x) - 2) * scatter / spread
         fit.update(interval=[float(p - half), float(p + half)], scatter=scatter)
     return fit
 

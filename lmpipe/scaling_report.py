@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-
 from pathlib import Path
 
 import numpy as np
@@ -148,20 +147,26 @@ def isoflop_n_opt(family: dict) -> dict | None:
     return family["isoflop_exponents"]["n_opt"] if family["isoflop_exponents"] else None
 
 
+def half_width(line: dict | None) -> float | None:
+    """Half the 90% interval of a power law's exponent; None without one (fewer than three points)."""
+    return (line["interval"][1] - line["interval"][0]) / 2 if line and "interval" in line else None
+
+
 def exponent_known(line: dict | None) -> bool:
     """Issue 50's target: N_opt's exponent, measured by the IsoFLOP minima, known to +-EXPONENT_HALF_WIDTH (its 90%
     interval that narrow)."""
-    return bool(line and "interval" in line) and (line["interval"][1] - line["interval"][0]) / 2 < EXPONENT_HALF_WIDTH
+    half = half_width(line)
+    return half is not None and half < EXPONENT_HALF_WIDTH
 
 
 def precision_sentence(line: dict | None, bracketed: int, budgets: list[float]) -> str:
     """Whether N_opt's exponent is known (`exponent_known`), and if not, the reason the grid gives."""
     target = f"(target +-{EXPONENT_HALF_WIDTH:g})"
-    if not line or "interval" not in line:
+    half = half_width(line)
+    if half is None:
         return (f"With {bracketed} of its {len(budgets)} IsoFLOP minima inside the sizes tried, its exponent has no "
                 f"interval {target}: missed.")
-    half = (line["interval"][1] - line["interval"][0]) / 2
-    if exponent_known(line):
+    if half < EXPONENT_HALF_WIDTH:
         return f"Its exponent is known to +-{half:.2f} {target}: met."
     if bracketed < len(budgets):
         why = (f"only {bracketed} of its {len(budgets)} IsoFLOP minima lie inside the sizes tried, so the runs pin the "

@@ -11,7 +11,8 @@ stage):
 
 Shard k of n takes every n-th point of the grid's own order, from the k-th, that has no cached row yet, each a child
 of the grid's MLflow run (start the second shard once the first has opened it); n at most 3, as a family keeps 3
-unfinished runs' checkpoints side by side. A killed shard resumes from its checkpoint when started again. PYTHONPATH=. so that the checkout's own code is trained and keyed.
+unfinished runs' checkpoints side by side. A killed shard resumes from its checkpoint when started again.
+PYTHONPATH=. so that the checkout's own code is trained and keyed.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ def main() -> None:
     except ValueError:
         k, n = -1, 0
     if not 0 <= k < n <= KEEP:
-        sys.exit(f"shard {shard}: k/n, where k counts from 0 to n - 1, and n is at most {KEEP} (the unfinished runs of a family "
-                 "kept side by side: lmpipe.checkpoints.KEEP)")
+        sys.exit(f"shard {shard}: k/n, where k counts from 0 to n - 1, and n is at most {KEEP} (the unfinished runs "
+                 "of a family kept side by side: lmpipe.checkpoints.KEEP)")
     params, data = load_params(PARAMS_FILE), load_tokens()
     points, jobs = plan(params, data)
     mine = [(p, job) for i, (p, job) in enumerate(zip(points, jobs))  # the grid's own order, so shards never overlap

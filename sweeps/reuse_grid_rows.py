@@ -106,7 +106,8 @@ def main() -> None:
         sys.exit(f"run from the checkout whose code it checks, with PYTHONPATH=. (this imports {codebase.ROOT})")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csvs", nargs="*", default=sorted(str(p) for p in Path("sweeps").glob("grid_*.csv")))
-    parser.add_argument("--names", nargs="*", default=None, help="the committed rows to retrain instead: only the rows of the models and CSVs they "
+    parser.add_argument("--names", nargs="*", default=None,
+                        help="the committed rows to retrain instead: only the rows of the models and CSVs they "
                         "stand for are carried")
     parser.add_argument("--export", type=Path, default=None)
     parser.add_argument("--tolerance", type=float, default=0.0,
@@ -121,7 +122,8 @@ def main() -> None:
     known = [name for name in jobs if name in rows.index]
     names = args.names or check_rows(rows, known)
     held = check(jobs, rows, names, args.tolerance)
-    print(f"reproduced: {', '.join(f'{m} in {c} (within {d:.1e} bpb)' for (m, c), d in sorted(held.items())) or 'none'}; "
+    reproduced = ", ".join(f"{m} in {c} (within {d:.1e} bpb)" for (m, c), d in sorted(held.items())) or "none"
+    print(f"reproduced: {reproduced}; "
           f"{carry(jobs, keys_of(jobs), rows, held)} rows carried into {ROWS}; "
           f"{len(jobs) - len(known)} points of the grid have no committed row", flush=True)
 

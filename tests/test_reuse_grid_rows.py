@@ -85,5 +85,5 @@ def test_a_grid_shard_outside_its_count_or_beyond_the_checkpoints_kept_is_refuse
     done = subprocess.run([sys.executable, "sweeps/grid_shard.py", shard], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert done.returncode == 1 and done.stderr.strip().splitlines() == [
-        f"shard {shard}: k/n, where k counts from 0 to n - 1, and n is at most 3 (the unfinished runs of a family kept side by "
-        "side: lmpipe.checkpoints.KEEP)"]
+        f"shard {shard}: k/n, where k counts from 0 to n - 1, and n is at most 3 (the unfinished runs of a family kept "
+        "side by side: lmpipe.checkpoints.KEEP)"]
