@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lmpipe.tables import markdown_table
+
 LEVEL = 0.9  # the intervals' coverage
 RECURRENT = ("lstm", "gru", "rnn")  # families the transformer's lead is measured against
 
@@ -242,11 +244,12 @@ def against_grid(points: dict[str, list[dict]], scaling: dict | None, stale: Seq
                 "gives them)."]
     lines = [f"{name}, against the study's annealed points at the budgets both have. Validation bpb: the study's "
              "model (one size, tuned at its largest budget) and the grid's best size (a size at the edge of the grid's "
-             "sizes is marked *: the grid's optimum may lie beyond it).", "",
-             "| C (FLOPs) | model | study | grid's best size | grid | study − grid |", "|---|---|---|---|---|---|"]
-    for budget, model, study, best in sorted(pairs, key=lambda p: (p[0], p[2])):
-        lines.append(f"| {e(budget)} | {model} | {study:.4f} | {best['size']}{'*' if best['edge'] else ''} "
-                     f"({best['n_params'] / 1e6:.2f}M) | {best['valid_bpb']:.4f} | {study - best['valid_bpb']:+.4f} |")
+             "sizes is marked *: the grid's optimum may lie beyond it).", ""]
+    lines += markdown_table(
+        ["C (FLOPs)", "model", "study", "grid's best size", "grid", "study − grid"],
+        [[e(budget), model, f"{study:.4f}", f"{best['size']}{'*' if best['edge'] else ''} "
+          f"({best['n_params'] / 1e6:.2f}M)", f"{best['valid_bpb']:.4f}", f"{study - best['valid_bpb']:+.4f}"]
+         for budget, model, study, best in sorted(pairs, key=lambda p: (p[0], p[2]))])
     lines.append("")
     for budget in sorted({p[0] for p in pairs}):
         at = [p for p in pairs if p[0] == budget]

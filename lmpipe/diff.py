@@ -16,6 +16,7 @@ from lmpipe import paths
 from lmpipe.compare import BASELINE
 from lmpipe.errors import LmpipeError
 from lmpipe.git import git_or_empty
+from lmpipe.tables import markdown_table
 from lmpipe.seeds import REAL_GAP_SDS
 
 WORKSPACE = "workspace"
@@ -102,8 +103,7 @@ def table(found: list[Change], a: str, b: str, markdown: bool = False) -> str:
              _number(None if c.sd is None else REAL_GAP_SDS * c.sd, ".4f"), c.verdict,
              f"{_number(c.flops[0], '.1f')} -> {_number(c.flops[1], '.1f')}"] for c in found]
     if markdown:
-        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        lines += ["| " + " | ".join(row) + " |" for row in body]
+        lines = markdown_table(head, body)
     else:
         widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
         lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in [head, *body]]

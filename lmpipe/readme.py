@@ -9,6 +9,7 @@ from pathlib import Path
 
 from lmpipe.compare import BASELINE, CACHE, baseline_label, best_model, vs_baseline, without_cache
 from lmpipe.config import load_params
+from lmpipe.tables import markdown_table
 from lmpipe.report import row_label
 from lmpipe.results import load_results, si
 
@@ -26,16 +27,16 @@ def results_markdown(root: str | Path, study_seed: int, label: str, budget_flops
     models = results.evaluation["models"]
     lines = [f"Every neural model trained {si(budget_flops)} FLOPs (`study.budget`): the families compare at equal "
              "compute" + (f"; not compute-matched: {', '.join(unmatched)}." if unmatched else "."), ""] if budget_flops else []
-    lines += ["| model | test bpb | test word ppl | vs " + label + " (word ppl) | tokens seen | train FLOPs |",
-              "|---|---|---|---|---|---|"]
+    rows = []
     for name in sorted(models, key=lambda n: spreads[n].bpb):
         r, t, s = models[name], trained.get(name, {}), spreads[name]
         bpb = f"{s.bpb:.3f}" + (f" ± {s.bpb_sd:.3f} ({s.n} seeds)" if s.n > 1 else "")
         versus = "-" if name == BASELINE else f"{100 * vs_baseline(r, models[BASELINE]):+.1f}%"
-        compute = (f"{t['tokens_seen']:,} ({t['epochs']:.1f} ep.) | {si(t['train_flops'])}" if "train_flops" in t
-                   else "- | -")
-        lines.append(f"| {row_label(name, unmatched)} | {bpb} | {r['test']['word_ppl']:,.0f} "
-                     f"| {versus} | {compute} |")
+        compute = ([f"{t['tokens_seen']:,} ({t['epochs']:.1f} ep.)", si(t["train_flops"])] if "train_flops" in t
+                   else ["-", "-"])
+        rows.append([row_label(name, unmatched), bpb, f"{r['test']['word_ppl']:,.0f}", versus, *compute])
+    lines += markdown_table(["model", "test bpb", "test word ppl", f"vs {label} (word ppl)", "tokens seen",
+                             "train FLOPs"], rows)
     if combined and combined["models"]:
         best = best_model(combined["models"])
         c = combined["models"][best]

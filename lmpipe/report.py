@@ -20,6 +20,7 @@ from lmpipe import seeds as seed_spread  # noqa: E402
 from lmpipe.compute_curves import against_grid, annealed, section as compute_section  # noqa: E402
 from lmpipe.compare import BASELINE, CACHE, MATCHED, best_model, vs_baseline, without_cache  # noqa: E402
 from lmpipe.io import atomic_path, csv_records, csv_text, write_text  # noqa: E402
+from lmpipe.tables import markdown_table  # noqa: E402
 from lmpipe.results import load_results, read_json, si  # noqa: E402
 
 
@@ -91,8 +92,9 @@ def bpb_figure(models: dict, out: Path) -> None:
 def _corpus_section(corpus, validation, tokenize) -> list[str]:
     lines = ["## Corpus", ""]
     if corpus:
-        lines += [f"Source: `{corpus['source']}`.", "", "| split | articles | lines | words | chars |", "|---|---|---|---|---|"]
-        lines += [f"| {s} | {v['articles']} | {v['lines']} | {v['words']} | {v['chars']} |" for s, v in corpus["splits"].items()]
+        lines += [f"Source: `{corpus['source']}`.", ""] + markdown_table(
+            ["split", "articles", "lines", "words", "chars"],
+            [[s, v["articles"], v["lines"], v["words"], v["chars"]] for s, v in corpus["splits"].items()])
     if validation:
         verdict = "passed" if validation["success"] else f"FAILED ({validation['failed']} failures)"
         lines += ["", f"Validation (Great Expectations): {validation['evaluated']} expectations, {verdict}."]
@@ -143,18 +145,18 @@ def _perplexity_section(evaluation, trained: dict, label: str, unmatched: list[s
              "per whitespace word and per BPE token, so the n-gram and the neural models compare fairly whatever "
              "their tokenization. Compute: parameters without embeddings, training tokens seen and training FLOPs "
              "(analytic, `lmpipe/flops.py`)" + _precision_note(trained) + "; the seconds each took are on the "
-             "model's MLflow run (they differ from run to run, so no tracked file holds them).", "",
-             "| model | params (non-emb.) | tokens seen | train FLOPs | valid bpb | test bpb | test word ppl "
-             f"| vs {label} (word ppl) |", "|---|---|---|---|---|---|---|---|"]
+             "model's MLflow run (they differ from run to run, so no tracked file holds them).", ""]
+    rows = []
     for n in names:
         r, t = models[n], trained.get(n, {})
-        row_name = row_label(n, unmatched)
         versus = f"{100 * vs_baseline(r, kn):+.1f}%" if kn and n != BASELINE else "-"
-        compute = (f"{r['n_params']:,} ({t['n_params_non_embedding']:,}) | {t['tokens_seen']:,} "
-                   f"({t['epochs']:.1f} ep.) | {si(t['train_flops'])}"
-                   if "train_flops" in t else f"{r['n_params']:,} | - | -")
-        lines.append(f"| {row_name} | {compute} | {r['valid']['bpb']:.3f} | {r['test']['bpb']:.3f} | "
-                     f"{r['test']['word_ppl']:.0f} | {versus} |")
+        compute = ([f"{r['n_params']:,} ({t['n_params_non_embedding']:,})", f"{t['tokens_seen']:,} "
+                    f"({t['epochs']:.1f} ep.)", si(t["train_flops"])]
+                   if "train_flops" in t else [f"{r['n_params']:,}", "-", "-"])
+        rows.append([row_label(n, unmatched), *compute, f"{r['valid']['bpb']:.3f}", f"{r['test']['bpb']:.3f}",
+                     f"{r['test']['word_ppl']:.0f}", versus])
+    lines += markdown_table(["model", "params (non-emb.)", "tokens seen", "train FLOPs", "valid bpb", "test bpb",
+                             "test word ppl", f"vs {label} (word ppl)"], rows)
     neural = [n for n in names if n != BASELINE and n not in unmatched]
     if kn and neural:
         best = best_model({n: models[n] for n in [BASELINE, *neural]})
@@ -186,15 +188,16 @@ def _combine_section(combined: dict, evaluation: dict, label: str, unmatched: li
              "no training (Kuhn & De Mori 1990).") if windows else ""
     lines = ["## Combined models", "", "Per-token linear interpolation of the models' probabilities (the same BPE "
              "stream), weights fitted by EM on the valid split only and scored once on test (`lmpipe/combine.py`)."
-             + cache, "",
-             f"| combination | weights | valid bpb | test bpb | test word ppl | vs best single (bpb) | vs {label} (word ppl) |",
-             "|---|---|---|---|---|---|---|"]
+             + cache, ""]
+    table = []
     for name, r in sorted(rows.items(), key=lambda kv: kv[1]["test"]["bpb"]):
         weights = ", ".join(f"{m} {w:.2f}" for m, w in r["weights"].items())
         gain = f"{r['test']['bpb'] - models[single]['test']['bpb']:+.3f}" if single else "-"
         versus = f"{100 * vs_baseline(r, kn):+.1f}%" if kn else "-"
-        lines.append(f"| {name} | {weights} | {r['valid']['bpb']:.3f} | {r['test']['bpb']:.3f} | "
-                     f"{r['test']['word_ppl']:.0f} | {gain} | {versus} |")
+        table.append([name, weights, f"{r['valid']['bpb']:.3f}", f"{r['test']['bpb']:.3f}",
+                      f"{r['test']['word_ppl']:.0f}", gain, versus])
+    lines += markdown_table(["combination", "weights", "valid bpb", "test bpb", "test word ppl",
+                             "vs best single (bpb)", f"vs {label} (word ppl)"], table)
     matched = {name: r for name, r in rows.items() if not set(r["weights"]) & set(unmatched)}
     if matched and single:
         best = best_model(matched)
@@ -214,13 +217,13 @@ def _seeds_section(spreads: dict, stale: list[str], label: str, unmatched: list[
     lines = ["## Seeds and verdicts", "", "Each neural model trained with `train.seed` and the seeds of `seeds.extra` "
              "(`lmpipe seeds`, seeds/seeds.csv), everything else equal. Two results differ only where their gap "
              f"exceeds {seed_spread.REAL_GAP_SDS:g} times the larger seed sd; otherwise they are within noise. "
-             f"{label} is deterministic (sd 0).", "",
-             "| model | seeds | test bpb (mean ± sd) | test word ppl (mean ± sd) |", "|---|---|---|---|"]
+             f"{label} is deterministic (sd 0).", ""]
+    rows = []
     for name, s in sorted(spreads.items(), key=lambda kv: kv[1].bpb):
         sd = (lambda v, d: "" if v is None or name == BASELINE else f" ± {v:.{d}f}")
-        row_name = row_label(name, unmatched)
-        lines.append(f"| {row_name} | {'-' if name == BASELINE else s.n} | {s.bpb:.3f}{sd(s.bpb_sd, 3)} | "
-                     f"{s.word_ppl:.1f}{sd(s.word_ppl_sd, 1)} |")
+        rows.append([row_label(name, unmatched), "-" if name == BASELINE else s.n, f"{s.bpb:.3f}{sd(s.bpb_sd, 3)}",
+                     f"{s.word_ppl:.1f}{sd(s.word_ppl_sd, 1)}"])
+    lines += markdown_table(["model", "seeds", "test bpb (mean ± sd)", "test word ppl (mean ± sd)"], rows)
     single = sorted(n for n, s in spreads.items() if n != BASELINE and s.bpb_sd is None)
     judged = {n: s for n, s in spreads.items() if n not in unmatched}
     lines += [""] + [f"- {v}" for v in seed_spread.verdicts(judged, BASELINE, label)]
@@ -314,8 +317,8 @@ def _weat_section(weat, details=None) -> list[str]:
               "size d, its one-sided permutation p-value, and q, the p-value adjusted for the tests that model ran "
               "(Benjamini-Hochberg): read a test as significant only where q < 0.05. Where a test could not run, the "
               "words each set X/Y/A/B kept. Which words were kept or dropped, with their counts: "
-              "`reports/weat_words.json`.", "",
-              "| test | " + " | ".join(models) + " |", "|---" * (len(models) + 1) + "|"]
+              "`reports/weat_words.json`.", ""]
+    rows = []
     for t in tests:
         cells = []
         for name in models:
@@ -325,7 +328,8 @@ def _weat_section(weat, details=None) -> list[str]:
             else:
                 cells.append("n/a [" + "/".join(str(r.get(f"{role}_words", "?")) for role in "xyab") + "]")
         title = some.get(t, {}).get("title")
-        lines.append(f"| {t}" + (f": {title}" if title else "") + " | " + " | ".join(cells) + " |")
+        rows.append([f"{t}: {title}" if title else t, *cells])
+    lines += markdown_table(["test", *models], rows)
     if weat.get("word_form"):
         lines += ["", f"Word vectors: {weat['word_form']}."]
     return lines

@@ -8,6 +8,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from lmpipe.decode import DecodeSettings, diversity, generate, surprisals
+from lmpipe.tables import markdown_table
 from lmpipe.tokenize import decode_stream
 from lmpipe.utf8 import Utf8Guard
 
@@ -45,11 +46,11 @@ def samples_markdown(results: dict, params) -> str:
              f"Prompts: {', '.join(repr(p) for p in params.prompts)}; {params.max_new_tokens} new tokens; "
              f"top-k {params.top_k}, top-p {params.top_p}, typical {params.typical_p}, beam {params.beam_size}, "
              f"temperature {params.temperature}, seed {params.seed}.", "",
-             "## Diversity per strategy (mean over models)", "",
-             "| strategy | distinct-1 | distinct-2 | repetition rate | mean surprisal (nats) |", "|---|---|---|---|---|"]
-    for strategy, row in strategy_table(results).items():
-        lines.append(f"| {strategy} | {row['distinct_1']:.3f} | {row['distinct_2']:.3f} | "
-                     f"{row['repetition_rate']:.3f} | {row['mean_surprisal']:.2f} |")
+             "## Diversity per strategy (mean over models)", ""]
+    lines += markdown_table(
+        ["strategy", "distinct-1", "distinct-2", "repetition rate", "mean surprisal (nats)"],
+        [[strategy, f"{row['distinct_1']:.3f}", f"{row['distinct_2']:.3f}", f"{row['repetition_rate']:.3f}",
+          f"{row['mean_surprisal']:.2f}"] for strategy, row in strategy_table(results).items()])
     for name, by_strategy in results.items():
         lines += ["", f"## {name}", ""]
         for strategy, result in by_strategy.items():

@@ -36,6 +36,7 @@ from lmpipe.config import params_hash, yaml_error_place
 from lmpipe.model_params import ModelParams
 from lmpipe.errors import ConfigError
 from lmpipe.io import csv_records
+from lmpipe.tables import markdown_table
 from lmpipe.overrides import nested
 
 SPACE_FILE = "sweeps/space.yaml"
@@ -221,16 +222,15 @@ def ablation_markdown(tables: list[Path]) -> list[str]:
             continue
         budget = re.match(r"budget=\{flops: ([^}]+)\}", rows[0]["settings"])
         first = float(rows[0]["valid_bpb"])
-        lines += [f"### {float(budget[1]):.1e} training FLOPs ([{path.name}](../{path.as_posix()}))", "",
-                  "| row | settings other than the first row's | valid bpb | vs first row | test bpb | train s |",
-                  "|---|---|---|---|---|---|"]
         base = _recipe(rows[0]["settings"])
+        table = []
         for r in rows:
             settings = " ".join(f"`{k}={v}`" for k, v in _recipe(r["settings"]).items() if base.get(k) != v) or "(none)"
-            lines.append(f"| {r['row']} | {settings} | {float(r['valid_bpb']):.4f} | "
-                         f"{float(r['valid_bpb']) - first:+.4f} | {float(r['test_bpb']):.4f} | "
-                         f"{float(r['train_seconds']):.0f} |")
-        lines.append("")
+            table.append([r["row"], settings, f"{float(r['valid_bpb']):.4f}", f"{float(r['valid_bpb']) - first:+.4f}",
+                          f"{float(r['test_bpb']):.4f}", f"{float(r['train_seconds']):.0f}"])
+        lines += [f"### {float(budget[1]):.1e} training FLOPs ([{path.name}](../{path.as_posix()}))", ""]
+        lines += markdown_table(["row", "settings other than the first row's", "valid bpb", "vs first row",
+                                 "test bpb", "train s"], table) + [""]
     return lines
 
 
@@ -267,12 +267,11 @@ def grid_summary(outcomes: list[tuple[Path, Path]], space_file: Path) -> list[st
                  f"{'**' if r is best else ''}" for r in tried]
         flops = {f"{float(r['train_flops']):.3g}" for r in tried}
         setting = ", ".join(f"`{k}`" for k in keys)
-        rows.append(f"| {folder.name} | {setting} | {' · '.join(cells)} | {', '.join(sorted(flops))} |")
+        rows.append([folder.name, setting, " · ".join(cells), ", ".join(sorted(flops))])
     if not rows:
         return []
-    return [f"### The same sweep for every model ({space_file.name})", "",
-            "| model | setting | value tried: valid bpb (best in bold) | training FLOPs per trial |",
-            "|---|---|---|---|", *rows, ""]
+    return [f"### The same sweep for every model ({space_file.name})", "", *markdown_table(
+        ["model", "setting", "value tried: valid bpb (best in bold)", "training FLOPs per trial"], rows), ""]
 
 
 def _number_or_text(value: str) -> tuple:
@@ -340,9 +339,9 @@ def _sweep_section(folder: Path, space: dict) -> list[str]:
     best = min(complete, key=lambda r: float(r["valid_bpb"])) if complete else None
     lines = [f"### {model} ({rel})", "",
              f"{len(rows)} trials ({states.count('COMPLETE')} complete, {states.count('PRUNED')} pruned); "
-             f"budget per trial: {_describe_budget(space.get('budget') or {})}.", "",
-             "| setting | searched |", "|---|---|"]
-    lines += [f"| `{k}` | {_describe_range(v)} |" for k, v in (space.get("space") or {}).items()]
+             f"budget per trial: {_describe_budget(space.get('budget') or {})}.", ""]
+    lines += markdown_table(["setting", "searched"],
+                            [[f"`{k}`", _describe_range(v)] for k, v in (space.get("space") or {}).items()])
     if best:
         lines += ["", f"Best: trial {best['number']}, valid bpb **{float(best['valid_bpb']):.4f}**."]
     if best and best_yaml:

@@ -1,7 +1,7 @@
 """What several test files share: a local HTTP server for a handler, run in a thread for the length of a block; a
 port another program holds; a child that takes Ctrl-C as a terminal's would; the page `lmpipe ui`'s link opens, as
 headless Chromium has it; a learnable token stream; a study's metrics files for the report; params as params.yaml
-states them (every setting), with a test's changes."""
+states them (every setting), with a test's changes; the rows of a markdown table."""
 
 from __future__ import annotations
 
@@ -267,3 +267,17 @@ def entry(family: str, arch: dict | None = None, **settings) -> dict:
     if FAMILIES[family].recurrent:
         tree.setdefault("variable_bptt", False)
     return copy.deepcopy(tree)  # no object shared with another entry: YAML would write it once, as an alias
+
+
+def table_rows(markdown: str | list[str]) -> list[list[str]]:
+    """Every row of the markdown tables in `markdown` (header rows too, not the rule under them), each cell without
+    the padding that lines the columns up."""
+    lines = markdown.splitlines() if isinstance(markdown, str) else markdown
+    rows = [[cell.strip() for cell in line.strip()[1:-1].split("|")] for line in lines
+            if line.startswith("|") and line.rstrip().endswith("|")]
+    return [row for row in rows if not all(cell and set(cell) <= set(":-") for cell in row)]
+
+
+def has_row(markdown: str | list[str], *cells: str) -> bool:
+    """Whether a row of a markdown table in `markdown` begins with `cells`."""
+    return any(row[:len(cells)] == list(cells) for row in table_rows(markdown))

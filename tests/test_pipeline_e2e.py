@@ -23,8 +23,8 @@ from lmpipe.io import sha256_tree
 from lmpipe.ngram import NGramLM
 
 from tests.conftest import ROOT
-from tests.helpers import (ADAMW, QuietHandler, as_in_a_terminal, assert_best_first, browser, entry, http_server,
-                           leaderboard_page)
+from tests.helpers import (ADAMW, QuietHandler, as_in_a_terminal, assert_best_first, browser, entry, has_row,
+                           http_server, leaderboard_page)
 
 pytestmark = pytest.mark.e2e
 # `make test` runs on pytest-xdist's workers (tests/conftest.py): these tests, about half of this module's time, form
@@ -177,7 +177,7 @@ def test_repro_runs_every_stage_and_writes_contract_outputs(project):
     samples = (copy / "reports/samples.md").read_text()
     assert samples.count("- The history of") == len(MODELS + ("ngram",)) * 5
     study = (copy / "reports/study.md").read_text()
-    assert "## Perplexity" in study and "| ngram (baseline) |" in study
+    assert "## Perplexity" in study and has_row(study, "ngram (baseline)")
     assert "data:image/png;base64," in (copy / "reports/study.html").read_text()
     weat = json.loads((copy / "metrics/weat.json").read_text())
     assert set(weat["models"]) == {*MODELS, "word2vec"}
@@ -970,7 +970,7 @@ def test_an_added_model_is_evaluated_audited_and_reported_and_removing_it_leaves
     assert ran_stages(added.stdout) == {"train@grusmall", "score@grusmall", "evaluate", "combine", "audit", "report"}
     assert "grusmall" in json.loads((copy / "metrics/eval.json").read_text())["models"]
     assert "grusmall" in json.loads((copy / "metrics/weat.json").read_text())["models"]
-    assert "| grusmall |" in (copy / "reports/study.md").read_text()
+    assert has_row((copy / "reports/study.md").read_text(), "grusmall")
     assert "grusmall+ngram" in json.loads((copy / "metrics/combine.json").read_text())["models"]
     assert "metrics/models/grusmall.json" in run(["dvc", "metrics", "show", "--json"], copy, env).stdout
     assert all_status(copy, env) == status_before  # the scaling grid does not read the study's other models
@@ -1164,7 +1164,7 @@ def test_a_retrain_whose_models_regress_changes_nothing_users_read(committed, pr
     assert newest_flow_run_state(prefect_api, "retrain") == "FAILED"
     tags = retrain_runs(copy)[0].data.tags
     assert tags["lmpipe.retrain.decision"] == "failed" and tags["lmpipe.retrain.regressed"] == "gru"
-    assert tags["lmpipe.retrain.experiment"] == name and "| gru **regressed** |" in tags["lmpipe.retrain.comparison"]
+    assert tags["lmpipe.retrain.experiment"] == name and has_row(tags["lmpipe.retrain.comparison"], "gru **regressed**")
     client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
     challenger = client.get_model_version_by_alias("lmpipe-gru", "challenger")
     assert challenger.tags["dvc.exp"] == name and str(challenger.version) != crowned["gru"]

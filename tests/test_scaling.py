@@ -11,7 +11,7 @@ from scipy.optimize import minimize_scalar
 from lmpipe.config import parse_params
 from lmpipe.errors import ConfigError
 from lmpipe.flops import peak_flops
-from tests.helpers import entry, project_params, synthetic_data
+from tests.helpers import entry, project_params, synthetic_data, table_rows
 from lmpipe.scaling import Law, analyse, best_per_budget, fit_law, grid_points, isoflop_minimum, power_law
 
 TRUE = Law(E=1.7, A=40.0, alpha=0.35, B=300.0, beta=0.4)
@@ -264,6 +264,9 @@ def test_the_report_of_a_five_family_grid_draws_each_family_and_says_where_each_
         assert f"- {model}: the IsoFLOP minimum lies" in text
     assert "- nplm: the IsoFLOP minimum lies at no budget inside the sizes tried: the best run is always the " \
            "smallest size, so N_opt lies below the smallest size tried" in text
+    isoflop = [row for row in table_rows(text) if len(row) == 6]  # model, C, N_opt, D_opt, bpb at N_opt, bracketed
+    assert [row[5] for row in isoflop if row[0] == "nplm"] == ["no"] * 3
+    assert [row[1] for row in isoflop if row[0] == "transformer"] == ["1.0e+12", "1.0e+13", "1.0e+14"]
     from lmpipe.scaling_report import precision_sentence
 
     budgets = [1e12, 2e12, 4e12]
