@@ -6,6 +6,7 @@ import math
 from typing import Mapping, Sequence
 
 from lmpipe.paths import BASELINE  # noqa: F401  (the baseline's name, re-exported: compare's callers use it)
+from lmpipe.tables import markdown_table
 
 def baseline_label(ngram) -> str:
     """The n-gram baseline's name from its settings (params.yaml `ngram`): 'KN-5', 'add-k 3-gram', ..."""
@@ -105,15 +106,15 @@ def changed(rows: list[dict]) -> list[dict]:
 
 
 def comparison_markdown(rows: list[dict], regressed: list[str], max_regression: float) -> str:
-    lines = ["# Retraining: test metrics, champion vs challenger", "",
-             "| model | champion | word ppl before | after | change | bpb before | after | change |",
-             "|---|---|---|---|---|---|---|---|"]
+    table = []
     for r in rows:
         version = f"v{r['version']}" if r["version"] else "-"
-        cells = [f"{_cell(r[k]['before'], DIGITS[k])} | {_cell(r[k]['after'], DIGITS[k])} | {_change(r[k]['change'])}"
-                 for k in METRICS]
+        cells = [c for k in METRICS for c in (_cell(r[k]["before"], DIGITS[k]), _cell(r[k]["after"], DIGITS[k]),
+                                              _change(r[k]["change"]))]
         flag = " **regressed**" if r["model"] in regressed else ""
-        lines.append(f"| {r['model']}{flag} | {version} | " + " | ".join(cells) + " |")
+        table.append([f"{r['model']}{flag}", version, *cells])
+    lines = ["# Retraining: test metrics, champion vs challenger", ""] + markdown_table(
+        ["model", "champion", "word ppl before", "after", "change", "bpb before", "after", "change"], table)
     verdict = (f"Regressed beyond {100 * max_regression:.1f}%: {', '.join(regressed)}." if regressed
                else f"No model regressed beyond {100 * max_regression:.1f}%.")
     return "\n".join(lines + ["", verdict]) + "\n"
