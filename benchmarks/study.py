@@ -187,7 +187,7 @@ def scaling_targets(points: dict, report: str) -> list[tuple[str, str, bool]]:
             ("grid: IsoFLOP minimum bracketed at every budget of every family",
              "all" if not edge else f"not at {', '.join(edge)}", not edge),
             (f"grid: N_opt exponent (IsoFLOP minima) known to +-{EXPONENT_HALF_WIDTH:g} (90%), >= 3 families",
-             ", ".join(f"{m} +-{h:.2f}" for m, h in sorted(half.items())) or "none", len(narrow) >= 3)]
+             ", ".join(f"{m} +-{h:.3f}" for m, h in sorted(half.items())) or "none", len(narrow) >= 3)]
     compared = against_grid(points, scaling)
     verdict = "no shared budget" if not compared or "not compared" in compared[0] else "compared"
     rows.append(("the report compares the grid with the study at the budgets both have",

@@ -167,6 +167,9 @@ class ScalingParams(Section):
     budgets: list[float] = Field(description="training FLOPs of each run")
     overrides: dict = Field(description="dotted settings for every run, e.g. batch_size: 16")
     evals_per_epoch: int = Field(ge=1)
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        description="every grid run's training precision, the same on every machine, so that rows trained on "
+        "different machines belong to one grid (auto: each machine's own, as train.precision)")
     fit: ScalingFitParams
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ import numpy as np
 
 from lmpipe.report import html_page, plt
 from lmpipe.scaling import MAX_EPOCHS, Law
+from lmpipe.tables import markdown_table
 
 CAVEATS = (
     "Each point is one training run with one seed: differences between neighbouring runs as small as the study's "
@@ -167,14 +168,14 @@ def precision_sentence(line: dict | None, bracketed: int, budgets: list[float]) 
         return (f"With {bracketed} of its {len(budgets)} IsoFLOP minima inside the sizes tried, its exponent has no "
                 f"interval {target}: missed.")
     if half < EXPONENT_HALF_WIDTH:
-        return f"Its exponent is known to +-{half:.2f} {target}: met."
+        return f"Its exponent is known to +-{half:.3f} {target}: met."
     if bracketed < len(budgets):
         why = (f"only {bracketed} of its {len(budgets)} IsoFLOP minima lie inside the sizes tried, so the runs pin the "
                "optimum's move poorly")
     else:
         why = (f"its minima scatter about the line by {100 * (math.exp(line['scatter']) - 1):.0f}% in N (one seed a "
                "run, and a profile is flat near its minimum)")
-    return f"Its exponent's interval is +-{half:.2f} {target}: missed, as {why}."
+    return f"Its exponent's interval is +-{half:.3f} {target}: missed, as {why}."
 
 
 def law_sentence(family: dict) -> str:
@@ -237,19 +238,20 @@ def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], baselin
     if baseline:
         lines += [f"{baseline[0]} on the same split: {baseline[1]:.4f} bpb.", ""]
     lines += ["## What the grid shows", ""] + [f"- {f}" for f in findings(analysis, best, baseline)] + [""]
-    lines += ["## Best run at each budget", "", "| C (FLOPs) | best | N | D (tokens) | valid bpb |", "|---|---|---|---|---|"]
-    lines += [f"| {b['budget']:.1e} | {b['model']} {b['size']} | {b['n_params']:,} | {b['tokens']:,} | {b['valid_bpb']:.4f} |"
-              for b in best]
+    lines += ["## Best run at each budget", ""] + markdown_table(
+        ["C (FLOPs)", "best", "N", "D (tokens)", "valid bpb"],
+        [[f"{b['budget']:.1e}", f"{b['model']} {b['size']}", f"{b['n_params']:,}", f"{b['tokens']:,}",
+          f"{b['valid_bpb']:.4f}"] for b in best])
     lines += ["", "![Loss against compute](scaling/loss_vs_compute.png)", "",
               "## IsoFLOP profiles (Hoffmann et al.'s approach 2)", "",
               "At each budget a parabola in log N through the best run and its two neighbours in size; its minimum N_opt "
               "(a star: it lies between those neighbours), or a cross where the best run sits at the edge of the grid and "
               "the true optimum lies outside it; D_opt = C / (6 N_opt). Local, not through every run: over a 32x range of "
-              "sizes a profile is not a parabola, and a far run would tilt a global fit's vertex.", "", "| model | C | N_opt | D_opt | bpb at N_opt | bracketed |", "|---|---|---|---|---|---|"]
-    for model, a in analysis.items():
-        lines += [f"| {model} | {p['budget']:.1e} | {p['n_opt']:,.0f} | {p['d_opt']:,.0f} | {p['loss_opt']:.4f} | "
-                  f"{'yes' if p['bracketed'] else 'no'} |" for p in a["isoflop"]]
-    lines.append("")
+              "sizes a profile is not a parabola, and a far run would tilt a global fit's vertex.", ""]
+    lines += markdown_table(
+        ["model", "C", "N_opt", "D_opt", "bpb at N_opt", "bracketed"],
+        [[model, f"{p['budget']:.1e}", f"{p['n_opt']:,.0f}", f"{p['d_opt']:,.0f}", f"{p['loss_opt']:.4f}",
+          "yes" if p["bracketed"] else "no"] for model, a in analysis.items() for p in a["isoflop"]]) + [""]
     for model, a in analysis.items():
         e = a["isoflop_exponents"]
         lines.append(f"- {model}: " + (f"N_opt ~ C^{e['n_opt']['exponent']:.2f}{_ci_of(e['n_opt'])}, D_opt ~ "
@@ -259,26 +261,23 @@ def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], baselin
     lines += ["", "![IsoFLOP profiles](scaling/isoflop.png)", "",
               "## The fitted law L(N, D) = E + A / N^alpha + B / D^beta (approach 3)", "",
               f"Huber loss (delta {meta['huber_delta']:g}) on log-loss, L-BFGS from a grid of starts; 90% intervals from "
-              f"{meta['bootstrap']} bootstrap resamplings of the runs.", "",
-              "| model | E | A | alpha | B | beta | N_opt ~ C^a | D_opt ~ C^b |", "|---|---|---|---|---|---|---|---|"]
+              f"{meta['bootstrap']} bootstrap resamplings of the runs.", ""]
+    laws = []
     for model, a in analysis.items():
         law, ci, ex, exci = a["law"], a["law_intervals"], a["law_exponents"], a["law_exponent_intervals"]
-        cells = [f"{law[k]:.3g} {_ci(ci.get(k))}" for k in ("E", "A", "alpha", "B", "beta")]
-        lines.append(f"| {model} | " + " | ".join(cells) + f" | {ex['a']:.2f} {_ci(exci.get('a'))} | "
-                     f"{ex['b']:.2f} {_ci(exci.get('b'))} |")
-    lines += ["", "Predicted loss at the compute-optimal size, beyond the grid:", "",
-              "| model | C | predicted bpb (90% interval) | N_opt |", "|---|---|---|---|"]
-    for model, a in analysis.items():
-        lines += [f"| {model} | {p['budget']:.1e} ({k}) | {p['loss']:.4f} {_ci(p['interval'])} | {p['n_opt']:,.0f} |"
-                  for k, p in a["predictions"].items()]
+        laws.append([model, *(f"{law[k]:.3g} {_ci(ci.get(k))}" for k in ("E", "A", "alpha", "B", "beta")),
+                     f"{ex['a']:.2f} {_ci(exci.get('a'))}", f"{ex['b']:.2f} {_ci(exci.get('b'))}"])
+    lines += markdown_table(["model", "E", "A", "alpha", "B", "beta", "N_opt ~ C^a", "D_opt ~ C^b"], laws)
+    lines += ["", "Predicted loss at the compute-optimal size, beyond the grid:", ""] + markdown_table(
+        ["model", "C", "predicted bpb (90% interval)", "N_opt"],
+        [[model, f"{p['budget']:.1e} ({k})", f"{p['loss']:.4f} {_ci(p['interval'])}", f"{p['n_opt']:,.0f}"]
+         for model, a in analysis.items() for k, p in a["predictions"].items()])
     lines += ["", "![Fitted L(N, D)](scaling/law.png)", "",
               "## Does the law predict a run it has not seen?", "",
-              "Refitted without the largest budget's runs, the law's prediction for them:", "",
-              "| model | run | measured bpb | predicted | relative error |", "|---|---|---|---|---|"]
-    for model, a in analysis.items():
-        lines += [f"| {model} | {h['name']} | {h['measured']:.4f} | {h['predicted']:.4f} | {100 * h['relative_error']:+.1f}% |"
-                  for h in a["holdout"]["runs"]]
-    lines.append("")
+              "Refitted without the largest budget's runs, the law's prediction for them:", ""] + markdown_table(
+        ["model", "run", "measured bpb", "predicted", "relative error"],
+        [[model, h["name"], f"{h['measured']:.4f}", f"{h['predicted']:.4f}", f"{100 * h['relative_error']:+.1f}%"]
+         for model, a in analysis.items() for h in a["holdout"]["runs"]]) + [""]
     for model, a in analysis.items():
         if a["holdout"]["mean_abs_relative_error"] is not None:
             lines.append(f"- {model}: mean absolute error {100 * a['holdout']['mean_abs_relative_error']:.1f}% "

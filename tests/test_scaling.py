@@ -274,7 +274,9 @@ def test_the_report_of_a_five_family_grid_draws_each_family_and_says_where_each_
     def line(lo, hi, scatter=0.1):
         return {"exponent": (lo + hi) / 2, "coefficient": 1.0, "interval": [lo, hi], "scatter": scatter}
 
-    assert precision_sentence(line(0.40, 0.54), 3, budgets) == "Its exponent is known to +-0.07 (target +-0.1): met."
+    assert precision_sentence(line(0.40, 0.54), 3, budgets) == "Its exponent is known to +-0.070 (target +-0.1): met."
+    assert precision_sentence(line(0.4952, 0.6987), 3, budgets).startswith(  # not "+-0.10 ...: missed"
+        "Its exponent's interval is +-0.102 (target +-0.1): missed")
     assert precision_sentence(line(0.2, 0.7), 1, budgets).endswith(
         "missed, as only 1 of its 3 IsoFLOP minima lie inside the sizes tried, so the runs pin the optimum's move poorly.")
     assert precision_sentence(line(0.2, 0.7), 3, budgets).endswith(
