@@ -34,6 +34,7 @@ from lmpipe.checkpoints import code_version
 from lmpipe.train.job import Job, prepare, publish
 
 WORK = Path(CACHE_DIR) / "scaling"
+ROWS = WORK / "runs"  # each finished point's row (Job.cached), kept under its key
 COLUMNS = ("name", "model", "family", "size", "budget", "n_params", "n_params_non_embedding", "tokens", "flops",
            "epochs", "epoch_tokens", "valid_bpb", "valid_ppl", "valid_loss", "device")  # scaling/runs.csv, in order
 
@@ -123,7 +124,7 @@ def train_point(point: GridPoint, job: Job, params: Params, parent_id: str) -> d
               f"{row['wall_seconds']:.0f} s", flush=True)
         return row
 
-    return job.cached(WORK / "runs", point.name, key, train, reused)
+    return job.cached(ROWS, point.name, key, train, reused)
 
 
 def grid_run(params: Params, data: TokenData):

@@ -21,10 +21,11 @@ import argparse
 import sys
 
 from flows._stage import PARAMS_FILE
-from flows.scaling import WORK, grid_run, plan, row_key, train_point
+from flows.scaling import ROWS, grid_run, plan, row_key, train_point
 from lmpipe.checkpoints import KEEP
 from lmpipe.config import load_params
 from lmpipe.splits import load_tokens
+from lmpipe.train.job import row_file
 
 
 def main() -> None:
@@ -41,7 +42,7 @@ def main() -> None:
     params, data = load_params(PARAMS_FILE), load_tokens()
     points, jobs = plan(params, data)
     mine = [(p, job) for i, (p, job) in enumerate(zip(points, jobs))  # the grid's own order, so shards never overlap
-            if i % n == k and not (WORK / "runs" / f"{p.name}-{row_key(job)}.json").exists()]
+            if i % n == k and not row_file(ROWS, p.name, row_key(job)).exists()]
     print(f"shard {k}/{n}: {len(mine)} points without a cached row", flush=True)
     with grid_run(params, data) as parent:
         for point, job in mine:

@@ -29,13 +29,12 @@ from pathlib import Path
 import pandas as pd
 
 from flows._stage import PARAMS_FILE
-from flows.scaling import WORK, plan, row_key
+from flows.scaling import ROWS, plan, row_key
 from lmpipe import checkpoints, codebase
 from lmpipe.config import load_params
 from lmpipe.io import write_json
 from lmpipe.splits import load_tokens
-
-ROWS = WORK / "runs"
+from lmpipe.train.job import row_file
 
 
 def keys_of(jobs: dict) -> dict:
@@ -81,7 +80,7 @@ def carry(jobs: dict, keys: dict, rows: pd.DataFrame, held: dict[tuple, float]) 
     the row cache under today's key, unless a row was trained there since."""
     carried = 0
     for name, job in jobs.items():
-        done = ROWS / f"{name}-{keys[name]}.json"
+        done = row_file(ROWS, name, keys[name])
         if name not in rows.index or done.exists() or (group := tuple(rows.loc[name, ["model", "source"]])) not in held:
             continue
         row = {k: (v.item() if hasattr(v, "item") else v) for k, v in rows.loc[name].items()
@@ -94,8 +93,8 @@ def carry(jobs: dict, keys: dict, rows: pd.DataFrame, held: dict[tuple, float]) 
 def export(out: Path, jobs: dict, keys: dict, rows: pd.DataFrame) -> None:
     """The rows of the grid trained here (cached, not carried), with their cache file, as a CSV to commit: the next
     machine carries them on as it carries the rows of the other CSVs."""
-    cached = {n: json.loads(path.read_text()) for n in jobs if (path := ROWS / f"{n}-{keys[n]}.json").exists()}
-    new = [{**row, "cache_file": f"{n}-{keys[n]}.json"} for n, row in cached.items() if "carried_from" not in row]
+    cached = {n: json.loads(path.read_text()) for n in jobs if (path := row_file(ROWS, n, keys[n])).exists()}
+    new = [{**row, "cache_file": row_file(ROWS, n, keys[n]).name} for n, row in cached.items() if "carried_from" not in row]
     columns = [c for c in rows.reset_index().columns if c != "source"]
     pd.DataFrame(new, columns=columns).to_csv(out, index=False)
     print(f"{out}: {len(new)} rows", flush=True)

@@ -51,6 +51,11 @@ def configure_run(params: Params, model: str, overrides: dict | None = None, bud
     return settings, common
 
 
+def row_file(folder: str | Path, name: str, key: str) -> Path:
+    """Where a finished run's row is kept under its key (`Job.cached`); the grid's tools look for it there too."""
+    return Path(folder) / f"{name}-{key}.json"
+
+
 @dataclass
 class Job:
     """One training run, set up: its settings, its data, its checkpoint folder (keyed by everything that decides
@@ -77,7 +82,7 @@ class Job:
         """This run's row, kept in `folder` under `key` (`key(...)`, with what else the row depends on): read back
         (and `reused` told) when an identical run finished before, else `train()`ed, kept, and its checkpoints
         dropped. The seeds and the scaling grid resume by it."""
-        done = Path(folder) / f"{name}-{key}.json"
+        done = row_file(folder, name, key)
         if done.exists():
             row = json.loads(done.read_text())
             reused(row)
