@@ -62,6 +62,7 @@ TINY = {
         "budgets": [2e8, 4e8, 8e8, 1.6e9],
         "overrides": {"max_steps_per_epoch": None},
         "evals_per_epoch": 1,
+        "precision": "fp32",  # as the committed grid, on any CPU
         "fit": {"bootstrap": 5, "seed": 0, "huber_delta": 0.001},
     },
 }
