@@ -179,8 +179,9 @@ def scaling_targets(points: dict, report: str) -> list[tuple[str, str, bool]]:
     scaling = json.loads(path.read_text())
     families = scaling["families"]
     edge = [f"{m} {p['budget']:.1e}" for m, a in sorted(families.items()) for p in a["isoflop"] if not p["bracketed"]]
-    half = {m: h for m, a in families.items() if (h := half_width(isoflop_n_opt(a))) is not None}
-    narrow = [m for m, a in families.items() if exponent_known(isoflop_n_opt(a))]
+    lines = {m: isoflop_n_opt(a) for m, a in families.items()}
+    half = {m: h for m, line in lines.items() if (h := half_width(line)) is not None}
+    narrow = [m for m, line in lines.items() if exponent_known(line)]
     rows = [(f"grid: {len(families)} families, >= 3 budgets up to 1e13 FLOPs",
              f"{len(families)}, {scaling['grid']['min_budget']:.2e}..{scaling['grid']['max_budget']:.2e}",
              len(families) == 5 and len({p["budget"] for a in families.values() for p in a["isoflop"]}) >= 3),

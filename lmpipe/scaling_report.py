@@ -167,7 +167,7 @@ def precision_sentence(line: dict | None, bracketed: int, budgets: list[float]) 
     if half is None:
         return (f"With {bracketed} of its {len(budgets)} IsoFLOP minima inside the sizes tried, its exponent has no "
                 f"interval {target}: missed.")
-    if half < EXPONENT_HALF_WIDTH:
+    if exponent_known(line):
         return f"Its exponent is known to +-{half:.3f} {target}: met."
     if bracketed < len(budgets):
         why = (f"only {bracketed} of its {len(budgets)} IsoFLOP minima lie inside the sizes tried, so the runs pin the "

@@ -93,8 +93,9 @@ def carry(jobs: dict, keys: dict, rows: pd.DataFrame, held: dict[tuple, float]) 
 def export(out: Path, jobs: dict, keys: dict, rows: pd.DataFrame) -> None:
     """The rows of the grid trained here (cached, not carried), with their cache file, as a CSV to commit: the next
     machine carries them on as it carries the rows of the other CSVs."""
-    cached = {n: json.loads(path.read_text()) for n in jobs if (path := row_file(ROWS, n, keys[n])).exists()}
-    new = [{**row, "cache_file": row_file(ROWS, n, keys[n]).name} for n, row in cached.items() if "carried_from" not in row]
+    cached = [path for n in jobs if (path := row_file(ROWS, n, keys[n])).exists()]
+    new = [{**row, "cache_file": path.name} for path in cached
+           if "carried_from" not in (row := json.loads(path.read_text()))]
     columns = [c for c in rows.reset_index().columns if c != "source"]
     pd.DataFrame(new, columns=columns).to_csv(out, index=False)
     print(f"{out}: {len(new)} rows", flush=True)
