@@ -41,12 +41,14 @@ COLUMNS = ("name", "model", "family", "size", "budget", "n_params", "n_params_no
 
 def prepare_point(point: GridPoint, params: Params, data: TokenData) -> Job:
     """The family's settings with the grid's overrides, this size's arch and this budget; the train section with
-    the grid's evaluations per epoch and precision."""
+    the grid's evaluations per epoch and precision (and the point's seed, where it has one)."""
     overrides = {**params.scaling.overrides, **{f"arch.{k}": v for k, v in point.size.items()}}
     try:
         return prepare(params, point.model, WORK / "ckpt", overrides=overrides, budget={"flops": point.budget},
                        train={"evals_per_epoch": params.scaling.evals_per_epoch,
-                              "precision": params.scaling.precision}, data=data, params_file=PARAMS_FILE)
+                              "precision": params.scaling.precision,
+                              **({} if point.seed is None else {"seed": point.seed})},
+                       data=data, params_file=PARAMS_FILE)
     except ConfigError as exc:
         raise ConfigError(f"{PARAMS_FILE}: scaling, {point.name}: {exc}") from None
 

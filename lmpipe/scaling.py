@@ -43,10 +43,12 @@ class GridPoint:
     model: str  # an entry of params.yaml's `models`: the family's settings
     size: dict  # arch overrides for this size
     budget: float  # training FLOPs C
+    seed: int | None = None  # train.seed of this run; None: params.yaml's
 
     @property
     def name(self) -> str:
-        return f"{self.model}-{size_label(self.size)}-C{self.budget:.1e}"
+        seed = "" if self.seed is None else f"-seed{self.seed}"
+        return f"{self.model}-{size_label(self.size)}-C{self.budget:.1e}{seed}"
 
 
 def grid_points(sizes_by_model: dict[str, list[dict]], budgets: list[float]) -> list[GridPoint]:

@@ -12,10 +12,15 @@ from lmpipe.scaling import MAX_EPOCHS, Law
 from lmpipe.tables import markdown_table
 
 CAVEATS = (
-    "Each point is one training run with one seed: differences between neighbouring runs as small as the study's "
-    "seed spread (reports/study.md, 'Seeds and verdicts') are noise. Every size trains with its "
-    "family's default settings (learning rate, batch, dropout), not settings tuned per size, which can bend the "
-    "profiles. Runs longer than an epoch repeat data, which the law's D term does not model. The grid spans a "
+    "Each point is one training run with one seed, train.seed, and a size keeps that seed's initial weights and data "
+    "order at every budget. A second seed (sweeps/grid_seed_check.py: each budget's best size and its two neighbours; "
+    "sweeps/notes.md) moved single runs at the three smallest budgets (up to 9.4e11 FLOPs) by several times the "
+    "study's seed spread at its budget (reports/study.md, 'Seeds and verdicts'), each size by about the same at each "
+    "of them, and at the larger budgets by about the study's spread. So at the smallest budgets a seed's luck moves a "
+    "family's minimum in steps as its best size changes, and an exponent's interval, which takes the minima's scatter "
+    "as independent, can understate its uncertainty, for the families whose target reads met too. Every size trains "
+    "with its family's default settings (learning rate, batch, dropout), not settings tuned per size, which can bend "
+    "the profiles. Runs longer than an epoch repeat data, which the law's D term does not model. The grid spans a "
     "narrow range of N (the 8,192-token embedding is most of a small model's parameters), so the law's constants "
     "trade off against each other: read the bootstrap intervals before the point values, and the predictions "
     "at 10x and 100x the largest budget as extrapolations of the exponents, not measurements. The budgets are far "
@@ -168,13 +173,14 @@ def precision_sentence(line: dict | None, bracketed: int, budgets: list[float]) 
         return (f"With {bracketed} of its {len(budgets)} IsoFLOP minima inside the sizes tried, its exponent has no "
                 f"interval {target}: missed.")
     if exponent_known(line):
-        return f"Its exponent is known to +-{half:.3f} {target}: met."
+        return (f"Its exponent is known to +-{half:.3f} {target}: met, from one seed a run (see 'How far to trust "
+                "this').")
     if bracketed < len(budgets):
         why = (f"only {bracketed} of its {len(budgets)} IsoFLOP minima lie inside the sizes tried, so the runs pin the "
                "optimum's move poorly")
     else:
         why = (f"its minima scatter about the line by {100 * (math.exp(line['scatter']) - 1):.0f}% in N (one seed a "
-               "run, and a profile is flat near its minimum)")
+               "run, whose luck a size keeps at every budget, on a profile flat near its minimum)")
     return f"Its exponent's interval is +-{half:.3f} {target}: missed, as {why}."
 
 

@@ -28,10 +28,8 @@ from lmpipe.splits import load_tokens
 from lmpipe.train.job import row_file
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("shard", help="k/n: this shard's number k (from 0) of n")
-    shard = parser.parse_args().shard
+def parse_shard(shard: str) -> tuple[int, int]:
+    """'k/n' -> (k, n), or exit with what it must be."""
     try:
         k, n = (int(v) for v in shard.split("/"))
     except ValueError:
@@ -39,6 +37,13 @@ def main() -> None:
     if not 0 <= k < n <= KEEP:
         sys.exit(f"shard {shard}: k/n, where k counts from 0 to n - 1, and n is at most {KEEP} (the unfinished runs "
                  "of a family kept side by side: lmpipe.checkpoints.KEEP)")
+    return k, n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("shard", help="k/n: this shard's number k (from 0) of n")
+    k, n = parse_shard(parser.parse_args().shard)
     params, data = load_params(PARAMS_FILE), load_tokens()
     points, jobs = plan(params, data)
     mine = [(p, job) for i, (p, job) in enumerate(zip(points, jobs))  # the grid's own order, so shards never overlap

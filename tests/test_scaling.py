@@ -164,6 +164,20 @@ def test_each_grid_point_trains_its_size_to_its_flop_budget():
         prepare_point(grid_points(bad.scaling.models, bad.scaling.budgets)[0], bad, synthetic_data())
 
 
+def test_a_grid_point_with_a_seed_of_its_own_is_another_run_under_another_name():
+    from dataclasses import replace
+
+    from flows.scaling import prepare_point, row_key
+
+    params = parse_params(project_params(scaling={"models": {"lstm": [{"emb": 32, "hidden": 32}]}, "budgets": [1e12]}))
+    point = grid_points(params.scaling.models, params.scaling.budgets)[0]
+    again = replace(point, seed=params.train.seed + 1)
+    first, second = (prepare_point(p, params, synthetic_data()) for p in (point, again))
+    assert second.common.seed == params.train.seed + 1 and first.common.seed == params.train.seed
+    assert second.settings == first.settings and row_key(second) != row_key(first)
+    assert again.name == point.name + f"-seed{params.train.seed + 1}"
+
+
 def test_the_grid_leaves_out_a_run_that_would_read_the_corpus_more_than_max_epochs_times(capsys):
     from flows.scaling import plan, planned_epochs
     from lmpipe.scaling import MAX_EPOCHS
@@ -274,14 +288,15 @@ def test_the_report_of_a_five_family_grid_draws_each_family_and_says_where_each_
     def line(lo, hi, scatter=0.1):
         return {"exponent": (lo + hi) / 2, "coefficient": 1.0, "interval": [lo, hi], "scatter": scatter}
 
-    assert precision_sentence(line(0.40, 0.54), 3, budgets) == "Its exponent is known to +-0.070 (target +-0.1): met."
+    assert precision_sentence(line(0.40, 0.54), 3, budgets) == (
+        "Its exponent is known to +-0.070 (target +-0.1): met, from one seed a run (see 'How far to trust this').")
     assert precision_sentence(line(0.4952, 0.6987), 3, budgets).startswith(  # not "+-0.10 ...: missed"
         "Its exponent's interval is +-0.102 (target +-0.1): missed")
     assert precision_sentence(line(0.2, 0.7), 1, budgets).endswith(
         "missed, as only 1 of its 3 IsoFLOP minima lie inside the sizes tried, so the runs pin the optimum's move poorly.")
     assert precision_sentence(line(0.2, 0.7), 3, budgets).endswith(
-        "missed, as its minima scatter about the line by 11% in N (one seed a run, and a profile is flat near its "
-        "minimum).")
+        "missed, as its minima scatter about the line by 11% in N (one seed a run, whose luck a size keeps at every "
+        "budget, on a profile flat near its minimum).")
     assert precision_sentence({"exponent": 0.5, "coefficient": 1.0}, 2, budgets) == (
         "With 2 of its 3 IsoFLOP minima inside the sizes tried, its exponent has no interval (target +-0.1): missed.")
     # the law's interval narrow around another value than the minima's (the NPLM's law pinned at E = 0): said so
