@@ -10,6 +10,8 @@ either seed and their mean (lmpipe.scaling.isoflop_minimum). From the checkout's
     sleep 40; OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/grid_seed_check.py --shard 1/2 &
     wait; PYTHONPATH=. python sweeps/grid_seed_check.py --export sweeps/grid_seed1_<date>.csv
 
+(--budgets: others of the grid's budgets than its three cheapest, the default.)
+
 Rows are cached beside the grid's (flows.scaling.ROWS, named <point>-seed<seed>): a killed shard resumes. --export
 trains nothing (it needs every row): it writes the runs as the grid's CSVs hold rows (sweeps/reuse_grid_rows.py
 carries them to changed code like those) and prints each pair.
@@ -40,6 +42,10 @@ CHEAPEST = [4.6875e11, 6.62913e11, 9.375e11]  # C/64, C/45, C/32: the grid's thr
 
 def around_minima(grid: pd.DataFrame, sizes: dict[str, list[dict]], budgets: list[float], seed: int) -> list:
     """(point at `seed`, its grid row) for the best size of each family at each budget and its neighbours in size."""
+    unknown = sorted(set(budgets) - set(grid.budget))
+    if unknown:
+        sys.exit(f"--budgets {' '.join(f'{b:g}' for b in unknown)}: not a budget of {RUNS} (have: "
+                 f"{' '.join(f'{b:g}' for b in sorted(set(grid.budget)))})")
     chosen = []
     for (model, budget), at in grid[grid.budget.isin(budgets)].groupby(["model", "budget"]):
         at = at.sort_values("n_params").reset_index(drop=True)

@@ -3,6 +3,7 @@
 import importlib.util
 
 import pandas as pd
+import pytest
 
 from tests.conftest import ROOT
 
@@ -20,3 +21,5 @@ def test_the_seed_check_takes_each_budgets_best_size_and_its_neighbours():
     assert [(p.size["emb"], p.budget, p.seed) for p, _ in chosen] == [(16, 1e12, 3), (32, 1e12, 3), (64, 1e12, 3),
                                                                         (8, 2e12, 3), (16, 2e12, 3)]
     assert chosen[0][1].valid_bpb == 2.8  # each point with the grid's own row
+    with pytest.raises(SystemExit, match=r"--budgets 3e\+12: not a budget of scaling/runs.csv \(have: 1e\+12 2e\+12\)"):
+        seeds.around_minima(grid, sizes, [1e12, 3e12], seed=3)
