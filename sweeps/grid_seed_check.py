@@ -33,6 +33,7 @@ from lmpipe.config import load_params
 from lmpipe.io import csv_text, write_text
 from lmpipe.paths import RUNS
 from lmpipe.scaling import GridPoint, isoflop_minimum, power_law, size_label
+from lmpipe.scaling_report import half_width
 from lmpipe.splits import load_tokens
 from lmpipe.train.job import row_file
 from sweeps.grid_shard import parse_shard
@@ -66,7 +67,12 @@ def exponent(minima: list[tuple[float, dict]]) -> str:
     if len(inside) < 3:
         return f"{len(inside)} bracketed"
     line = power_law(*zip(*inside))
-    return f"{line['exponent']:.3f} +-{(line['interval'][1] - line['interval'][0]) / 2:.3f} ({len(inside)} minima)"
+    return f"{line['exponent']:.3f} +-{half_width(line):.3f} ({len(inside)} minima)"
+
+
+def seed_sd(differences: pd.Series) -> str:
+    """A run's seed sd from the differences of pairs of runs (each difference has twice a run's variance)."""
+    return f"{math.sqrt((differences ** 2).mean() / 2):.4f} bpb ({len(differences)} pairs)"
 
 
 def main() -> None:
@@ -91,10 +97,10 @@ def main() -> None:
             for point, job in mine:
                 train_point.fn(point, job, params, parent.info.run_id)
         return
-    missing = [p.name for p, _, job in points if not row_file(ROWS, p.name, row_key(job)).exists()]
+    cached = [(p, row, row_file(ROWS, p.name, row_key(job))) for p, row, job in points]
+    missing = [p.name for p, _, path in cached if not path.exists()]
     if missing:
         sys.exit(f"--export: {len(missing)} runs not trained yet, e.g. {missing[0]}: run the shards first")
-    cached = [(p, row, row_file(ROWS, p.name, row_key(job))) for p, row, job in points]
     trained = [{**json.loads(path.read_text()), "cache_file": path.name} for _, _, path in cached]
     write_text(args.export, csv_text(trained, [*COLUMNS, "train_seconds", "wall_seconds", "flops_per_sec", "precision",
                                                "cache_file"]))
@@ -114,8 +120,8 @@ def main() -> None:
                   + " | ".join(vertex(m) for m in (found[-1][1] for found in minima.values())))
         print(f"{model}: N_opt's exponent " + " | ".join(exponent(found) for found in minima.values()))
     for budget, at in table.groupby("budget"):
-        print(f"at {budget:.3g}: seed sd {math.sqrt((at.difference ** 2).mean() / 2):.4f} bpb ({len(at)} pairs)")
-    print(f"seed sd from all pairs: {math.sqrt((table.difference ** 2).mean() / 2):.4f} bpb ({len(table)} pairs)")
+        print(f"at {budget:.3g}: seed sd {seed_sd(at.difference)}")
+    print(f"seed sd from all pairs: {seed_sd(table.difference)}")
 
 
 if __name__ == "__main__":
