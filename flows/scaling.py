@@ -66,7 +66,8 @@ def plan(params: Params, data: TokenData) -> tuple[list[GridPoint], list[Job]]:
     """The grid's points and their jobs, every one prepared (so every typo shows before the first hour of training),
     less the runs that would read the training tokens more than MAX_EPOCHS times, each named as it is left out."""
     points, jobs = [], []
-    for point in grid_points(params.scaling.models, params.scaling.budgets):
+    seeds = params.scaling.seeds
+    for point in grid_points(params.scaling.models, params.scaling.budgets, seeds.extra, seeds.budgets):
         job = prepare_point(point, params, data)
         epochs = planned_epochs(job.settings, point.budget, data.vocab_size, len(data.splits["train"].tokens))
         if epochs is not None and epochs > MAX_EPOCHS:

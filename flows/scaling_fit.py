@@ -24,7 +24,7 @@ from lmpipe.compare import baseline_label
 from lmpipe.config import load_params
 from lmpipe.errors import ConfigError
 from lmpipe.io import atomic_path, csv_records, write_json
-from lmpipe.scaling import analyse, best_per_budget, frontier
+from lmpipe.scaling import analyse, best_per_budget, frontier, mean_over_seeds, seed_spread
 
 REPORTS, SUMMARY, NGRAM = Path(paths.REPORTS), Path(paths.SCALING_METRICS), Path(paths.NGRAM_METRICS)
 
@@ -39,7 +39,8 @@ def read_runs(path: Path = Path(paths.RUNS)) -> list[dict]:
 def fit() -> str:
     from lmpipe.scaling_report import write_scaling_report
 
-    params, rows = load_params(PARAMS_FILE), read_runs()
+    params, runs = load_params(PARAMS_FILE), read_runs()
+    rows = mean_over_seeds(runs)  # one row a point: its runs' mean where it has several seeds
     settings = params.scaling.fit
     analysis = analyse(rows, settings.bootstrap, settings.seed, settings.huber_delta)
     best = best_per_budget(rows)
@@ -47,11 +48,12 @@ def fit() -> str:
     per_budget = Counter((r["model"], r["budget"]) for r in rows).values()
     meta = {"sizes": (min(per_budget), max(per_budget)), "budgets": len({r["budget"] for r in rows}),
             "min_budget": min(float(r["budget"]) for r in rows), "max_budget": max(float(r["budget"]) for r in rows),
-            "train_tokens": int(rows[0]["epoch_tokens"]), "flops": sum(float(r["flops"]) for r in rows),
+            "train_tokens": int(rows[0]["epoch_tokens"]), "flops": sum(float(r["flops"]) for r in runs),
             "device": ", ".join(sorted({r["device"] for r in rows})), "bootstrap": settings.bootstrap,
-            "huber_delta": settings.huber_delta}
+            "huber_delta": settings.huber_delta, "runs": len(runs), "seed_spread": seed_spread(rows)}
     summary = {"baseline": baseline and {"label": baseline[0], "valid_bpb": baseline[1]}, "best_per_budget": best,
                "frontier": frontier(rows), "families": analysis, "grid_flops": meta["flops"],
+               "runs": meta["runs"], "seed_spread": meta["seed_spread"],
                "grid": {"families": sorted({r["model"] for r in rows}), "min_budget": meta["min_budget"],
                         "max_budget": meta["max_budget"], "max_params": max(int(r["n_params"]) for r in rows),
                         "overrides": params.scaling.overrides}}

@@ -159,6 +159,28 @@ class ScalingFitParams(Section):
     huber_delta: float = Field(gt=0, description="Huber loss threshold on log-loss (Hoffmann et al.: 1e-3)")
 
 
+class SeedsParams(Section):
+    """The seed spread (seeds/dvc.yaml, `lmpipe seeds`): every model retrained with these seeds beside `train.seed`."""
+
+    extra: list[int] = Field(description="train.seed values of the extra runs")
+
+    @field_validator("extra")
+    @classmethod
+    def _distinct(cls, extra: list[int]) -> list[int]:
+        if len(set(extra)) != len(extra):
+            raise ValueError(f"seeds {extra} repeat a seed: each run needs its own")
+        return extra
+
+
+class ScalingSeedsParams(SeedsParams):
+    """Extra runs of the grid's points where one seed's luck decides the minima: at the smallest budgets a size keeps
+    its seed's offset at every budget (sweeps/notes.md, 2026-11-30, session 42). A point's loss is its runs' mean."""
+
+    extra: list[int] = Field(description="train.seed of each extra run of a point, beside train.seed")
+    budgets: list[float] = Field(description="the budgets of scaling.budgets whose every size runs with each extra "
+                                 "seed")
+
+
 class ScalingParams(Section):
     """The scaling-law grid (scaling/dvc.yaml): every size of each listed model at every compute budget."""
 
@@ -170,12 +192,16 @@ class ScalingParams(Section):
     precision: Literal["auto", "fp32", "bf16"] = Field(
         description="every grid run's training precision, the same on every machine, so that rows trained on "
         "different machines belong to one grid (auto: each machine's own, as train.precision)")
+    seeds: ScalingSeedsParams
     fit: ScalingFitParams
 
     @model_validator(mode="after")
     def _budgets_positive(self):
         if any(b <= 0 for b in self.budgets):
             raise ValueError("budgets must be positive FLOP counts")
+        if stray := [b for b in self.seeds.budgets if b not in self.budgets]:
+            raise ValueError(f"seeds.budgets {', '.join(f'{b:g}' for b in stray)}: not in budgets (name budgets of "
+                             "the grid)")
         return self
 
 
@@ -208,19 +234,6 @@ class StudyParams(Section):
     def flops(self) -> float | None:
         """C, the training FLOPs every model gets (None: no study budget)."""
         return self.budget.flops if self.budget is not None else None
-
-
-class SeedsParams(Section):
-    """The seed spread (seeds/dvc.yaml, `lmpipe seeds`): every model retrained with these seeds beside `train.seed`."""
-
-    extra: list[int] = Field(description="train.seed values of the extra runs")
-
-    @field_validator("extra")
-    @classmethod
-    def _distinct(cls, extra: list[int]) -> list[int]:
-        if len(set(extra)) != len(extra):
-            raise ValueError(f"seeds {extra} repeat a seed: each run needs its own")
-        return extra
 
 
 class Params(Section):
@@ -265,9 +278,10 @@ class Params(Section):
         if self.study.budget is None and lengthless:
             raise ValueError(f"models.{lengthless[0]} states neither epochs nor budget, and study.budget is null: "
                              "give the study a budget, or the model one of its own")
-        if self.train.seed in self.seeds.extra:
-            raise ValueError(f"seeds.extra holds train.seed {self.train.seed}: the study's own run is already one "
-                             "of the seeds (choose other values)")
+        for section, extra in (("seeds", self.seeds.extra), ("scaling.seeds", self.scaling.seeds.extra)):
+            if self.train.seed in extra:
+                raise ValueError(f"{section}.extra holds train.seed {self.train.seed}: the run of train.seed is "
+                                 "already one of the seeds (choose other values)")
         return self
 
     def model_settings(self, name: str) -> ModelParams:

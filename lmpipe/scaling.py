@@ -51,11 +51,38 @@ class GridPoint:
         return f"{self.model}-{size_label(self.size)}-C{self.budget:.1e}{seed}"
 
 
-def grid_points(sizes_by_model: dict[str, list[dict]], budgets: list[float]) -> list[GridPoint]:
-    """Every size of every model at every budget, smallest budgets first (a short grid reads early)."""
-    return [GridPoint(model, dict(size), float(budget))
+def grid_points(sizes_by_model: dict[str, list[dict]], budgets: list[float], extra_seeds: list[int] = (),
+                seeded_budgets: list[float] = ()) -> list[GridPoint]:
+    """Every size of every model at every budget, smallest budgets first (a short grid reads early); at each of
+    `seeded_budgets` every size again with each of `extra_seeds`."""
+    return [GridPoint(model, dict(size), float(budget), seed)
             for budget, (model, sizes) in itertools.product(sorted(budgets), sizes_by_model.items())
-            for size in sizes]
+            for size in sizes for seed in [None, *(extra_seeds if budget in seeded_budgets else [])]]
+
+
+def mean_over_seeds(rows: list[dict]) -> list[dict]:
+    """One row per point (model, size, budget): its first run's (train.seed's) row with the mean valid bpb of its
+    runs, `seeds` their number and `seed_sd` their sd (None for one run), in the order of their first runs."""
+    points: dict[tuple, list[dict]] = {}
+    for r in rows:
+        points.setdefault((r["model"], r["size"], float(r["budget"])), []).append(r)
+    out = []
+    for runs in points.values():
+        losses = [float(r["valid_bpb"]) for r in runs]
+        out.append({**runs[0], "valid_bpb": float(np.mean(losses)) if len(runs) > 1 else runs[0]["valid_bpb"],
+                    "seeds": len(runs), "seed_sd": float(np.std(losses, ddof=1)) if len(runs) > 1 else None})
+    return out
+
+
+def seed_spread(points: list[dict]) -> list[dict]:
+    """Each budget whose points (`mean_over_seeds`) had several seeds: how many, how many points, and a run's seed sd
+    pooled over the points (the root of their variances' mean), smallest budget first."""
+    by_budget: dict[float, list[dict]] = {}
+    for p in points:
+        if p["seeds"] > 1:
+            by_budget.setdefault(float(p["budget"]), []).append(p)
+    return [{"budget": budget, "seeds": max(p["seeds"] for p in ps), "points": len(ps),
+             "sd": float(np.sqrt(np.mean([p["seed_sd"] ** 2 for p in ps])))} for budget, ps in sorted(by_budget.items())]
 
 
 # ---------------- the parametric law L(N, D) = E + A / N^alpha + B / D^beta ----------------

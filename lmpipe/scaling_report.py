@@ -11,21 +11,62 @@ from lmpipe.report import html_page, plt
 from lmpipe.scaling import MAX_EPOCHS, Law
 from lmpipe.tables import markdown_table
 
-CAVEATS = (
-    "Each point is one training run with one seed, train.seed, and a size keeps that seed's initial weights and data "
-    "order at every budget. A second seed (sweeps/grid_seed_check.py: each budget's best size and its two neighbours; "
-    "sweeps/notes.md) moved single runs at the three smallest budgets (up to 9.4e11 FLOPs) by several times the "
-    "study's seed spread at its budget (reports/study.md, 'Seeds and verdicts'), each size by about the same at each "
-    "of them, and at the larger budgets by about the study's spread. So at the smallest budgets a seed's luck moves a "
-    "family's minimum in steps as its best size changes, and an exponent's interval, which takes the minima's scatter "
-    "as independent, can understate its uncertainty, for the families whose target reads met too. Every size trains "
-    "with its family's default settings (learning rate, batch, dropout), not settings tuned per size, which can bend "
-    "the profiles. Runs longer than an epoch repeat data, which the law's D term does not model. The grid spans a "
-    "narrow range of N (the 8,192-token embedding is most of a small model's parameters), so the law's constants "
-    "trade off against each other: read the bootstrap intervals before the point values, and the predictions "
-    "at 10x and 100x the largest budget as extrapolations of the exponents, not measurements. The budgets are far "
-    "below the default study's trainings (`train_flops` in metrics/train/), so runs here can trail the n-gram "
-    "baseline where the study's models beat it; which family is ahead at equal compute can change as compute grows.")
+ONE_SEED = "one seed a run"
+
+
+def seeds_phrase(spread: list[dict]) -> str:
+    """How many seeds a point has, for the families' sentences (`seed_spread` of the fitted points)."""
+    if not spread:
+        return ONE_SEED
+    return (f"the mean of {max(s['seeds'] for s in spread)} seeds a point at {_budgets(spread)} and one seed at "
+            "the others")
+
+
+def _budgets(spread: list[dict]) -> str:
+    return "1 budget" if len(spread) == 1 else f"{len(spread)} budgets"
+
+
+def seeds_markdown(spread: list[dict]) -> list[str]:
+    """The seed sd of a run at each budget whose points ran with several seeds, and what is left of it in a mean."""
+    if not spread:
+        return []
+    return ["## Seeds", "",
+            "At these budgets every size ran with each of train.seed and scaling.seeds.extra, and a point is its runs' "
+            "mean; a run's seed sd is pooled over the budget's points:", ""] + markdown_table(
+        ["C (FLOPs)", "seeds", "points", "seed sd of a run (bpb)", "sd of a point's mean"],
+        [[f"{s['budget']:.1e}", s["seeds"], s["points"], f"{s['sd']:.4f}", f"{s['sd'] / math.sqrt(s['seeds']):.4f}"]
+         for s in spread]) + [""]
+
+
+def caveats(spread: list[dict]) -> str:
+    """How far to trust the grid: its seeds first, then what every size's shared settings and the narrow N do."""
+    budgets = ", ".join(f"{s['budget']:.1e}" for s in spread)
+    seeds = (
+        "Each point is one training run with one seed, train.seed, and a size keeps that seed's initial weights and "
+        "data order at every budget. A second seed (sweeps/grid_seed_check.py: each budget's best size and its two "
+        "neighbours; sweeps/notes.md) moved single runs at the three smallest budgets (up to 9.4e11 FLOPs) by "
+        "several times the study's seed spread at its budget (reports/study.md, 'Seeds and verdicts'), each size by "
+        "about the same at each of them, and at the larger budgets by about the study's spread. So at the smallest "
+        "budgets a seed's luck moves a family's minimum in steps as its best size changes, and an exponent's "
+        "interval, which takes the minima's scatter as independent, can understate its uncertainty, for the "
+        "families whose target reads met too." if not spread else
+        f"At {budgets} FLOPs a point is the mean of {max(s['seeds'] for s in spread)} runs with different seeds "
+        "(the Seeds table): there a size keeps its seed's initial weights and data order at every budget, so one "
+        "seed's luck would move a family's minimum in steps as its best size changes (sweeps/notes.md); the mean "
+        "cuts that luck by the root of the seeds' number. At the other budgets a point is one run with train.seed, "
+        "where a second seed moved the runs around the minima by about the study's seed spread (reports/study.md, "
+        "'Seeds and verdicts'; sweeps/grid_seed_check.py). An exponent's interval takes the minima's scatter as "
+        "independent, which the luck left in a mean can still bend.")
+    return seeds + (
+        " Every size trains with its family's default settings (learning rate, batch, dropout), not settings tuned "
+        "per size, which can bend the profiles. Runs longer than an epoch repeat data, which the law's D term does "
+        "not model. The grid spans a narrow range of N (the 8,192-token embedding is most of a small model's "
+        "parameters), so the law's constants trade off against each other: read the bootstrap intervals before "
+        "the point values, and the predictions at 10x and 100x the largest budget as extrapolations of the "
+        "exponents, not measurements. The budgets are far below the default study's trainings (`train_flops` in "
+        "metrics/train/), so runs here can trail the n-gram baseline where the study's models beat it; which "
+        "family is ahead at equal compute can change as compute grows.")
+
 
 COLOURS = {"transformer": "tab:blue", "lstm": "tab:red", "gru": "tab:green", "rnn": "tab:orange", "nplm": "tab:purple"}
 
@@ -165,7 +206,7 @@ def exponent_known(line: dict | None) -> bool:
     return half is not None and half < EXPONENT_HALF_WIDTH
 
 
-def precision_sentence(line: dict | None, bracketed: int, budgets: list[float]) -> str:
+def precision_sentence(line: dict | None, bracketed: int, budgets: list[float], seeds: str = ONE_SEED) -> str:
     """Whether N_opt's exponent is known (`exponent_known`), and if not, the reason the grid gives."""
     target = f"(target +-{EXPONENT_HALF_WIDTH:g})"
     half = half_width(line)
@@ -173,14 +214,14 @@ def precision_sentence(line: dict | None, bracketed: int, budgets: list[float]) 
         return (f"With {bracketed} of its {len(budgets)} IsoFLOP minima inside the sizes tried, its exponent has no "
                 f"interval {target}: missed.")
     if exponent_known(line):
-        return (f"Its exponent is known to +-{half:.3f} {target}: met, from one seed a run (see 'How far to trust "
-                "this').")
+        return (f"Its exponent is known to +-{half:.3f} {target}: met, from {seeds} (see 'How far to "
+                "trust this').")
     if bracketed < len(budgets):
         why = (f"only {bracketed} of its {len(budgets)} IsoFLOP minima lie inside the sizes tried, so the runs pin the "
                "optimum's move poorly")
     else:
-        why = (f"its minima scatter about the line by {100 * (math.exp(line['scatter']) - 1):.0f}% in N (one seed a "
-               "run, whose luck a size keeps at every budget, on a profile flat near its minimum)")
+        why = (f"its minima scatter about the line by {100 * (math.exp(line['scatter']) - 1):.0f}% in N ({seeds}; "
+               "a size keeps its seed's luck at every budget, and the profile is flat near its minimum)")
     return f"Its exponent's interval is +-{half:.3f} {target}: missed, as {why}."
 
 
@@ -198,7 +239,7 @@ def law_sentence(family: dict) -> str:
                    "average." if holdout is not None else ".")
 
 
-def findings(analysis: dict, best: list[dict], baseline: tuple[str, float] | None) -> list[str]:
+def findings(analysis: dict, best: list[dict], baseline: tuple[str, float] | None, seeds: str = ONE_SEED) -> list[str]:
     """What the grid shows, in sentences computed from it (the report's summary)."""
     out = []
     winners = sorted({b["model"] for b in best})
@@ -224,15 +265,17 @@ def findings(analysis: dict, best: list[dict], baseline: tuple[str, float] | Non
             f" (90% interval {line['interval'][0]:.2f} to {line['interval'][1]:.2f}, from the {bracketed} bracketed "
             "budgets)" if "interval" in line else "") + "." if line else "")
         out.append(f"{model}: the IsoFLOP minimum lies {where}.{measured} "
-                   f"{precision_sentence(line, bracketed, [p['budget'] for p in a['isoflop']])} {law_sentence(a)}")
+                   f"{precision_sentence(line, bracketed, [p['budget'] for p in a['isoflop']], seeds)} {law_sentence(a)}")
     return out
 
 
 def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], baseline: tuple[str, float] | None,
                      meta: dict) -> str:
     """The report's text: what was run, what the fits say, and how far to trust them."""
+    spread = meta.get("seed_spread", [])
+    runs = f"{meta['runs']} runs, {len(rows)} points" if meta.get("runs", len(rows)) > len(rows) else f"{len(rows)} runs"
     lines = ["# lmpipe scaling study", "",
-             f"{len(rows)} runs: {_count(meta['sizes'])} sizes of each of {', '.join(analysis)} at each of "
+             f"{runs}: {_count(meta['sizes'])} sizes of each of {', '.join(analysis)} at each of "
              f"{meta['budgets']} compute budgets C from {meta['min_budget']:.1e} to {meta['max_budget']:.1e} training "
              f"FLOPs, on the default pipeline's tokens ({meta['train_tokens']:,} training tokens per epoch). A size "
              f"whose run would read those tokens more than {MAX_EPOCHS} times is left out at that budget (so many "
@@ -240,10 +283,11 @@ def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], baselin
              "its learning-rate schedule annealed to it; its tokens D follow from C and the size. Loss is validation "
              "bits per byte (bpb); N counts all parameters; FLOPs are lmpipe.flops' analytic count. "
              f"Compute of the grid: {meta['flops']:.2e} training FLOPs on {meta['device']} (its wall time: the "
-             "scaling run in MLflow).", ""]
+             "scaling run in MLflow)." + (f" At {_budgets(spread)} every size ran with several seeds, and a point is "
+                                          "their mean (the Seeds section)." if spread else ""), ""]
     if baseline:
         lines += [f"{baseline[0]} on the same split: {baseline[1]:.4f} bpb.", ""]
-    lines += ["## What the grid shows", ""] + [f"- {f}" for f in findings(analysis, best, baseline)] + [""]
+    lines += ["## What the grid shows", ""] + [f"- {f}" for f in findings(analysis, best, baseline, seeds_phrase(spread))] + [""]
     lines += ["## Best run at each budget", ""] + markdown_table(
         ["C (FLOPs)", "best", "N", "D (tokens)", "valid bpb"],
         [[f"{b['budget']:.1e}", f"{b['model']} {b['size']}", f"{b['n_params']:,}", f"{b['tokens']:,}",
@@ -288,7 +332,7 @@ def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], baselin
         if a["holdout"]["mean_abs_relative_error"] is not None:
             lines.append(f"- {model}: mean absolute error {100 * a['holdout']['mean_abs_relative_error']:.1f}% "
                          f"at C = {a['holdout']['budget']:.1e}.")
-    lines += ["", "## How far to trust this", "", CAVEATS, ""]
+    lines += ["", *seeds_markdown(spread), "## How far to trust this", "", caveats(spread), ""]
     return "\n".join(lines) + "\n"
 
 

@@ -240,10 +240,13 @@ def committed_params() -> dict:
 
 def project_params(**sections) -> dict:
     """The committed params with `sections` merged in, one level deep; `models` replaced whole (and the scaling grid,
-    which names the committed models, emptied unless `scaling` is given)."""
+    which names the committed models, emptied unless `scaling` is given; its extra seeds, which name the committed
+    budgets, none where `scaling` gives budgets of its own)."""
     tree = committed_params()
     if "models" in sections:
         tree["scaling"]["models"] = {}
+    if "budgets" in sections.get("scaling", {}):
+        tree["scaling"]["seeds"] = {"extra": [], "budgets": []}
     for name, changes in sections.items():
         tree[name] = changes if name == "models" or not isinstance(changes, dict) else {**tree[name], **changes}
     return tree

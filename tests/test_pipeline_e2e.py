@@ -24,7 +24,7 @@ from lmpipe.ngram import NGramLM
 
 from tests.conftest import ROOT
 from tests.helpers import (ADAMW, QuietHandler, as_in_a_terminal, assert_best_first, browser, entry, has_row,
-                           http_server, leaderboard_page)
+                           http_server, leaderboard_page, table_rows)
 
 pytestmark = pytest.mark.e2e
 # `make test` runs on pytest-xdist's workers (tests/conftest.py): these tests, about half of this module's time, form
@@ -63,6 +63,7 @@ TINY = {
         "overrides": {"max_steps_per_epoch": None},
         "evals_per_epoch": 1,
         "precision": "fp32",  # as the committed grid, on any CPU
+        "seeds": {"extra": [1], "budgets": [2e8]},  # every size again with seed 1 at the smallest budget
         "fit": {"bootstrap": 5, "seed": 0, "huber_delta": 0.001},
     },
 }
@@ -274,7 +275,10 @@ def test_scaling_pipeline_trains_its_grid_to_budget_fits_and_reports(project):
     assert json.loads(run(["dvc", "status", "--json", "scaling/dvc.yaml"], copy, env).stdout) == {}
     with open(copy / "scaling/runs.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 16 and {r["model"] for r in rows} == {"transformer", "lstm"}
+    assert len(rows) == 20 and {r["model"] for r in rows} == {"transformer", "lstm"}
+    assert sorted(r["name"] for r in rows if r["name"].endswith("-seed1")) == [
+        "lstm-emb16-hidden16-C2.0e+08-seed1", "lstm-emb8-hidden8-C2.0e+08-seed1",
+        "transformer-dim16-C2.0e+08-seed1", "transformer-dim8-C2.0e+08-seed1"]
     for r in rows:  # each run stops at its budget (in steps: under the LSTM's variable BPTT a step's tokens vary)
         assert abs(float(r["flops"]) - float(r["budget"])) <= 0.05 * float(r["budget"])
         assert float(r["n_params"]) > float(r["n_params_non_embedding"]) > 0
@@ -289,6 +293,11 @@ def test_scaling_pipeline_trains_its_grid_to_budget_fits_and_reports(project):
     report = (copy / "reports/scaling.md").read_text()
     for heading in ("## Best run at each budget", "## IsoFLOP profiles", "## The fitted law", "## Does the law predict"):
         assert heading in report
+    assert report.split("\n")[2].startswith("20 runs, 16 points: 2 sizes of each of ")  # a seeded point: its mean
+    seeded = summary["seed_spread"]
+    assert [(s["budget"], s["seeds"], s["points"]) for s in seeded] == [(2e8, 2, 4)] and seeded[0]["sd"] > 0
+    assert "## Seeds" in report and ["2.0e+08", "2", "4", f"{seeded[0]['sd']:.4f}",
+                                     f"{seeded[0]['sd'] / math.sqrt(2):.4f}"] in table_rows(report)
     assert (copy / "reports/scaling.html").read_text().count("data:image/png;base64,") == 3
     client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("lmpipe")

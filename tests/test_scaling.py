@@ -12,7 +12,8 @@ from lmpipe.config import parse_params
 from lmpipe.errors import ConfigError
 from lmpipe.flops import peak_flops
 from tests.helpers import entry, project_params, synthetic_data, table_rows
-from lmpipe.scaling import Law, analyse, best_per_budget, fit_law, grid_points, isoflop_minimum, power_law
+from lmpipe.scaling import (Law, analyse, best_per_budget, fit_law, grid_points, isoflop_minimum, mean_over_seeds,
+                            power_law, seed_spread)
 
 TRUE = Law(E=1.7, A=40.0, alpha=0.35, B=300.0, beta=0.4)
 
@@ -139,6 +140,25 @@ def test_grid_is_every_size_at_every_budget_smallest_budget_first():
     assert points[0].name == "transformer-dim32-C1.0e+12"
 
 
+def test_extra_seeds_run_every_size_at_their_budgets_and_a_point_is_its_runs_mean():
+    points = grid_points({"lstm": [{"hidden": 8}, {"hidden": 16}]}, [2e12, 1e12], extra_seeds=[1, 2],
+                         seeded_budgets=[1e12])
+    assert [(p.size["hidden"], p.budget, p.seed) for p in points] == [
+        (8, 1e12, None), (8, 1e12, 1), (8, 1e12, 2), (16, 1e12, None), (16, 1e12, 1), (16, 1e12, 2),
+        (8, 2e12, None), (16, 2e12, None)]
+    assert points[1].name == "lstm-hidden8-C1.0e+12-seed1"
+    rows = [{"name": p.name, "model": p.model, "size": f"hidden{p.size['hidden']}", "budget": str(p.budget),
+             "valid_bpb": str(2.5 + 0.01 * (p.seed or 0))} for p in points]
+    means = mean_over_seeds(rows)
+    assert [(r["name"], r["seeds"]) for r in means] == [("lstm-hidden8-C1.0e+12", 3), ("lstm-hidden16-C1.0e+12", 3),
+                                                          ("lstm-hidden8-C2.0e+12", 1), ("lstm-hidden16-C2.0e+12", 1)]
+    assert means[0]["valid_bpb"] == pytest.approx(2.51) and means[0]["seed_sd"] == pytest.approx(0.01)
+    assert means[2]["valid_bpb"] == "2.5" and means[2]["seed_sd"] is None  # one run: its row as it was
+    assert seed_spread(means) == [{"budget": 1e12, "seeds": 3, "points": 2, "sd": pytest.approx(0.01)}]
+    with pytest.raises(ConfigError, match=r"scaling: seeds.budgets 3e\+12: not in budgets \(name budgets of"):
+        parse_params(project_params(scaling={"models": {}, "budgets": [1e12], "seeds": {"extra": [1], "budgets": [3e12]}}))
+
+
 def test_each_grid_point_trains_its_size_to_its_flop_budget():
     import torch
 
@@ -255,6 +275,32 @@ def test_the_grid_is_stale_exactly_where_its_data_or_settings_changed():
     assert changed_since(None, recorded) == ["the grid's record (scaling/made_with.json is missing)"]
 
 
+def test_a_grid_with_extra_seeds_reports_its_runs_points_and_each_seeded_budgets_spread(tmp_path):
+    """A point with several seeds is fitted as their mean: the report counts runs and points, gives each seeded
+    budget's seed sd of a run and of a mean, and its sentences and caveats say which points are means."""
+    from lmpipe.scaling_report import scaling_markdown, seeds_phrase
+
+    runs = [{**r, "model": "lstm", "name": f"lstm-{r['name']}", "flops": r["budget"], "device": "cpu",
+             "epoch_tokens": 600_000} for r in synthetic_runs(TRUE, 0.0, budgets=np.geomspace(1e12, 1e14, 3))]
+    seeded = [r for r in runs if r["budget"] == 1e12]
+    runs += [{**r, "name": f"{r['name']}-seed{s}", "valid_bpb": r["valid_bpb"] + d}
+             for r in seeded for s, d in ((1, 0.02), (2, -0.02))]
+    points = mean_over_seeds(runs)
+    assert len(points) == 15 and [p["valid_bpb"] for p in points[:5]] == pytest.approx([r["valid_bpb"] for r in seeded])
+    meta = {"sizes": (5, 5), "budgets": 3, "min_budget": 1e12, "max_budget": 1e14, "train_tokens": 600_000,
+            "flops": sum(r["flops"] for r in runs), "device": "cpu", "bootstrap": 0, "huber_delta": 1e-3,
+            "runs": len(runs), "seed_spread": seed_spread(points)}
+    text = scaling_markdown(points, analyse(points, bootstrap=0, coarse=True), best_per_budget(points), None, meta)
+    assert text.split("\n")[2].startswith("25 runs, 15 points: 5 sizes of each of lstm at each of 3 compute budgets")
+    assert "At 1 budget every size ran with several seeds, and a point is their mean (the Seeds section)." in text
+    assert ["1.0e+12", "3", "5", "0.0200", "0.0115"] in table_rows(text)  # sd 0.02 a run, 0.02 / sqrt(3) a mean
+    assert seeds_phrase(meta["seed_spread"]) == "the mean of 3 seeds a point at 1 budget and one seed at the others"
+    assert "At 1.0e+12 FLOPs a point is the mean of 3 runs with different seeds (the Seeds table)" in text
+    one_seed = scaling_markdown(points[5:], analyse(points[5:], bootstrap=0, coarse=True), best_per_budget(points[5:]),
+                                None, {**meta, "runs": 10, "seed_spread": []})
+    assert "## Seeds" not in one_seed and "Each point is one training run with one seed" in one_seed
+
+
 def test_the_report_of_a_five_family_grid_draws_each_family_and_says_where_each_minimum_lies(tmp_path):
     """Five families (the grid's size since issue 50): the report names each, its figures lay the families out in
     rows of at most three, and a family whose best run is its smallest size is said to lie below the sizes tried."""
@@ -290,13 +336,15 @@ def test_the_report_of_a_five_family_grid_draws_each_family_and_says_where_each_
 
     assert precision_sentence(line(0.40, 0.54), 3, budgets) == (
         "Its exponent is known to +-0.070 (target +-0.1): met, from one seed a run (see 'How far to trust this').")
+    assert precision_sentence(line(0.40, 0.54), 3, budgets, "the mean of 3 seeds a point at 3 budgets").endswith(
+        "met, from the mean of 3 seeds a point at 3 budgets (see 'How far to trust this').")
     assert precision_sentence(line(0.4952, 0.6987), 3, budgets).startswith(  # not "+-0.10 ...: missed"
         "Its exponent's interval is +-0.102 (target +-0.1): missed")
     assert precision_sentence(line(0.2, 0.7), 1, budgets).endswith(
         "missed, as only 1 of its 3 IsoFLOP minima lie inside the sizes tried, so the runs pin the optimum's move poorly.")
     assert precision_sentence(line(0.2, 0.7), 3, budgets).endswith(
-        "missed, as its minima scatter about the line by 11% in N (one seed a run, whose luck a size keeps at every "
-        "budget, on a profile flat near its minimum).")
+        "missed, as its minima scatter about the line by 11% in N (one seed a run; a size keeps its seed's luck at "
+        "every budget, and the profile is flat near its minimum).")
     assert precision_sentence({"exponent": 0.5, "coefficient": 1.0}, 2, budgets) == (
         "With 2 of its 3 IsoFLOP minima inside the sizes tried, its exponent has no interval (target +-0.1): missed.")
     # the law's interval narrow around another value than the minima's (the NPLM's law pinned at E = 0): said so
