@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from lmpipe.report import html_page, plt
-from lmpipe.scaling import MAX_EPOCHS, Law
+from lmpipe.scaling import MAX_EPOCHS, Law, power_law
 from lmpipe.tables import markdown_table
 
 ONE_SEED = "one seed a run"
@@ -18,8 +18,11 @@ def seeds_phrase(spread: list[dict]) -> str:
     """How many seeds a point has, for the families' sentences (`seed_spread` of the fitted points)."""
     if not spread:
         return ONE_SEED
-    return (f"the mean of {max(s['seeds'] for s in spread)} seeds a point at {_budgets(spread)} and one seed at "
-            "the others")
+    return f"the mean of {_most_seeds(spread)} seeds a point at {_budgets(spread)} and one seed at the others"
+
+
+def _most_seeds(spread: list[dict]) -> int:
+    return max(s["seeds"] for s in spread)
 
 
 def _budgets(spread: list[dict]) -> str:
@@ -50,7 +53,7 @@ def caveats(spread: list[dict]) -> str:
         "budgets a seed's luck moves a family's minimum in steps as its best size changes, and an exponent's "
         "interval, which takes the minima's scatter as independent, can understate its uncertainty, for the "
         "families whose target reads met too." if not spread else
-        f"At {budgets} FLOPs a point is the mean of {max(s['seeds'] for s in spread)} runs with different seeds "
+        f"At {budgets} FLOPs a point is the mean of {_most_seeds(spread)} runs with different seeds "
         "(the Seeds table): there a size keeps its seed's initial weights and data order at every budget, so one "
         "seed's luck would move a family's minimum in steps as its best size changes (sweeps/notes.md); the mean "
         "cuts that luck by the root of the seeds' number. At the other budgets a point is one run with train.seed, "
@@ -206,8 +209,10 @@ def exponent_known(line: dict | None) -> bool:
     return half is not None and half < EXPONENT_HALF_WIDTH
 
 
-def precision_sentence(line: dict | None, bracketed: int, budgets: list[float], seeds: str = ONE_SEED) -> str:
-    """Whether N_opt's exponent is known (`exponent_known`), and if not, the reason the grid gives."""
+def precision_sentence(line: dict | None, bracketed: int, budgets: list[float], seeds: str = ONE_SEED,
+                       minima: list[dict] = ()) -> str:
+    """Whether N_opt's exponent is known (`exponent_known`), and if not, the reason the grid gives. `minima`: the
+    bracketed IsoFLOP minima the line went through, whose two halves `bend` compares."""
     target = f"(target +-{EXPONENT_HALF_WIDTH:g})"
     half = half_width(line)
     if half is None:
@@ -220,9 +225,38 @@ def precision_sentence(line: dict | None, bracketed: int, budgets: list[float], 
         why = (f"only {bracketed} of its {len(budgets)} IsoFLOP minima lie inside the sizes tried, so the runs pin the "
                "optimum's move poorly")
     else:
-        why = (f"its minima scatter about the line by {100 * (math.exp(line['scatter']) - 1):.0f}% in N ({seeds}; "
-               "a size keeps its seed's luck at every budget, and the profile is flat near its minimum)")
+        why = f"its minima scatter about the line by {100 * (math.exp(line['scatter']) - 1):.0f}% in N ({seeds}"
+        why += f"): {bend(minima)}" if bent(minima) else (
+            "; a size keeps its seed's luck at every budget, and the profile is flat near its minimum)")
     return f"Its exponent's interval is +-{half:.3f} {target}: missed, as {why}."
+
+
+def halves(minima: list[dict]) -> tuple[dict, dict] | None:
+    """The power law of N_opt over the smaller half of the budgets and over the larger half (the middle budget in
+    the larger), each with its interval: from six minima on, None before."""
+    if len(minima) < 6:
+        return None
+    k = len(minima) // 2
+    return tuple(power_law([p["budget"] for p in half], [p["n_opt"] for p in half]) for half in (minima[:k], minima[k:]))
+
+
+def bent(minima: list[dict]) -> bool:
+    """Whether the minima bend: the two halves' exponents have 90% intervals apart, so no one power of C fits."""
+    two = halves(minima)
+    if two is None:
+        return False
+    (low_lo, low_hi), (high_lo, high_hi) = two[0]["interval"], two[1]["interval"]
+    return low_hi < high_lo or high_hi < low_lo
+
+
+def bend(minima: list[dict]) -> str:
+    """The bend in words: each half's exponent and interval."""
+    low, high = halves(minima)
+    k = len(minima) // 2
+    return (f"they move as N_opt ~ C^{low['exponent']:.2f} over the {k} smallest budgets and C^{high['exponent']:.2f} "
+            f"over the {len(minima) - k} largest (90% intervals {low['interval'][0]:.2f} to {low['interval'][1]:.2f} "
+            f"and {high['interval'][0]:.2f} to {high['interval'][1]:.2f}, apart), so the optimum does not move as one "
+            "power of C over these budgets, and a line through them all leaves a wide interval")
 
 
 def law_sentence(family: dict) -> str:
@@ -260,12 +294,13 @@ def findings(analysis: dict, best: list[dict], baseline: tuple[str, float] | Non
                      f"{beyond} size tried and the IsoFLOP exponents are not measured by this grid")
         else:
             where = f"inside the sizes tried at {bracketed} of {len(a['isoflop'])} budgets"
-        line = isoflop_n_opt(a)
+        line, minima = isoflop_n_opt(a), [p for p in a["isoflop"] if p["bracketed"]]
         measured = (f" Its minima grow as N_opt ~ C^{line['exponent']:.2f}" + (
             f" (90% interval {line['interval'][0]:.2f} to {line['interval'][1]:.2f}, from the {bracketed} bracketed "
             "budgets)" if "interval" in line else "") + "." if line else "")
         out.append(f"{model}: the IsoFLOP minimum lies {where}.{measured} "
-                   f"{precision_sentence(line, bracketed, [p['budget'] for p in a['isoflop']], seeds)} {law_sentence(a)}")
+                   f"{precision_sentence(line, bracketed, [p['budget'] for p in a['isoflop']], seeds, minima)} "
+                   f"{law_sentence(a)}")
     return out
 
 
@@ -296,12 +331,14 @@ def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], baselin
               "## IsoFLOP profiles (Hoffmann et al.'s approach 2)", "",
               "At each budget a parabola in log N through the best run and its two neighbours in size; its minimum N_opt "
               "(a star: it lies between those neighbours), or a cross where the best run sits at the edge of the grid and "
-              "the true optimum lies outside it; D_opt = C / (6 N_opt). Local, not through every run: over a 32x range of "
-              "sizes a profile is not a parabola, and a far run would tilt a global fit's vertex.", ""]
+              "the true optimum lies outside it; D_opt = C / (6 N_opt), and its epochs, the times it reads the training "
+              "tokens. Local, not through every run: over a 32x range of sizes a profile is not a parabola, and a far "
+              "run would tilt a global fit's vertex.", ""]
     lines += markdown_table(
-        ["model", "C", "N_opt", "D_opt", "bpb at N_opt", "bracketed"],
-        [[model, f"{p['budget']:.1e}", f"{p['n_opt']:,.0f}", f"{p['d_opt']:,.0f}", f"{p['loss_opt']:.4f}",
-          "yes" if p["bracketed"] else "no"] for model, a in analysis.items() for p in a["isoflop"]]) + [""]
+        ["model", "C", "N_opt", "D_opt", "epochs", "bpb at N_opt", "bracketed"],
+        [[model, f"{p['budget']:.1e}", f"{p['n_opt']:,.0f}", f"{p['d_opt']:,.0f}",
+          f"{p['d_opt'] / meta['train_tokens']:.2f}", f"{p['loss_opt']:.4f}", "yes" if p["bracketed"] else "no"]
+         for model, a in analysis.items() for p in a["isoflop"]]) + [""]
     for model, a in analysis.items():
         e = a["isoflop_exponents"]
         lines.append(f"- {model}: " + (f"N_opt ~ C^{e['n_opt']['exponent']:.2f}{_ci_of(e['n_opt'])}, D_opt ~ "

@@ -324,8 +324,11 @@ def test_the_report_of_a_five_family_grid_draws_each_family_and_says_where_each_
         assert f"- {model}: the IsoFLOP minimum lies" in text
     assert "- nplm: the IsoFLOP minimum lies at no budget inside the sizes tried: the best run is always the " \
            "smallest size, so N_opt lies below the smallest size tried" in text
-    isoflop = [row for row in table_rows(text) if len(row) == 6]  # model, C, N_opt, D_opt, bpb at N_opt, bracketed
-    assert [row[5] for row in isoflop if row[0] == "nplm"] == ["no"] * 3
+    isoflop = [row for row in table_rows(text) if len(row) == 7 and row[6] in ("yes", "no")]  # model, C, N_opt,
+    # D_opt, epochs, bpb at N_opt, bracketed
+    assert [row[6] for row in isoflop if row[0] == "nplm"] == ["no"] * 3
+    assert len(isoflop) == 15 and all(float(row[4]) == pytest.approx(float(row[3].replace(",", "")) / 600_000, abs=0.005)
+                                      for row in isoflop)  # D_opt in reads of the 600,000 training tokens
     assert [row[1] for row in isoflop if row[0] == "transformer"] == ["1.0e+12", "1.0e+13", "1.0e+14"]
     from lmpipe.scaling_report import precision_sentence
 
@@ -345,6 +348,21 @@ def test_the_report_of_a_five_family_grid_draws_each_family_and_says_where_each_
     assert precision_sentence(line(0.2, 0.7), 3, budgets).endswith(
         "missed, as its minima scatter about the line by 11% in N (one seed a run; a size keeps its seed's luck at "
         "every budget, and the profile is flat near its minimum).")
+    # minima that stand still over the smaller budgets, then grow as C^0.8: the bend is the reason given
+    from lmpipe.scaling import power_law
+
+    bent = [{"budget": 2.0 ** k, "n_opt": 1e5 * 2.0 ** (0.8 * max(k - 3, 0)) * (1.02 if k % 2 else 1)}
+            for k in range(7)]
+    line_bent = power_law([p["budget"] for p in bent], [p["n_opt"] for p in bent])
+    assert precision_sentence(line_bent, 7, [p["budget"] for p in bent], minima=bent).endswith(
+        "they move as N_opt ~ C^0.00 over the 3 smallest budgets and C^0.79 over the 4 largest (90% intervals -0.10 "
+        "to 0.10 and 0.77 to 0.82, apart), so the optimum does not move as one power of C over these budgets, and a "
+        "line through them all leaves a wide interval.")
+    straight = [{"budget": p["budget"], "n_opt": 1e5 * p["budget"] ** 0.5 * (1.6 if i % 2 else 1)}
+                for i, p in enumerate(bent)]  # scattered about one line: the old reason
+    line_straight = power_law([p["budget"] for p in straight], [p["n_opt"] for p in straight])
+    assert precision_sentence(line_straight, 7, [p["budget"] for p in straight], minima=straight).endswith(
+        "a size keeps its seed's luck at every budget, and the profile is flat near its minimum).")
     assert precision_sentence({"exponent": 0.5, "coefficient": 1.0}, 2, budgets) == (
         "With 2 of its 3 IsoFLOP minima inside the sizes tried, its exponent has no interval (target +-0.1): missed.")
     # the law's interval narrow around another value than the minima's (the NPLM's law pinned at E = 0): said so
