@@ -226,7 +226,8 @@ def precision_sentence(line: dict | None, bracketed: int, budgets: list[float], 
                "optimum's move poorly")
     else:
         why = f"its minima scatter about the line by {100 * (math.exp(line['scatter']) - 1):.0f}% in N ({seeds}"
-        why += f"): {bend(minima)}" if bent(minima) else (
+        bent = bend(minima)
+        why += f"): {bent}" if bent else (
             "; a size keeps its seed's luck at every budget, and the profile is flat near its minimum)")
     return f"Its exponent's interval is +-{half:.3f} {target}: missed, as {why}."
 
@@ -237,21 +238,19 @@ def halves(minima: list[dict]) -> tuple[dict, dict] | None:
     if len(minima) < 6:
         return None
     k = len(minima) // 2
-    return tuple(power_law([p["budget"] for p in half], [p["n_opt"] for p in half]) for half in (minima[:k], minima[k:]))
+    return tuple(power_law([p["budget"] for p in half], [p["n_opt"] for p in half])
+                 for half in (minima[:k], minima[k:]))
 
 
-def bent(minima: list[dict]) -> bool:
-    """Whether the minima bend: the two halves' exponents have 90% intervals apart, so no one power of C fits."""
+def bend(minima: list[dict]) -> str | None:
+    """The bend in words, each half's exponent and interval, where the minima bend: the two halves' 90% intervals
+    lie apart, so no one power of C fits them all; None where they do not (or fewer than six minima)."""
     two = halves(minima)
     if two is None:
-        return False
-    (low_lo, low_hi), (high_lo, high_hi) = two[0]["interval"], two[1]["interval"]
-    return low_hi < high_lo or high_hi < low_lo
-
-
-def bend(minima: list[dict]) -> str:
-    """The bend in words: each half's exponent and interval."""
-    low, high = halves(minima)
+        return None
+    low, high = two
+    if not (low["interval"][1] < high["interval"][0] or high["interval"][1] < low["interval"][0]):
+        return None
     k = len(minima) // 2
     return (f"they move as N_opt ~ C^{low['exponent']:.2f} over the {k} smallest budgets and C^{high['exponent']:.2f} "
             f"over the {len(minima) - k} largest (90% intervals {low['interval'][0]:.2f} to {low['interval'][1]:.2f} "
@@ -284,7 +283,8 @@ def findings(analysis: dict, best: list[dict], baseline: tuple[str, float] | Non
                + f"; {'the same family wins' if len(winners) == 1 else 'the winning family changes'} across budgets "
                f"({per_budget}).")
     for model, a in analysis.items():
-        bracketed = sum(p["bracketed"] for p in a["isoflop"])
+        minima = [p for p in a["isoflop"] if p["bracketed"]]
+        bracketed = len(minima)
         if bracketed == len(a["isoflop"]):
             where = "inside the sizes tried at every budget"
         elif bracketed == 0:
@@ -294,7 +294,7 @@ def findings(analysis: dict, best: list[dict], baseline: tuple[str, float] | Non
                      f"{beyond} size tried and the IsoFLOP exponents are not measured by this grid")
         else:
             where = f"inside the sizes tried at {bracketed} of {len(a['isoflop'])} budgets"
-        line, minima = isoflop_n_opt(a), [p for p in a["isoflop"] if p["bracketed"]]
+        line = isoflop_n_opt(a)
         measured = (f" Its minima grow as N_opt ~ C^{line['exponent']:.2f}" + (
             f" (90% interval {line['interval'][0]:.2f} to {line['interval'][1]:.2f}, from the {bracketed} bracketed "
             "budgets)" if "interval" in line else "") + "." if line else "")
