@@ -227,8 +227,11 @@ def against_grid(points: dict[str, list[dict]], scaling: dict | None, stale: Seq
     e = lambda x: f"{x:.2e}"  # noqa: E731
     grid, frontier = scaling["grid"], scaling["frontier"]
     budgets = sorted({row["budget"] for rows in frontier.values() for row in rows})
+    seeded = scaling.get("seed_spread") or []  # the budgets whose points are means of several seeds
+    seeds = (f"one seed a run but at {len(seeded)} of them, where a point is the mean of "
+             f"{max(s['seeds'] for s in seeded)} seeds" if seeded else "one seed a run")
     name = (f"The scaling grid (reports/scaling.md: {', '.join(sorted(frontier))} at {len(budgets)} budgets from "
-            f"{e(budgets[0])} to {e(budgets[-1])} FLOPs, several sizes each, one seed a run, its own recipe: "
+            f"{e(budgets[0])} to {e(budgets[-1])} FLOPs, several sizes each, {seeds}, its own recipe: "
             + ", ".join(f"{k} {v}" for k, v in grid["overrides"].items()) + ")")
     if stale:
         return [f"{name}: not compared, as it was trained from other {', '.join(stale)} than this study "
@@ -262,7 +265,9 @@ def against_grid(points: dict[str, list[dict]], scaling: dict | None, stale: Seq
                      f"{' < '.join(grid_order)}: {same}.")
     gaps = [p[2] - p[3]["valid_bpb"] for p in pairs]
     ahead = sum(g > 0 for g in gaps)
+    compared_seeded = any(_near(p[0], s["budget"]) for p in pairs for s in seeded)
     lines.append(f"- The grid's best size is below the study's model at {ahead} of {len(gaps)} points (mean gap "
-                 f"{np.mean(gaps):+.4f} bpb, study − grid): one seed each, so a gap within the study's seed sd is "
-                 "noise.")
+                 f"{np.mean(gaps):+.4f} bpb, study − grid): "
+                 f"{'one seed each' if not compared_seeded else 'the study one seed, the grid one or a mean of several'}"
+                 ", so a gap within the study's seed sd is noise.")
     return lines

@@ -41,8 +41,9 @@ def seeds_markdown(spread: list[dict]) -> list[str]:
          for s in spread]) + [""]
 
 
-def caveats(spread: list[dict]) -> str:
-    """How far to trust the grid: its seeds first, then what every size's shared settings and the narrow N do."""
+def caveats(spread: list[dict], dips: list[tuple[float, str, float]] = ()) -> str:
+    """How far to trust the grid: its seeds first, the minima that lie far below their runs (vertex_dips), then what
+    every size's shared settings and the narrow N do."""
     budgets = ", ".join(f"{s['budget']:.1e}" for s in spread)
     seeds = (
         "Each point is one training run with one seed, train.seed, and a size keeps that seed's initial weights and "
@@ -60,7 +61,7 @@ def caveats(spread: list[dict]) -> str:
         "where a second seed moved the runs around the minima by about the study's seed spread (reports/study.md, "
         "'Seeds and verdicts'; sweeps/grid_seed_check.py). An exponent's interval takes the minima's scatter as "
         "independent, which the luck left in a mean can still bend.")
-    return seeds + (
+    return seeds + dips_sentence(list(dips)) + (
         " Every size trains with its family's default settings (learning rate, batch, dropout), not settings tuned "
         "per size, which can bend the profiles. Runs longer than an epoch repeat data, which the law's D term does "
         "not model. The grid spans a narrow range of N (the 8,192-token embedding is most of a small model's "
@@ -69,6 +70,33 @@ def caveats(spread: list[dict]) -> str:
         "exponents, not measurements. The budgets are far below the default study's trainings (`train_flops` in "
         "metrics/train/), so runs here can trail the n-gram baseline where the study's models beat it; which "
         "family is ahead at equal compute can change as compute grows.")
+
+
+DIP = 0.01  # bpb: a minimum this far below its best run rests on the parabola's curvature more than on a run
+
+
+def vertex_dips(rows: list[dict], analysis: dict) -> list[tuple[float, str, float]]:
+    """How far each bracketed minimum lies below its budget's best run, (dip in bpb, model, budget), largest first.
+    A parabola through three runs whose neighbours sit at unequal distances in size (a size added between) has a
+    steep side, which can put its vertex below all three."""
+    best: dict[tuple[str, float], float] = {}
+    for r in rows:
+        key = r["model"], float(r["budget"])
+        best[key] = min(best.get(key, math.inf), float(r["valid_bpb"]))
+    return sorted(((best[model, p["budget"]] - p["loss_opt"], model, p["budget"]) for model, a in analysis.items()
+                   for p in a["isoflop"] if p["bracketed"]), reverse=True)
+
+
+def dips_sentence(dips: list[tuple[float, str, float]]) -> str:
+    """The caveat for the minima that lie well below every run (vertex_dips), or none when none does."""
+    deep = [d for d in dips if d[0] > DIP]
+    if not deep:
+        return ""
+    named = ", ".join(f"{model} at {budget:.1e} ({dip:.3f})" for dip, model, budget in deep)
+    return (f" A minimum is the vertex of a parabola through three runs, and {len(deep)} of {len(dips)} lie more than "
+            f"{DIP} bpb below their budget's best run: {named}. There the best run's neighbours sit at unequal "
+            "distances in size, and N_opt rests on three runs' curvature more than on a measured loss; the "
+            "exponents' intervals do not carry that.")
 
 
 COLOURS = {"transformer": "tab:blue", "lstm": "tab:red", "gru": "tab:green", "rnn": "tab:orange", "nplm": "tab:purple"}
@@ -369,7 +397,8 @@ def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], baselin
         if a["holdout"]["mean_abs_relative_error"] is not None:
             lines.append(f"- {model}: mean absolute error {100 * a['holdout']['mean_abs_relative_error']:.1f}% "
                          f"at C = {a['holdout']['budget']:.1e}.")
-    lines += ["", *seeds_markdown(spread), "## How far to trust this", "", caveats(spread), ""]
+    lines += ["", *seeds_markdown(spread), "## How far to trust this", "",
+              caveats(spread, vertex_dips(rows, analysis)), ""]
     return "\n".join(lines) + "\n"
 
 

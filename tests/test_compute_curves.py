@@ -133,6 +133,12 @@ def test_the_grid_is_compared_with_the_study_at_the_budgets_both_have():
     assert against_grid(study, summary, ["data/tokens"])[0].endswith(
         "not compared, as it was trained from other data/tokens than this study (run `lmpipe scaling` again).")
     assert against_grid(study, None) == [] and against_grid(study, {"stale": []}) == []  # no grid, or an old one
+    seeded = {**summary, "seed_spread": [{"budget": C / 64, "seeds": 3, "points": 2, "sd": 0.01}]}
+    assert ("several sizes each, one seed a run but at 1 of them, where a point is the mean of 3 seeds, its own "
+            "recipe") in against_grid(study, seeded)[0]
+    assert against_grid(study, seeded)[-1].endswith("one seed each, so a gap within the study's seed sd is noise.")
+    seeded["seed_spread"][0]["budget"] = C / 16  # a budget the study has too
+    assert "the study one seed, the grid one or a mean of several" in against_grid(study, seeded)[-1]
 
 
 def test_with_seeds_at_every_budget_each_gap_is_judged_by_that_budgets_sd(tmp_path):

@@ -377,3 +377,23 @@ def test_the_report_of_a_five_family_grid_draws_each_family_and_says_where_each_
     for figure in ("isoflop.png", "law.png"):
         height, width = imread(tmp_path / "scaling" / figure).shape[:2]
         assert width == round(3 * 5.5 * 110) and height > round(2 * 4.2 * 110) - 2, (figure, width, height)
+
+
+def test_a_minimum_far_below_its_runs_is_named_in_the_caveats():
+    """Three runs with a close neighbour on one side and a far one on the other (a size added between): the
+    parabola's vertex lies 0.03 bpb below every run, which the caveats name with the family and budget; evenly
+    spaced neighbours give a vertex near the best run, which they leave out."""
+    from lmpipe.scaling_report import caveats, vertex_dips
+
+    rows = [{"model": "transformer", "budget": 1e13, "n_params": n, "valid_bpb": bpb}
+            for n, bpb in ((0.45e6, 2.3084), (0.62e6, 2.2455), (1.6e6, 2.2560))]
+    rows += [{"model": "gru", "budget": 1e13, "n_params": n, "valid_bpb": bpb}
+             for n, bpb in ((0.3e6, 2.31), (0.6e6, 2.25), (1.2e6, 2.26))]
+    analysis = {m: {"isoflop": [{"budget": 1e13, **isoflop_minimum([r["n_params"] for r in rows if r["model"] == m],
+                                                                   [r["valid_bpb"] for r in rows if r["model"] == m])}]}
+                for m in ("gru", "transformer")}
+    dips = vertex_dips(rows, analysis)
+    assert [(m, round(d, 3)) for d, m, _ in dips] == [("transformer", 0.032), ("gru", 0.004)]
+    assert ("and 1 of 2 lie more than 0.01 bpb below their budget's best run: transformer at 1.0e+13 (0.032). There "
+            "the best run's neighbours sit at unequal distances in size") in caveats([], dips)
+    assert "lie more than" not in caveats([], dips[1:])
