@@ -265,9 +265,8 @@ def against_grid(points: dict[str, list[dict]], scaling: dict | None, stale: Seq
                      f"{' < '.join(grid_order)}: {same}.")
     gaps = [p[2] - p[3]["valid_bpb"] for p in pairs]
     ahead = sum(g > 0 for g in gaps)
-    compared_seeded = any(_near(p[0], s["budget"]) for p in pairs for s in seeded)
+    runs = ("the study one seed, the grid one or a mean of several"
+            if any(_near(p[0], s["budget"]) for p in pairs for s in seeded) else "one seed each")
     lines.append(f"- The grid's best size is below the study's model at {ahead} of {len(gaps)} points (mean gap "
-                 f"{np.mean(gaps):+.4f} bpb, study − grid): "
-                 f"{'one seed each' if not compared_seeded else 'the study one seed, the grid one or a mean of several'}"
-                 ", so a gap within the study's seed sd is noise.")
+                 f"{np.mean(gaps):+.4f} bpb, study − grid): {runs}, so a gap within the study's seed sd is noise.")
     return lines

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from lmpipe.report import html_page, plt
-from lmpipe.scaling import MAX_EPOCHS, Law, power_law
+from lmpipe.scaling import MAX_EPOCHS, Law, frontier, power_law
 from lmpipe.tables import markdown_table
 
 ONE_SEED = "one seed a run"
@@ -41,7 +42,7 @@ def seeds_markdown(spread: list[dict]) -> list[str]:
          for s in spread]) + [""]
 
 
-def caveats(spread: list[dict], dips: list[tuple[float, str, float]] = ()) -> str:
+def caveats(spread: list[dict], dips: Sequence[tuple[float, str, float]] = ()) -> str:
     """How far to trust the grid: its seeds first, the minima that lie far below their runs (vertex_dips), then what
     every size's shared settings and the narrow N do."""
     budgets = ", ".join(f"{s['budget']:.1e}" for s in spread)
@@ -61,7 +62,7 @@ def caveats(spread: list[dict], dips: list[tuple[float, str, float]] = ()) -> st
         "where a second seed moved the runs around the minima by about the study's seed spread (reports/study.md, "
         "'Seeds and verdicts'; sweeps/grid_seed_check.py). An exponent's interval takes the minima's scatter as "
         "independent, which the luck left in a mean can still bend.")
-    return seeds + dips_sentence(list(dips)) + (
+    return seeds + dips_sentence(dips) + (
         " Every size trains with its family's default settings (learning rate, batch, dropout), not settings tuned "
         "per size, which can bend the profiles. Runs longer than an epoch repeat data, which the law's D term does "
         "not model. The grid spans a narrow range of N (the 8,192-token embedding is most of a small model's "
@@ -79,15 +80,12 @@ def vertex_dips(rows: list[dict], analysis: dict) -> list[tuple[float, str, floa
     """How far each bracketed minimum lies below its budget's best run, (dip in bpb, model, budget), largest first.
     A parabola through three runs whose neighbours sit at unequal distances in size (a size added between) has a
     steep side, which can put its vertex below all three."""
-    best: dict[tuple[str, float], float] = {}
-    for r in rows:
-        key = r["model"], float(r["budget"])
-        best[key] = min(best.get(key, math.inf), float(r["valid_bpb"]))
+    best = {(model, f["budget"]): f["valid_bpb"] for model, runs in frontier(rows).items() for f in runs}
     return sorted(((best[model, p["budget"]] - p["loss_opt"], model, p["budget"]) for model, a in analysis.items()
                    for p in a["isoflop"] if p["bracketed"]), reverse=True)
 
 
-def dips_sentence(dips: list[tuple[float, str, float]]) -> str:
+def dips_sentence(dips: Sequence[tuple[float, str, float]]) -> str:
     """The caveat for the minima that lie well below every run (vertex_dips), or none when none does."""
     deep = [d for d in dips if d[0] > DIP]
     if not deep:

@@ -385,9 +385,9 @@ def test_a_minimum_far_below_its_runs_is_named_in_the_caveats():
     spaced neighbours give a vertex near the best run, which they leave out."""
     from lmpipe.scaling_report import caveats, vertex_dips
 
-    rows = [{"model": "transformer", "budget": 1e13, "n_params": n, "valid_bpb": bpb}
+    rows = [{"model": "transformer", "budget": 1e13, "size": f"n{n:g}", "n_params": n, "valid_bpb": bpb}
             for n, bpb in ((0.45e6, 2.3084), (0.62e6, 2.2455), (1.6e6, 2.2560))]
-    rows += [{"model": "gru", "budget": 1e13, "n_params": n, "valid_bpb": bpb}
+    rows += [{"model": "gru", "budget": 1e13, "size": f"n{n:g}", "n_params": n, "valid_bpb": bpb}
              for n, bpb in ((0.3e6, 2.31), (0.6e6, 2.25), (1.2e6, 2.26))]
     analysis = {m: {"isoflop": [{"budget": 1e13, **isoflop_minimum([r["n_params"] for r in rows if r["model"] == m],
                                                                    [r["valid_bpb"] for r in rows if r["model"] == m])}]}
