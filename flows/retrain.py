@@ -61,22 +61,45 @@ def reproduction_outputs() -> set[str]:
 
 
 def refusal(dirty: list[str]) -> str:
-    """Why a retrain does not start on a changed tree, and the command that fixes it."""
-    files = " ".join(dirty)
-    written = reproduction_outputs()
-    if all(any(f == w or f.startswith(w + "/") for w in written) for f in dirty):
-        return (f"uncommitted changes to {files}, all of them what `dvc repro` writes (a study reproduced here whose "
-                f"numbers rounded otherwise, or a run left uncommitted): keep them with `git commit -m 'Study "
-                f"reproduced here' -- {files}`, or drop them with `git checkout -- {files}`; a retrain commits its "
-                "outcome on top of HEAD")
+    """Why a retrain does not start on a changed tree, and the command that fixes it: one short line however many
+    files changed (the first few named, the rest counted)."""
     shown = ", ".join(dirty[:4]) + (f" and {len(dirty) - 4} more" if len(dirty) > 4 else "")
-    return (f"uncommitted changes to {shown}: a retrain commits its outcome on top of HEAD; commit or stash them "
-            "first")
+    written = reproduction_outputs()
+    if not all(any(f == w or f.startswith(w + "/") for w in written) for f in dirty):
+        return (f"uncommitted changes to {shown}: a retrain commits its outcome on top of HEAD; commit or stash them "
+                "first")
+    files = " ".join(dirty)  # every tracked change is one of them: past a few, the commands take them all
+    keep, drop = ((f"git commit -m 'Study reproduced here' -- {files}", f"git checkout -- {files}") if len(dirty) <= 4
+                  else ("git commit -am 'Study reproduced here'", "git checkout -- ."))
+    return (f"uncommitted changes to {shown}, all of them what `dvc repro` writes (a study reproduced here whose "
+            f"numbers rounded otherwise, or a run left uncommitted): keep them with `{keep}`, or drop them with "
+            f"`{drop}`; a retrain commits its outcome on top of HEAD")
+
+
+def refused(dirty: list[str]):
+    """How a retrain on a changed tree ends: Failed, the refusal its one-line message, its schedule paused. A state,
+    not a raise, so that the log holds that line and no traceback; `lmpipe retrain` says it as its error."""
+    from prefect.states import Failed
+
+    line = refusal(dirty) + pause_this_schedule()
+    return Failed(message=line, data=LmpipeError(line))
+
+
+def schedule_command(deployment) -> str:
+    """The `lmpipe schedule` command that serves `deployment` (Prefect's) on its schedule: started again, it
+    unpauses it."""
+    when = ""
+    for item in deployment.schedules:
+        if getattr(item.schedule, "cron", None):
+            when = f" --cron '{item.schedule.cron}'"
+        elif getattr(item.schedule, "interval", None):
+            when = f" --interval {item.schedule.interval.total_seconds():g}"
+    return f"lmpipe schedule{when} --name {deployment.name}"
 
 
 def pause_this_schedule() -> str:
     """Pause the deployment this retrain runs under, if any, so that it fails once, not at every firing; the words
-    that say so. `lmpipe schedule` resumes it when it starts again."""
+    that say so and the command that resumes it."""
     from prefect import runtime
     from prefect.client.orchestration import get_client
 
@@ -84,7 +107,8 @@ def pause_this_schedule() -> str:
         return ""
     with get_client(sync_client=True) as client:
         client.pause_deployment(runtime.deployment.id)
-    return f"; the schedule '{runtime.deployment.name}' is paused until then (start `lmpipe schedule` again)"
+        command = schedule_command(client.read_deployment(runtime.deployment.id))
+    return f"; the schedule is paused: once settled, restart `{command}` to resume it"
 
 
 def paused_firing():
@@ -97,9 +121,9 @@ def paused_firing():
     if not runtime.deployment.id:
         return None
     with get_client(sync_client=True) as client:
-        paused = client.read_deployment(runtime.deployment.id).paused
-    return Cancelled(message=f"the schedule '{runtime.deployment.name}' is paused: this firing was already taken "
-                             "when it was; start `lmpipe schedule` again") if paused else None
+        deployment = client.read_deployment(runtime.deployment.id)
+    return Cancelled(message=f"skipped: the schedule is paused (an earlier firing says why); restart "
+                             f"`{schedule_command(deployment)}` to resume it") if deployment.paused else None
 
 
 def fetched_sha256(corpus) -> str | None:
@@ -233,7 +257,7 @@ def retrain(overrides: list[str] | None = None) -> dict:
     with one_study():
         dirty = uncommitted()
         if dirty:
-            raise LmpipeError(refusal(dirty) + pause_this_schedule())
+            return refused(dirty)
         parent = tracking.runs.start_study_run(params.tracking.experiment, PARAMS_FILE, "retrain")
         try:
             outcome = gated_retrain(params, parent, list(overrides or []))

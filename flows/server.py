@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Iterator
@@ -22,6 +23,25 @@ from lmpipe.errors import LmpipeError
 from lmpipe.paths import CACHE
 
 HOST, PORT = "127.0.0.1", 4200
+
+
+def project_home(root: str | Path = ".") -> Path:
+    """The Prefect home of the checkout at `root`: its database (the server's runs, deployments and schedules) and
+    settings, in the checkout's ignored cache folder. Prefect's default, ~/.prefect, is one for every checkout on
+    the machine, so one project's server, runs and schedules would be another's."""
+    return Path(root).resolve() / CACHE / "prefect"
+
+
+def use_project_home(environ=os.environ, root: str | Path = ".") -> str:
+    """PREFECT_HOME in `environ` (as the user set it, else the checkout's own), set before Prefect reads its
+    settings: processes started from here inherit it, a retrain's temporary copy too. Prefect creates its home
+    but not the folders above it, which a fresh clone lacks."""
+    if "PREFECT_HOME" not in environ:
+        home = project_home(root)
+        with contextlib.suppress(OSError):  # a read-only place: Prefect's own warning says so
+            home.mkdir(parents=True, exist_ok=True)
+        environ["PREFECT_HOME"] = str(home)
+    return environ["PREFECT_HOME"]
 
 
 def this_environment() -> dict:
@@ -67,30 +87,74 @@ APP = "flows.server:trusted_app"  # what `start` serves
 TRUSTED_HOSTS = [HOST, "localhost"]
 
 
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+OTHER_SITES = frozenset({"cross-site", "same-site"})  # Sec-Fetch-Site of a request another site's page made
+
+
+def own_origins(environ=os.environ) -> frozenset[str]:
+    """The origins of the server's own pages: its loopback names at the port of the UI's API (server_env)."""
+    port = urllib.parse.urlsplit(environ.get("PREFECT_UI_API_URL") or api_url()).port or PORT
+    return frozenset(f"http://{host}:{port}" for host in TRUSTED_HOSTS)
+
+
+class OwnPagesOnly:
+    """Refuses (403) a request that changes state (any method but GET, HEAD, OPTIONS; a websocket) made by another
+    site's page through the user's browser. CORS only keeps such a page from reading the answer: a form's POST or a
+    text/plain one needs no preflight and reaches Prefect, which acts on it (pause or resume a schedule). Browsers
+    name the page's origin (Origin) and how it relates to this server (Sec-Fetch-Site); Prefect's own clients send
+    neither, and its UI, served here, sends its own origin."""
+
+    def __init__(self, app, origins: frozenset[str]):
+        self.app, self.origins = app, origins
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "websocket" or (scope["type"] == "http" and scope["method"] not in SAFE_METHODS):
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            origin = headers.get("origin")
+            if (origin is not None and origin not in self.origins) or headers.get("sec-fetch-site") in OTHER_SITES:
+                await self.refuse(scope, send)
+                return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    async def refuse(scope, send) -> None:
+        if scope["type"] == "websocket":  # closed before it is accepted: the server answers the handshake 403
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = b'{"detail": "refused: a page of another site may not change what this server holds"}'
+        await send({"type": "http.response.start", "status": 403,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
 def trusted_app():
     """Prefect's server app (API, UI, background services), answering only requests addressed to this machine's
-    loopback names: a page on another site that resolves its own name to 127.0.0.1 (DNS rebinding) sends its own
-    Host header and is refused (400) before Prefect sees it. Prefect has no such setting of its own."""
+    loopback names, and changing state only for its own pages and for clients that are not browsers. A page on
+    another site that resolves its own name to 127.0.0.1 (DNS rebinding) sends its own Host header and is refused
+    (400); a page that sends a request to 127.0.0.1 itself is refused (403, OwnPagesOnly) before Prefect sees it.
+    Prefect has no such setting of its own."""
     from prefect.server.api.server import create_app
     from starlette.middleware.trustedhost import TrustedHostMiddleware
 
     app = create_app(final=True)
-    app.add_middleware(TrustedHostMiddleware, allowed_hosts=TRUSTED_HOSTS)
+    app.add_middleware(OwnPagesOnly, origins=own_origins())
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=TRUSTED_HOSTS)  # the outer one: the Host first
     return app
 
 
 def server_env(port: int, database: str | None = None) -> dict:
-    """The environment of the project's Prefect server: no telemetry, and trust only its own pages. Prefect allows
-    every origin by default (CORS `*`) with no login, so any web page the user visits could create flow runs of a
-    served deployment (a retrain with arbitrary overrides); here only the server's own UI origin may call it from a
-    browser. Another page's JSON call needs a preflight, which the server refuses, and a body it may send without one
-    (text/plain) is not JSON to Prefect's API, which refuses it. Prefect's own clients send no Origin: unaffected."""
+    """The environment of the project's Prefect server: no telemetry, the checkout's own Prefect home, and trust
+    only its own pages. Prefect allows every origin by default (CORS `*`) with no login, so any web page the user
+    visits could create flow runs of a served deployment (a retrain with arbitrary overrides); here only the
+    server's own UI origin may call it from a browser (CORS), and what a page may send without a preflight is
+    refused by `trusted_app`. Prefect's own clients send no Origin: unaffected."""
     origin = f"http://{HOST}:{port}"
     env = {**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_UI_ENABLED": os.environ.get("PREFECT_UI_ENABLED", "true"),
            "PREFECT_UI_API_URL": f"{origin}/api",  # the UI reads this server, not 4200's
            "PREFECT_SERVER_CORS_ALLOWED_ORIGINS": origin}
     env.pop("PREFECT_API_URL", None)
+    use_project_home(env)
     if database:  # e.g. a team's PostgreSQL (flows/team.py); else Prefect's own SQLite
         env["PREFECT_API_DATABASE_CONNECTION_URL"] = database
     return env

@@ -3,7 +3,8 @@
 The model is the registry's pyfunc (`mlflow.pyfunc.load_model`, lmpipe.serving.TextGenerator), answering MLflow's
 scoring protocol, so MLflow clients keep working: POST /invocations with {"inputs": {"prompt": [...]}, "params":
 {...}} (or dataframe_records, dataframe_split) answers {"predictions": [{"continuation": ...}]}; GET /ping and
-/health answer 200, /version names the model. Before any model work a request must say it is JSON (else 415), its
+/health answer 200, /version names the model. A request must be addressed to a loopback name (Host: 127.0.0.1,
+localhost or [::1]; else 400, as the MLflow UI checks). Before any model work it must say it is JSON (else 415), its
 body is read to at most MAX_BODY_BYTES whatever its Content-Length says (413 past it), and
 `lmpipe.serving.check_request` checks it (400, or 413 over a limit, its work included). Every refusal is one line
 that names the field and the limit and never quotes the input. The model runs on one daemon thread, one request at a
@@ -200,6 +201,27 @@ def _settle(done: asyncio.Future, result, error: Exception | None) -> None:
         done.set_exception(error) if error is not None else done.set_result(result)
 
 
+LOOPBACK_HOST = re.compile(r"(127\.0\.0\.1|localhost|\[::1\])(:\d{1,5})?", re.IGNORECASE)
+
+
+class LoopbackOnly:
+    """Answers only requests addressed to this machine's loopback names (any port), as the MLflow UI does: a page of
+    another site whose name resolves to 127.0.0.1 (DNS rebinding) sends that name as Host and is refused (400), so
+    it cannot use the model through the user's browser."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            if not LOOPBACK_HOST.fullmatch(host):
+                await refusal(400, "the Host header names another machine: this server answers requests to "
+                                   f"{HOST}, localhost or [::1] only")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def refusal(status: int, message: str):
     """An error reply as MLflow's server gives it: {"error_code", "message"}, the message one line."""
     from starlette.responses import JSONResponse
@@ -230,6 +252,7 @@ def build_app(pyfunc, about: dict, say: Callable[[str], None] = lambda line: Non
     import pandas as pd
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
     from starlette.responses import JSONResponse, PlainTextResponse
     from starlette.routing import Route
 
@@ -289,7 +312,8 @@ def build_app(pyfunc, about: dict, say: Callable[[str], None] = lambda line: Non
 
     routes = [Route("/invocations", invocations, methods=["POST"]), Route("/ping", ping, methods=["GET"]),
               Route("/health", ping, methods=["GET"]), Route("/version", version, methods=["GET"])]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error},
+                    middleware=[Middleware(LoopbackOnly)])
     app.state.worker = worker
     return app
 

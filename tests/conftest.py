@@ -18,11 +18,12 @@ if WORKERS > 1:
 import numpy as np
 import pytest
 
+from flows.server import use_project_home
 from lmpipe.telemetry import switch_off
 
-switch_off()  # telemetry off for everything the tests import and start
-
 ROOT = Path(__file__).resolve().parents[1]
+switch_off()  # telemetry off for everything the tests import and start
+use_project_home(root=ROOT)  # and Prefect's home this checkout's, as for the stages and `lmpipe`
 SHARED = ROOT.parent / "shared"
 
 

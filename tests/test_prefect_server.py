@@ -1,5 +1,6 @@
-"""The project's Prefect server trusts only its own pages: a web page of another origin can create nothing through
-the user's browser; the server's own UI and Prefect's clients still work."""
+"""The project's Prefect server trusts only its own pages: a web page of another origin can change nothing through
+the user's browser, not even with the requests a browser sends without asking (a form's POST, text/plain); the
+server's own UI and Prefect's clients still work."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import requests
 
 from tests.conftest import ROOT
@@ -24,7 +26,7 @@ def test_a_cross_origin_request_is_refused_and_the_projects_clients_still_work(p
     # what a page may send without a preflight: a form-like body, here the JSON as text/plain
     simple = requests.post(f"{prefect_api}/flows/", data='{"name": "from-another-page"}', timeout=10,
                            headers={"Origin": EVIL, "Content-Type": "text/plain"})
-    assert simple.status_code == 422, simple.text  # not JSON to the API: nothing created
+    assert simple.status_code == 403, simple.text
     assert simple.headers.get("access-control-allow-origin") not in ("*", EVIL)
     names = [f["name"] for f in requests.post(f"{prefect_api}/flows/filter", json={}, timeout=10,
                                               headers={"Origin": own}).json()]
@@ -42,3 +44,94 @@ def test_a_request_addressed_to_another_host_is_refused(prefect_api):
     assert forged.status_code == 400
     assert requests.post(f"{prefect_api}/flows/filter", json={}, timeout=10).status_code == 200
     assert requests.get(f"{prefect_api}/health", headers={"Host": "localhost"}, timeout=10).status_code == 200
+
+
+# What a page of another site can make the user's browser send to 127.0.0.1 without a preflight: a form's three
+# encodings (and the JSON the page wants read as text/plain).
+SIMPLE_FORMS = {"text/plain": {"data": '{"name": "from-another-page", "active": true}',
+                               "headers": {"Content-Type": "text/plain"}},
+                "x-www-form-urlencoded": {"data": {"name": "from-another-page"}},
+                "multipart/form-data": {"files": {"name": (None, "from-another-page")}}}
+
+
+def test_no_page_of_another_site_can_change_what_the_server_holds(prefect_api):
+    """Every route that changes state (a schedule paused or resumed, a run created, a deployment deleted) refuses a
+    simple request of another origin, in each form, and nothing changes; the server's own origin and clients that
+    send no Origin (Prefect's) change what they ask for."""
+    own = prefect_api.removesuffix("/api")
+    flow_id = requests.post(f"{prefect_api}/flows/", json={"name": "page-target"}, timeout=10).json()["id"]
+    made = requests.post(f"{prefect_api}/deployments/", timeout=10, json={
+        "name": "page-target", "flow_id": flow_id, "paused": True,
+        "schedules": [{"schedule": {"interval": 3600}, "active": False}]})
+    assert made.status_code in (200, 201), made.text
+    deployment, schedule = made.json()["id"], made.json()["schedules"][0]["id"]
+
+    def state() -> tuple:
+        held = requests.get(f"{prefect_api}/deployments/{deployment}", timeout=10)
+        runs = requests.post(f"{prefect_api}/flow_runs/count", timeout=10, json={"flows": {"id": {"any_": [flow_id]}}})
+        return (held.status_code, held.json().get("paused"), [s["active"] for s in held.json().get("schedules", [])],
+                runs.json())
+
+    before = state()
+    assert before == (200, True, [False], 0)
+    routes = [("POST", f"deployments/{deployment}/resume_deployment"),
+              ("POST", f"deployments/{deployment}/pause_deployment"),
+              ("POST", f"deployments/{deployment}/create_flow_run"), ("POST", "flow_runs/"),
+              ("PATCH", f"deployments/{deployment}/schedules/{schedule}"), ("DELETE", f"deployments/{deployment}")]
+    senders = [{"Origin": EVIL}, {"Origin": "null"}, {"Origin": f"{own}.evil.example"},  # sandboxed, look-alike
+               {"Origin": own, "Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"}]
+    for form, request in SIMPLE_FORMS.items():
+        for sender in senders:
+            for method, route in routes:
+                answer = requests.request(method, f"{prefect_api}/{route}", timeout=10, **{
+                    **request, "headers": {**request.get("headers", {}), **sender}})
+                assert answer.status_code == 403, (form, sender, method, route, answer.status_code, answer.text)
+    assert state() == before  # still paused, its schedule off, no run made, not deleted
+
+    ours = {"Origin": own, "Sec-Fetch-Site": "same-origin"}  # the server's own UI
+    assert requests.post(f"{prefect_api}/deployments/{deployment}/resume_deployment", headers=ours,
+                         timeout=10).status_code == 200
+    assert state()[1] is False
+    assert requests.post(f"{prefect_api}/deployments/{deployment}/pause_deployment", headers={"Origin": own},
+                         timeout=10).status_code == 200
+    created = requests.post(f"{prefect_api}/deployments/{deployment}/create_flow_run", json={}, timeout=10)
+    assert created.status_code in (200, 201), created.text  # no Origin: a client that is not a browser
+    assert state() == (200, True, [False], 1)
+    assert requests.delete(f"{prefect_api}/deployments/{deployment}", headers=ours, timeout=10).status_code == 204
+
+
+def test_no_page_of_another_site_can_open_the_servers_event_stream(prefect_api):
+    """Browsers let any page open a websocket to 127.0.0.1, sending its Origin: the server's event intake refuses
+    another origin's; Prefect's clients send none."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    url = prefect_api.replace("http://", "ws://") + "/events/in"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(url, origin=EVIL, open_timeout=10).close()
+    assert refused.value.response.status_code == 403
+    connect(url, open_timeout=10).close()
+
+
+def test_each_checkout_has_its_own_prefect_home(tmp_path, monkeypatch):
+    """Prefect keeps a server's runs, deployments and schedules in its home, ~/.prefect by default: one for every
+    checkout on the machine. A checkout's stages, `lmpipe` and its server use the checkout's own, in its ignored cache
+    folder; a home the user chose stays theirs."""
+    from flows import server
+
+    checkouts = [tmp_path / "a", tmp_path / "b"]
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_HOME"} | {"PYTHONPATH": str(ROOT)}
+    said = "import flows\nfrom prefect.settings import get_current_settings\nprint(get_current_settings().home)"
+    homes = []
+    for checkout in checkouts:
+        checkout.mkdir()
+        done = subprocess.run([sys.executable, "-c", said], cwd=checkout, env=env, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        homes.append(done.stdout.strip().splitlines()[-1])
+    assert homes == [str(c.resolve() / ".cache/lmpipe/prefect") for c in checkouts]
+    assert all((c / ".cache/lmpipe/prefect").is_dir() for c in checkouts)  # Prefect makes the home, not its parents
+    monkeypatch.delenv("PREFECT_HOME", raising=False)
+    monkeypatch.chdir(checkouts[1])
+    assert server.server_env(4300)["PREFECT_HOME"] == homes[1]
+    assert server.use_project_home({"PREFECT_HOME": str(tmp_path / "mine")}) == str(tmp_path / "mine")

@@ -145,6 +145,9 @@ class Loaded:
         return self.generator.predict(None, frame, params)
 
 
+LOCAL = "http://127.0.0.1:5000"  # what a client on this machine addresses: `lmpipe serve` binds 127.0.0.1
+
+
 @pytest.fixture(scope="module")
 def served():
     import torch
@@ -163,7 +166,8 @@ def served():
     generator.lm = build_model("rnn", {"cell": "gru", "emb": 16, "layers": 1}, tokenizer.get_vocab_size(), boundary).eval()
     generator.tokenizer, generator.boundary, generator.defaults = tokenizer, boundary, DecodeSettings(max_new_tokens=4)
     model, lines = Loaded(generator), []
-    with TestClient(build_app(model, {"model": "models:/lmpipe-gru@champion", "version": "1"}, lines.append)) as client:
+    with TestClient(build_app(model, {"model": "models:/lmpipe-gru@champion", "version": "1"}, lines.append),
+                    base_url=LOCAL) as client:
         yield client, model, lines
 
 
@@ -230,6 +234,23 @@ def test_other_paths_and_methods_are_one_line_too(served):
     assert client.get("/invocations").status_code == 405
 
 
+def test_a_request_addressed_to_another_host_or_from_another_page_reaches_no_model(served):
+    """DNS rebinding: a page of another site whose name resolves to 127.0.0.1 sends that name as Host (400). A page
+    that calls 127.0.0.1 itself can send only what a browser sends without asking: not JSON (415)."""
+    client, model, _ = served
+    calls = model.calls
+    for host in ("evil.example", "evil.example:5000", "127.0.0.1.evil.example", "localhost.evil.example:5000"):
+        forged = client.post("/invocations", json=GOOD, headers={"Host": host})
+        assert forged.status_code == 400, (host, forged.text)
+        assert forged.json()["message"].startswith("the Host header names another machine") and host not in forged.text
+    simple = client.post("/invocations", content=json.dumps(GOOD).encode(),
+                         headers={"Origin": "http://evil.example", "Content-Type": "text/plain"})
+    assert simple.status_code == 415, simple.text
+    assert model.calls == calls
+    for host in ("127.0.0.1:5000", "localhost", "LOCALHOST:8080", "[::1]:5000"):
+        assert client.get("/ping", headers={"Host": host}).status_code == 200, host
+
+
 def test_an_unknown_alias_or_version_names_what_the_registry_has(tmp_path, mlflow_store):
     from mlflow.tracking import MlflowClient
 
@@ -290,7 +311,7 @@ def test_a_request_that_would_wait_too_long_is_refused_at_once_with_retry_after(
             return super().predict(frame, params)
 
     lines = []
-    with TestClient(build_app(Held(loaded.generator), {}, lines.append, max_wait_s=0.001)) as client:
+    with TestClient(build_app(Held(loaded.generator), {}, lines.append, max_wait_s=0.001), base_url=LOCAL) as client:
         big = {"inputs": {"prompt": ["The history of"] * MAX_PROMPTS}, "params": {"max_new_tokens": 120}}
         answers = []
         first = threading.Thread(target=lambda: answers.append(client.post("/invocations", json=big)))
