@@ -95,12 +95,25 @@ def _terminated(signum, frame):
 
 
 def fail(line: str, restorable: bool = True) -> NoReturn:
-    """Exit 1 with one line. Under DVC the stage's outputs were removed before it ran: the line says so and how to
-    get them back from DVC's cache (they come back as the last completed run left them)."""
+    """Exit 1 with one line. Under DVC the stage's outputs were removed before it ran: where `lmpipe restore` can
+    bring them back whole (DVC's cache and git hold them), the line says so and names it."""
     stage = os.environ.get("DVC_STAGE")
-    if stage and restorable and ran_before(stage):
+    if stage and restorable and ran_before(stage) and would_restore(stage):
         line += f" (DVC removed this stage's outputs before it ran; `lmpipe restore {stage}` brings them back)"
     sys.exit(line)
+
+
+def would_restore(stage: str) -> bool:
+    """Whether `lmpipe restore <stage>` would bring its outputs back, asked of `python -m flows.restore` (the same
+    decision, in a process of its own, as the harness imports nothing of the restore); False where it cannot tell."""
+    import subprocess
+
+    try:
+        done = subprocess.run([sys.executable, "-m", "flows.restore", stage], cwd=os.environ.get("DVC_ROOT", "."),
+                              capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
 
 
 def ran_before(stage: str) -> bool:

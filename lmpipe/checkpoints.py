@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from lmpipe.codebase import code_hash
+from lmpipe.io import payload_bytes, replacing
 
 KEEP = 3  # unfinished runs kept per model; older ones (abandoned configurations) are deleted
 MARK = "lmpipe-checkpoints.json"  # written into every run folder lmpipe makes: what pruning may delete
@@ -81,6 +82,16 @@ def discard(ckpt_dir: str | Path) -> None:
     shutil.rmtree(ckpt_dir, ignore_errors=True)
 
 
+def save(state: dict, path: Path) -> None:
+    """`state` replaces the file at `path` whole: a kill or a full disk mid-save leaves the previous file, and no
+    partial one (a full disk: one line naming `path`, with the space it needs)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")  # one name per file: a temp file a kill -9 left is overwritten by the next save
+    with replacing(tmp, path, need=payload_bytes(state)):
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+
+
 @dataclass
 class Checkpoint:
     """All a resumed run needs to end bit for bit as an uninterrupted one; a plain dict on disk."""
@@ -93,10 +104,7 @@ class Checkpoint:
     hidden: object  # the recurrent state carried into the next chunk
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")  # replaced whole, so a kill mid-save leaves the previous checkpoint
-        torch.save(vars(self), tmp)
-        os.replace(tmp, path)
+        save(vars(self), path)
 
     @classmethod
     def load(cls, path: Path, device: torch.device) -> Checkpoint:

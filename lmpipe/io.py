@@ -14,10 +14,11 @@ from typing import Iterator
 
 
 @contextlib.contextmanager
-def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
+def atomic_path(dest: str | os.PathLike, need: int | None = None) -> Iterator[Path]:
     """Yield a temporary path beside `dest` (file or directory); rename it onto `dest` only on success. A directory
     `dest` is replaced whole (a stage's output, which DVC owns), so the working directory and the folders above it
-    are refused: replacing one would delete the project."""
+    are refused: replacing one would delete the project. `need`: about how many bytes the write takes, for the
+    line a full disk gives."""
     dest = Path(dest)
     if holds_working_directory(dest):
         from lmpipe.errors import LmpipeError
@@ -29,42 +30,98 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     os.unlink(tmp)
     tmp = Path(tmp)
-    try:
+    with replacing(tmp, dest, need):
         yield tmp
         if dest.is_dir() and not dest.is_symlink():
             shutil.rmtree(dest)
         os.replace(tmp, dest)
-    except (OSError, RuntimeError) as exc:
-        if full := disk_full(exc, dest):
+
+
+@contextlib.contextmanager
+def replacing(tmp: Path, dest: Path, need: int | None = None) -> Iterator[None]:
+    """Around a write into `tmp` that ends by renaming it onto `dest`: on any failure, Ctrl-C included, `tmp` goes
+    (a partial file would only fill the disk further), and a full disk is one DiskFull line naming `dest`."""
+    try:
+        yield
+    except BaseException as exc:
+        written = _size(tmp)
+        _remove(tmp)
+        if isinstance(exc, (OSError, RuntimeError)) and (full := disk_full(exc, dest, need, written)):
             raise full from None
         raise
-    finally:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        elif tmp.exists():
-            tmp.unlink()
 
 
-def disk_full(exc: BaseException, dest: Path | None = None):
-    """A DiskFull of one line when `exc` is a write that ran out of space, naming `dest` (an output of lmpipe's) or
-    the file the error names, and saying what to do; None for any other failure. torch.save writes in C++: a full
-    disk reaches Python as a RuntimeError "file write failed", with no errno and no path."""
+def _size(path: Path) -> int:
+    try:
+        if path.is_dir() and not path.is_symlink():
+            return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def payload_bytes(obj) -> int:
+    """About how many bytes torch.save writes for `obj`: its arrays' bytes (tensors, numpy arrays) in nested dicts,
+    lists and tuples; the rest is small."""
+    if isinstance(obj, dict):
+        return sum(payload_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(payload_bytes(v) for v in obj)
+    size = getattr(obj, "nbytes", None)
+    return size if isinstance(size, int) else 0
+
+
+# What torch.save's C++ writer says when a write came up short (no errno, no path): a full disk, most often
+TORCH_WRITE_FAILED = ("file write failed", "unexpected pos")
+
+
+def disk_full(exc: BaseException, dest: Path | None = None, need: int | None = None, written: int = 0):
+    """A DiskFull of one line when `exc` is a write that ran out of space: the path (`dest`, or the file the error
+    names), about how much the write needs (`need`; else more than the `written` bytes it got), how much is free,
+    and what to do. None for any other failure. torch.save reports a short write as a RuntimeError without an
+    errno: it counts as a full disk only where too little is free for `need`."""
     from lmpipe.errors import DiskFull
 
-    free = ""
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        where = dest or exc.filename or "a file"
-    elif isinstance(exc, RuntimeError) and "write failed" in str(exc):
-        where = dest or "a checkpoint or model file (torch.save)"
+        where = dest or exc.filename
+    elif isinstance(exc, RuntimeError) and any(text in str(exc) for text in TORCH_WRITE_FAILED):
+        where = dest
     else:
         return None
-    if dest is not None:
-        room = shutil.disk_usage(dest.parent).free
-        if isinstance(exc, RuntimeError) and room >= 64 * 2**20:
-            return None  # not the disk: some other write failure of torch's
-        free = f" ({room / 2**20:.0f} MiB free there)"
-    return DiskFull(f"{where}: no space left on device{free}; free some space and run again (a training stage "
-                    "resumes from its checkpoint)")
+    free = free_bytes(Path(where)) if where else None
+    if isinstance(exc, RuntimeError) and free is not None and free >= max((need or 0) * 1.25 + 2**20, 64 * 2**20):
+        return None  # room enough: some other failure of torch's writer
+    wanted = f"needs about {_mb(need)}" if need else f"needs more than {_mb(written)}" if written else ""
+    room = f"{_mb(free)} free" if free is not None else ""
+    detail = ", ".join(filter(None, [wanted, room]))
+    return DiskFull(f"no space left on {where or 'a checkpoint or model file (torch.save)'}"
+                    f"{': ' + detail if detail else ''} (free space, then rerun: it resumes)")
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free bytes on the filesystem that holds `path` (or would: its nearest existing folder)."""
+    for folder in [path, *path.absolute().parents]:
+        if folder.exists():
+            try:
+                return shutil.disk_usage(folder).free
+            except OSError:
+                return None
+    return None
+
+
+def _mb(size: int | None) -> str:
+    size = size or 0
+    if size < 100_000:
+        return f"{max(size, 1) / 1e3:.0f} kB" if size >= 1000 else f"{size} bytes"
+    return f"{size / 1e6:.1f} MB" if size < 1e8 else f"{size / 1e6:,.0f} MB"
 
 
 OUT_MARK = "lmpipe-output.json"  # written into every folder a user names with --out: which files there are lmpipe's
@@ -91,11 +148,16 @@ def out_dir(dest: str | os.PathLike, mark: dict) -> Iterator[Path]:
     into `dest` (each replaced atomically), remove the files an earlier --out listed in OUT_MARK and this one did not
     write, and write OUT_MARK (`mark` plus the file list) last. Nothing else in `dest` is touched: a file the user
     put there, before or during the run, stays."""
+    from lmpipe.errors import DiskFull
+
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent))
     try:
-        yield staged
+        try:
+            yield staged
+        except DiskFull as exc:  # named as the user knows it: the folder they chose, not the staging one
+            raise DiskFull(str(exc).replace(str(staged), str(dest))) from None
         try:
             before = set(json.loads((dest / OUT_MARK).read_text()).get("files", []))
         except (OSError, ValueError, AttributeError):
@@ -118,8 +180,9 @@ def holds_working_directory(path: Path) -> bool:
 
 
 def write_text(dest: str | os.PathLike, text: str) -> None:
-    with atomic_path(dest) as tmp:
-        tmp.write_text(text, encoding="utf-8")
+    data = text.encode("utf-8")
+    with atomic_path(dest, need=len(data)) as tmp:
+        tmp.write_bytes(data)
 
 
 def write_json(dest: str | os.PathLike, obj) -> None:

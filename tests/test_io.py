@@ -15,19 +15,37 @@ from tests.helpers import ROOT
 
 
 def test_a_full_disk_names_the_path_and_leaves_no_partial_output(tmp_path, monkeypatch):
-    real = os.replace
-
     def full(src, dst):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "replace", full)
     with pytest.raises(DiskFull) as info:
         write_text(tmp_path / "metrics/train/gru.json", "{}")
-    monkeypatch.setattr(os, "replace", real)
     message = str(info.value)
-    assert message.startswith(f"{tmp_path / 'metrics/train/gru.json'}: no space left on device (")
-    assert "\n" not in message
+    assert message.startswith(f"no space left on {tmp_path / 'metrics/train/gru.json'}: needs about 2 bytes, ")
+    assert message.endswith(" free (free space, then rerun: it resumes)") and "\n" not in message
     assert list((tmp_path / "metrics/train").iterdir()) == []  # the temporary file is gone too
+
+
+def test_a_write_that_runs_out_of_space_part_way_leaves_no_temp_file_and_a_rerun_writes_it(tmp_path, monkeypatch):
+    real = Path.write_bytes
+
+    def half_then_full(self, data):
+        real(self, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    dest = tmp_path / "metrics/eval.json"
+    dest.parent.mkdir()
+    dest.write_text("the previous run's")
+    monkeypatch.setattr(Path, "write_bytes", half_then_full)
+    with pytest.raises(DiskFull) as info:
+        write_text(dest, "x" * 300_000)
+    monkeypatch.setattr(Path, "write_bytes", real)
+    assert str(info.value).startswith(f"no space left on {dest}: needs about 0.3 MB, ")  # the file, not its temp
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["eval.json"]
+    assert dest.read_text() == "the previous run's"
+    write_text(dest, "x" * 300_000)  # the rerun, with room
+    assert dest.read_text() == "x" * 300_000 and sorted(p.name for p in dest.parent.iterdir()) == ["eval.json"]
 
 
 def test_other_errors_pass_through_and_leave_no_partial_output(tmp_path):
@@ -39,17 +57,32 @@ def test_other_errors_pass_through_and_leave_no_partial_output(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_full_disk_anywhere_in_a_stage_is_one_line_naming_the_file():
+def test_a_full_disk_anywhere_in_a_stage_is_one_line_naming_the_file(tmp_path):
     from flows._stage import full_disk
 
-    assert full_disk(OSError(errno.ENOSPC, "No space left on device", ".cache/lmpipe/ckpt/gru-0/last.tmp")) == (
-        ".cache/lmpipe/ckpt/gru-0/last.tmp: no space left on device; free some space and run again (a training "
-        "stage resumes from its checkpoint)")
-    torch_says = RuntimeError("[enforce fail at inline_container.cc:672] . PytorchStreamWriter failed writing file "
-                              "data/0: file write failed")
-    assert full_disk(torch_says).startswith("a checkpoint or model file (torch.save): no space left on device")
+    said = full_disk(OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "ckpt/gru-0/last.tmp")))
+    assert said.startswith(f"no space left on {tmp_path / 'ckpt/gru-0/last.tmp'}: ") and said.endswith(
+        " MB free (free space, then rerun: it resumes)"), said
+    torch_says = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1600 vs 1494")
+    assert full_disk(torch_says).startswith("no space left on a checkpoint or model file (torch.save)")
     assert full_disk(OSError(errno.EACCES, "Permission denied", "x")) is None
     assert full_disk(ValueError("x")) is None
+
+
+def test_torchs_short_write_is_a_full_disk_only_where_the_disk_is_full(tmp_path, monkeypatch):
+    """torch.save says "unexpected pos" or "file write failed" with no errno: the free space tells."""
+    import shutil
+    from collections import namedtuple
+
+    from lmpipe.io import disk_full
+
+    torch_says = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1600 vs 1494")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1494, 1494))
+    assert str(disk_full(torch_says, tmp_path / "model.pt", need=6_300_000)) == (
+        f"no space left on {tmp_path / 'model.pt'}: needs about 6.3 MB, 1 kB free (free space, then rerun: it resumes)")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 0, 10**11))
+    assert disk_full(torch_says, tmp_path / "model.pt", need=6_300_000) is None  # room enough: not the disk
 
 
 @pytest.mark.parametrize("where", [".", "..", "sub/.."])

@@ -742,6 +742,46 @@ def test_restore_after_an_uncommitted_run_gives_the_commits_model_with_the_commi
     assert run(["git", "status", "--porcelain"], copy, env).stdout == ""  # dvc.lock records the commit's run again
 
 
+def test_restore_never_deletes_this_machines_run_when_the_commits_outputs_are_not_in_its_cache(committed):
+    """A clone whose study ran here and is not committed, the commit's outputs made on another machine (not in this
+    cache): a restore changes nothing, with outputs as dvc.lock records them or after a failed run removed them;
+    the failed stage does not recommend it."""
+    copy, env = committed
+    params = copy / "params.yaml"
+    saved = params.read_text()
+    other = yaml.safe_load(saved)
+    other["models"]["gru"]["arch"]["emb"] = 8
+    params.write_text(yaml.safe_dump(other, sort_keys=False))
+    run(["dvc", "repro", "train@gru"], copy, env)  # this machine's run, uncommitted
+    committed_run = yaml.safe_load(run(["git", "show", "HEAD:dvc.lock"], copy, env).stdout)["stages"]["train@gru"]
+    model = next(o["md5"] for o in committed_run["outs"] if o["path"] == "models/gru")
+    (copy / ".dvc/cache/files/md5" / model[:2] / model[2:]).unlink()  # the commit's model: another machine's
+
+    def files() -> dict:
+        return {p.relative_to(copy).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in copy.rglob("*")
+                if p.is_file() and not p.relative_to(copy).as_posix().startswith((".git/", ".dvc/tmp/"))}
+
+    before = files()
+    kept = run(["lmpipe", "restore", "train@gru"], copy, env)
+    assert kept.stdout.strip() == "nothing to restore: train@gru's outputs are as dvc.lock records them"
+    assert files() == before
+    typo = yaml.safe_load(params.read_text())
+    typo["models"]["gru"]["epochs"] = -5
+    params.write_text(yaml.safe_dump(typo, sort_keys=False))
+    failed = run(["dvc", "repro", "train@gru"], copy, env, check=False)
+    line = next(l for l in failed.stderr.splitlines() if l.startswith("error: "))
+    assert failed.returncode != 0 and "models.gru.epochs" in line and "lmpipe restore" not in line, line
+    params.write_text(yaml.safe_dump(other, sort_keys=False))
+    assert not (copy / "models/gru").exists() and not (copy / "metrics/train/gru.json").exists()
+    before = files()
+    refused = run(["lmpipe", "restore", "train@gru"], copy, env, check=False)
+    assert refused.returncode == 1 and refused.stderr.strip().splitlines() == [
+        "error: train@gru: nothing restored, nothing changed: models/gru of HEAD's run is not in this cache, and "
+        "metrics/train/gru.json, plots/train/gru.csv of the run dvc.lock records are in no commit; `dvc pull "
+        "train@gru` fetches HEAD's from a DVC remote that has them, or `dvc repro -s train@gru` makes them again"]
+    assert files() == before  # dvc.lock and every file byte for byte
+
+
 def test_ctrl_c_stops_a_training_stage_in_one_line_and_its_run_ends_killed(scratch):  # its own copy: it edits params.yaml
     import re
     import signal

@@ -484,3 +484,82 @@ def test_a_branch_needs_wsd_and_a_smaller_budget(tmp_path):
                   tmp_path / "w", setup_process(COMMON), progress_bar=False)
     with pytest.raises(ConfigError, match="not smaller"):
         run.decay_start(Budget(tokens=9000))
+
+
+def _short_write(real, name: str, nth: int, error: BaseException):
+    """torch.save that, on its `nth` save to a file called `name`, writes half the bytes and then fails as a full
+    disk does."""
+    import io
+    from pathlib import Path
+
+    seen = []
+
+    def save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)) and Path(f).name == name:
+            seen.append(f)
+            if len(seen) == nth:
+                buffer = io.BytesIO()
+                real(obj, buffer)
+                Path(f).write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+                raise error
+        return real(obj, f, *args, **kwargs)
+    return save
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"),
+                                   RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1600 vs 1494")],
+                         ids=["errno", "torch"])
+def test_a_full_disk_mid_checkpoint_is_one_line_keeps_the_last_good_checkpoint_and_the_rerun_resumes(
+        tmp_path, monkeypatch, error):
+    import shutil
+    from collections import namedtuple
+
+    from lmpipe.checkpoints import Checkpoint
+    from lmpipe.errors import DiskFull
+
+    whole = train(tmp_path / "whole", "nplm")
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 4096, 4096))
+    monkeypatch.setattr(torch, "save", _short_write(torch.save, "last.tmp", 2, error))
+    folder = tmp_path / "full" / "nplm"
+    with pytest.raises(DiskFull) as info:
+        train(tmp_path / "full", "nplm")
+    monkeypatch.undo()
+    said = str(info.value)
+    assert re.fullmatch(rf"no space left on {re.escape(str(folder / 'last.pt'))}: needs about [\d.]+ (kB|MB), 4 kB "
+                        r"free \(free space, then rerun: it resumes\)", said), said
+    assert not list(folder.glob("*.tmp"))  # no partial file left to fill the disk further
+    Checkpoint.load(folder / "last.pt", torch.device("cpu"))  # the previous checkpoint, whole
+    steps = []
+    resumed = train(tmp_path / "full", "nplm", on_step=steps.append)
+    assert steps and steps[0] > 1  # resumed, not from scratch
+    assert drop_timings(resumed.history) == drop_timings(whole.history)
+    for (key, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items()):
+        assert torch.equal(a, b), key
+
+
+def test_train_out_on_a_full_disk_is_one_line_leaves_no_partial_file_and_the_rerun_writes_it(tmp_path, monkeypatch,
+                                                                                             capsys):
+    """python -m lmpipe.train --out: the model file cannot be written; the line names the folder, nothing half-written
+    stays, the checkpoints do, and the same command then writes the outputs without training again."""
+    import lmpipe.train.__main__ as cli
+    from lmpipe.train.job import Job
+
+    job = Job("nplm", SETTINGS["nplm"], COMMON, synthetic_data(), tmp_path / "ckpt")
+    monkeypatch.setattr(cli, "prepare", lambda *args, **kwargs: job)
+    out = tmp_path / "result"
+    argv = ["--model", "nplm", "--params", str(ROOT / "params.yaml"), "--out", str(out)]
+    with monkeypatch.context() as patched:
+        patched.setattr(torch, "save", _short_write(torch.save, "model.pt", 1, OSError(28, "No space left on device")))
+        with pytest.raises(SystemExit) as info:
+            cli.main(argv)
+    said = str(info.value.code)
+    assert re.fullmatch(rf"error: no space left on {re.escape(str(out))}: needs about [\d.]+ (kB|MB), [\d,.]+ (kB|MB) "
+                        r"free \(free space, then rerun: it resumes\)", said), said
+    assert list(out.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "result"]
+    assert (job.ckpt_dir / "last.pt").exists()  # the finished run is kept
+    capsys.readouterr()
+    cli.main(argv)
+    assert capsys.readouterr().out == ""  # no evaluation printed: nothing trained again
+    assert sorted(p.name for p in out.iterdir()) == ["curve.csv", "lmpipe-output.json", "metrics.json", "model.pt"]
+    assert not job.ckpt_dir.exists()

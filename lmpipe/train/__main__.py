@@ -17,7 +17,7 @@ from lmpipe.config import load_params
 from lmpipe.overrides import assignments
 from lmpipe.errors import Interrupted, LmpipeError
 from lmpipe.evaluate import evaluate_lm
-from lmpipe.io import OUT_MARK, check_out_dir, out_dir
+from lmpipe.io import OUT_MARK, check_out_dir, disk_full, out_dir
 from lmpipe.paths import CACHE_DIR
 from lmpipe.train.job import Outputs, prepare, publish
 
@@ -55,7 +55,9 @@ def main(argv: list[str] | None = None) -> None:
         job = prepare(params, args.model, args.checkpoints, overrides=assignments(args.set, "--set"), budget=budget,
                       train=train, params_file=args.params, progress_bar=sys.stderr.isatty())
         result = job.trainer.run(on_eval=lambda record: print(json.dumps(record), flush=True))
-    except LmpipeError as exc:
+    except (LmpipeError, OSError, RuntimeError) as exc:
+        if not isinstance(exc, LmpipeError) and not (exc := disk_full(exc)):
+            raise
         if not ranks.main:  # the main process meets the same error and says it: torchrun would stop it on our exit
             time.sleep(2)
         sys.exit(f"error: {exc}" if ranks.main else 1)  # one line, from one process
@@ -66,9 +68,14 @@ def main(argv: list[str] | None = None) -> None:
     if not ranks.main:
         return
     if args.out:  # lmpipe's files only: anything else in the folder stays
-        with out_dir(args.out, {"written_by": "python -m lmpipe.train", "model": args.model, "set": args.set,
-                                "processes": ranks.world}) as tmp:
-            publish(None, result, Outputs(tmp, tmp / "metrics.json", tmp / "curve.csv"))  # model.pt first, into it
+        try:
+            with out_dir(args.out, {"written_by": "python -m lmpipe.train", "model": args.model, "set": args.set,
+                                    "processes": ranks.world}) as tmp:
+                publish(None, result, Outputs(tmp, tmp / "metrics.json", tmp / "curve.csv"))  # model.pt first, into it
+        except (LmpipeError, OSError) as exc:  # the checkpoints stay: the same command resumes the finished run
+            if not isinstance(exc, LmpipeError) and not (exc := disk_full(exc)):
+                raise
+            sys.exit(f"error: {exc}")
     if args.score:
         scores = evaluate_lm(result.model.eval(), job.data, params.evaluate.chunk)
         print(json.dumps({"model": args.model, "set": args.set, "seed": job.common.seed, "valid_bpb": scores["valid"]["bpb"],

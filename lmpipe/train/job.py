@@ -20,7 +20,7 @@ from lmpipe.config import Params, TrainParams
 from lmpipe.errors import ConfigError, describe_error
 from lmpipe.model_params import ModelParams
 from lmpipe.overrides import with_overrides
-from lmpipe.io import atomic_path, csv_text, without_timings, write_json, write_text
+from lmpipe.io import atomic_path, csv_text, payload_bytes, without_timings, write_json, write_text
 from lmpipe.models import save_model
 from lmpipe.splits import TokenData, load_tokens
 from lmpipe.train.trainer import Trainer, TrainResult, setup_process
@@ -136,7 +136,7 @@ def publish(run, result: TrainResult, out: Outputs | None = None) -> None:
     MLflow `run` records (None: an untracked run; `tracking.record_training`). Call it before
     `checkpoints.discard`: a failure here resumes the finished run instead of training it again."""
     if out is not None:
-        with atomic_path(out.model_dir) as tmp:
+        with atomic_path(out.model_dir, need=payload_bytes(result.model.state_dict())) as tmp:
             tmp.mkdir()
             save_model(result.model, result.settings.family, result.settings.arch, tmp / "model.pt")
         write_json(out.metrics, without_timings(result.metrics))

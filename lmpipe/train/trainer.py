@@ -608,7 +608,7 @@ class Trainer:
             with _averaged(self.model, self.optimizer, p.asgd):
                 checkpoints.make_dir(self.ckpt_dir, self.name)
                 if self.ranks.main:
-                    torch.save(self.model.state_dict(), checkpoints.best_path(self.ckpt_dir))
+                    checkpoints.save(self.model.state_dict(), checkpoints.best_path(self.ckpt_dir))
         else:
             p.bad_evals += 1
         self._adapt(improved)
