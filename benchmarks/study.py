@@ -66,8 +66,10 @@ def speed_targets(names: list[str], experiment: str, branched: bool) -> list[tup
     (`seconds`), per model and over the study, each with the wall-time share beside it (`branch_seconds`, every
     branch's validation and test passes in, against `fit_seconds`)."""
     from lmpipe import tracking
+    from lmpipe.machine import cpu_kind
 
     rows, spent = [], dict.fromkeys(("seconds", "branch_train_seconds", "fit_seconds", "branch_seconds"), 0.0)
+    here = cpu_kind()  # the runs are this machine's, in its store
 
     def measured(m: dict) -> tuple[float, str]:
         share = m["branch_train_seconds"] / m["seconds"]
@@ -80,7 +82,7 @@ def speed_targets(names: list[str], experiment: str, branched: bool) -> list[tup
         metrics = tracking.tracker().client.get_run(run_id).data.metrics if run_id else {}
         rate = metrics.get("flops_per_sec")
         rows.append((f"{name}: training >= {MIN_FLOPS_PER_SEC / 1e9:.0f} GFLOP/s (its MLflow run)",
-                     "no run found" if rate is None else f"{rate / 1e9:.1f} G", (rate or 0) >= MIN_FLOPS_PER_SEC))
+                     "no run found" if rate is None else f"{rate / 1e9:.1f} G on {here}", (rate or 0) >= MIN_FLOPS_PER_SEC))
         if branched and all(metrics.get(k) for k in spent):
             for k in spent:
                 spent[k] += metrics[k]
@@ -114,9 +116,9 @@ def quality_targets(models: dict) -> list[tuple[str, str, bool]]:
     return rows
 
 
-def seed_targets(evaluation: dict, seeds_csv: Path, study_seed: int, precisions: dict) -> list[tuple[str, str, bool]]:
+def seed_targets(evaluation: dict, seeds_csv: Path, study_seed: int, trained: dict) -> list[tuple[str, str, bool]]:
     """The targets that need the seed spread: mean ± sd over the seeds that still hold."""
-    spreads, stale = seeds.study_spreads(seeds_csv, evaluation, precisions, study_seed, BASELINE)
+    spreads, stale = seeds.study_spreads(seeds_csv, evaluation, trained, study_seed, BASELINE)
     kn = evaluation["models"][BASELINE]["test"]["bpb"]
     out = []
     if "transformer" in spreads:
@@ -128,7 +130,8 @@ def seed_targets(evaluation: dict, seeds_csv: Path, study_seed: int, precisions:
     out.append((f"best single ({best}): mean test bpb over 3 seeds <= {BEST_SINGLE_GOAL:.2f}", spreads[best].text(4),
                 spreads[best].n >= 3 and spreads[best].bpb <= BEST_SINGLE_GOAL))
     if stale:
-        out.append(("seed rows that hold this study's runs (lmpipe seeds)", f"stale: {', '.join(stale)}", False))
+        out.append(("seed rows that hold this study's runs (lmpipe seeds)",
+                    "stale: " + "; ".join(f"{m}: {why}" for m, why in sorted(stale.items())), False))
     return out
 
 
@@ -227,8 +230,7 @@ def main() -> int:
     evaluation = {**evaluation, "models": models}
     combined = {name: r for name, r in combined_models().items() if not set(r["weights"]) & set(unmatched)}
     rows += quality_targets(models)
-    precisions = {name: t.get("precision", "") for name, t in trained.items()}
-    rows += seed_targets(evaluation, ROOT / paths.SEEDS, params.train.seed, precisions)
+    rows += seed_targets(evaluation, ROOT / paths.SEEDS, params.train.seed, trained)
     budget_sds = load_results(ROOT, list(params.models), params.train.seed).budget_sds  # as the report reads them
     rows += annealed_targets({n: t for n, t in trained.items() if n not in unmatched}, budget, budget_sds)
     rows += scaling_targets(annealed(trained), (ROOT / "reports/study.md").read_text(encoding="utf-8"))

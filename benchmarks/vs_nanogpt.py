@@ -15,7 +15,7 @@ CPU, so the ratio to nanoGPT is like for like at 0 only):
 Each side runs --rounds times, alternating. nanoGPT's round times --steps steps after --warmup (torch.compile
 compiles there); lmpipe's is the Trainer's own rate over a second epoch of as many steps, after a first that warms
 up (evaluation excluded). Prints each
-round's tokens/s, the medians and lmpipe / nanoGPT (issue 39's target on a GPU: >= 0.95 at 12 x 768, T 1024, B 16).
+round's tokens/s, the medians and lmpipe / nanoGPT (the target on a GPU: >= 0.95 at 12 x 768, T 1024, B 16).
 With --before, each round also times lmpipe's transformer as it was before 2026-11-30 (attention by SDPA under
 autocast: its bf16 kernel on a bf16 CPU, see lmpipe.models.transformer.attend; dropout masks from `bernoulli_`) and
 prints now / before: the same FLOPs a token, so the ratio of tokens/s is the ratio of FLOP/s.

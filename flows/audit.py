@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 from lmpipe import paths
 from flows._stage import PARAMS_FILE, drop_removed, main, stage_run
 from lmpipe import tracking
-from lmpipe.audit import audit, bpe_vector, load_tests, weat_heatmap, word_counts, write_word2vec_text
+from lmpipe.audit import audit, load_tests, model_lookup, weat_heatmap, word_counts, write_word2vec_text
 from lmpipe.config import load_params
 from lmpipe.io import atomic_path, write_json
 from lmpipe.models import load_model
@@ -35,10 +35,7 @@ def lookups(params) -> dict:
     tokenizer = Tokenizer.from_file(paths.TOKENIZER)
     out = {}
     for name in params.models:
-        model = load_model(f"{paths.model_dir(name)}/model.pt")
-        matrix = model.embedding_matrix() if params.audit.embedding == "input" else model.output_matrix()
-        embedding = matrix.detach().cpu().numpy().astype(np.float64)
-        out[name] = lambda form, e=embedding: bpe_vector(form, tokenizer, e)
+        out[name] = model_lookup(load_model(f"{paths.model_dir(name)}/model.pt"), tokenizer, params.audit.embedding)
     vectors = KeyedVectors.load_word2vec_format(f"{paths.WORD2VEC}/word2vec.bin", binary=True)
     out["word2vec"] = lambda form: vectors[form].astype(np.float64) if form in vectors.key_to_index else None
     return out

@@ -328,6 +328,20 @@ def _diff(args) -> int:
     return 0
 
 
+def _reproduced_args(p):
+    p.add_argument("rev", nargs="?", default="HEAD", help="the committed study to compare with (default: HEAD)")
+
+
+@command("reproduced", _reproduced_args, help="after `make study`: each model's numbers against the committed ones, "
+                                              "bit for bit, within seed noise or differs, and the machines")
+def _reproduced(args) -> int:
+    from lmpipe.reproduced import reproduced
+
+    ok, text = reproduced(args.rev)
+    print(text)
+    return 0 if ok else 1
+
+
 def _plan_args(p):
     p.add_argument("-S", "--set-param", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a setting as `dvc exp run -S` takes it (repeatable); none: what `dvc repro` would run")
@@ -357,7 +371,7 @@ class Help(argparse.RawDescriptionHelpFormatter):
 
 
 # `lmpipe --help` lists the commands in the order a user meets them: the study, its models, then its variations.
-ORDER = ("check-params", "server", "generate", "ui", "plan", "diff", "serve", "retrain", "schedule", "seeds", "sweep",
+ORDER = ("check-params", "server", "reproduced", "generate", "ui", "plan", "diff", "serve", "retrain", "schedule", "seeds", "sweep",
          "scaling", "profile", "restore", "ngram export-arpa", "team up", "team down")
 
 

@@ -20,7 +20,7 @@ from lmpipe.config import parse_params
 from lmpipe.overrides import apply_overrides, assignments
 
 # No training finished on this machine yet: the study's families ran at 187-328 GFLOP/s on the 2-core EPYC with
-# AVX512-BF16 (issue #51); in fp32 on a 2-core AVX2 Zen 3 EPYC at 37-52 GFLOP/s (docs/benchmarks.md#timings).
+# AVX512-BF16; in fp32 on a 2-core AVX2 Zen 3 EPYC at 37-52 GFLOP/s (docs/benchmarks.md#timings).
 DEFAULT_FLOPS_PER_S = 2.0e11
 FP32_SLOWER = 4.0
 
@@ -75,12 +75,15 @@ def summary(stages: list[str], params) -> str:
     lines = [f"{len(stages)} stage(s) would run: {', '.join(stages)}"]
     trainings = [s.removeprefix("train@") for s in stages if s.startswith("train@")]
     if trainings:
-        budget = budgets(params)
+        budget, runs = budgets(params), budgets(params, branches=False)
         flops = sum(budget.get(m, 0.0) for m in trainings)
+        branched = flops - sum(runs.get(m, 0.0) for m in trainings)
         rate, source = measured_rate(params)
         unknown = [m for m in trainings if m not in budget]
-        lines.append(f"training: {len(trainings)} model(s), {flops:.2e} FLOPs, about {flops / rate / 60:.0f} min at "
-                     f"{rate / 1e9:.0f} GFLOP/s ({source})"
+        lines.append(f"training: {len(trainings)} model(s), {flops:.2e} FLOPs"
+                     + (f" ({flops - branched:.2e} for the runs, {branched:.2e} for their decay branches, "
+                        "study.branches)" if branched else "")
+                     + f", about {flops / rate / 60:.0f} min at {rate / 1e9:.0f} GFLOP/s ({source})"
                      + (f"; {', '.join(unknown)} train by tokens or epochs, not counted" if unknown else ""))
     return "\n".join(lines)
 

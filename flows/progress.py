@@ -72,21 +72,19 @@ def planned_stages(changes: dict | None = None) -> list[str]:
     status` finds changed (a fresh clone: every one), each that tracks a setting `changes` ({dotted key: new value},
     as `-S` gives them) moves, and each downstream of one, whose inputs are about to change. Frozen stages never run.
     (`dvc repro --dry` cannot tell: it lists a stage only once its inputs exist.)"""
-    import networkx as nx
     from dvc.repo import Repo
-    from dvc.repo.reproduce import get_active_graph
+    from dvc.repo.reproduce import get_active_graph, plan_repro
 
     with Repo() as repo, repo.lock:  # released before `dvc repro` takes it
         graph = get_active_graph(repo.index.graph)  # edges run from a stage to the stages it takes inputs from
-        order = list(reversed(list(nx.topological_sort(graph))))
+        study = [s for s in repo.index.stages if s.dvcfile.relpath == "dvc.yaml"]
+        order = plan_repro(graph, study)  # dvc.yaml's stages and their inputs', as `dvc repro` orders them
         runs: dict = {}
-        for stage in order:
+        for stage in order:  # every input before the stages that read it
             runs[stage] = bool(getattr(stage, "cmd", None)) and not stage.frozen and (
                 any(runs.get(upstream) for upstream in graph.successors(stage)) or stage.changed()
                 or bool(changes and tracks(stage, changes)))
-        study = [s for s in order if s.dvcfile.relpath == "dvc.yaml"]
-        repro = set(study).union(*(nx.descendants(graph, s) for s in study))  # dvc.yaml's and their inputs' stages
-        return [s.addressing for s in order if runs[s] and s in repro]
+        return [s.addressing for s in order if runs[s]]
 
 
 def tracks(stage, changes: dict) -> bool:
@@ -101,9 +99,10 @@ def tracks(stage, changes: dict) -> bool:
     return False
 
 
-def budgets(params=None) -> dict[str, float]:
+def budgets(params=None, branches: bool = True) -> dict[str, float]:
     """Each model's training FLOPs (its budget or the study's), with its decay branches' (`study.branches`: each
-    decays over its own decay_fraction of its budget); a budget in tokens gives no estimate."""
+    decays over its own decay_fraction of its budget) unless `branches` is False; a budget in tokens gives no
+    estimate."""
     params = params or load_params(PARAMS_FILE)
     found = {}
     for name in params.models:
@@ -111,7 +110,7 @@ def budgets(params=None) -> dict[str, float]:
         if settings.budget is None or not settings.budget.flops:
             continue
         found[name] = float(settings.budget.flops)
-        if settings.optim.schedule == "wsd":  # another schedule has no branches (the train stage says so)
+        if branches and settings.optim.schedule == "wsd":  # another schedule has no branches (the train stage says so)
             found[name] += settings.optim.decay_fraction * sum(params.branches_of(settings))
     return found
 

@@ -62,8 +62,7 @@ def label_each_model_run(params, models: dict) -> None:
 
     label = baseline_label(params.ngram)
     trained = {n: json.loads(Path(paths.train_metrics(n)).read_text()) for n in models if n in params.models}
-    precisions = {n: t.get("precision", "") for n, t in trained.items()}
-    spreads, stale = study_spreads(paths.SEEDS, {"models": models}, precisions, params.train.seed, BASELINE,
+    spreads, stale = study_spreads(paths.SEEDS, {"models": models}, trained, params.train.seed, BASELINE,
                                list(params.models))
     digest, baseline = tracking.runs.study_key(PARAMS_FILE).params_digest, models[BASELINE]["test"]
     for name, result in models.items():
@@ -89,14 +88,13 @@ def label_each_model_run(params, models: dict) -> None:
             "n_params": str(t.get("n_params", "")), "git_commit": commit, "params_sha256": digest})
 
 
-def seed_sentence(name: str, shown: dict, seeds: int, stale: list[str]) -> str:
+def seed_sentence(name: str, shown: dict, seeds: int, stale: dict[str, str]) -> str:
     """What a registry card says of the seed noise: the spread (the sd over `seeds` seeds), or why there is none (a
     person must not read one seed's number as a mean)."""
     if seeds > 1:
         return f"Test bpb over the seeds: {shown['test bpb']} (sd of {seeds} seeds)."
     if name in stale:
-        return ("No seed spread: seeds/seeds.csv holds the seeds of an earlier training of this model "
-                "(`lmpipe seeds` trains them again).")
+        return f"No seed spread: seeds/seeds.csv's rows of it are {stale[name]}."
     return "No seed spread yet: one seed (`lmpipe seeds` trains more)."
 
 

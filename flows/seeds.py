@@ -4,6 +4,7 @@ the evaluate stage scores it. Writes seeds/seeds.csv: those runs and the study's
 metrics/eval.json), which the study's report turns into mean ± sd and verdicts (lmpipe/seeds.py). With the study's
 decay branches (`study.branches`) each seed's run gives its branches too, as train@<model> does: seeds/budgets.csv
 holds every seed's annealed result at each budget, the sd of each point of the report's "As compute grows".
+seeds/weat.csv holds each seed's WEAT effect sizes, audited as the audit stage audits the study's models.
 
     lmpipe seeds        (runs this flow, then `dvc commit seeds/dvc.yaml`: the stage is frozen, so that the study's
                          `dvc repro` never starts its hour of training)
@@ -18,19 +19,21 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Callable
 
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows._stage import PARAMS_FILE, main
-from flows.train import anneal, study_branches
+from flows.train import anneal, branch_budgets, made_by, study_branches
 from lmpipe import checkpoints, paths, tracking
 from lmpipe.checkpoints import code_version
 from lmpipe.config import Params, load_params, params_hash
 from lmpipe.errors import LmpipeError
 from lmpipe.evaluate import evaluate_lm
 from lmpipe.io import write_text
-from lmpipe.seeds import BUDGET_COLUMNS, budget_rows, csv_rows, read_rows, spread, study_row
+from lmpipe.audit import audit, effect_sizes, load_tests, model_lookup, word_counts
+from lmpipe.seeds import BUDGET_COLUMNS, WEAT_COLUMNS, budget_rows, csv_rows, read_rows, spread, study_row, weat_rows
 from lmpipe.splits import TokenData, load_tokens
 from lmpipe.train import autocast_dtype, pick_device
 from lmpipe.train.job import prepare, publish
@@ -44,7 +47,8 @@ def study_runs(params: Params) -> dict[str, dict]:
     missing = [m for m in params.models if m not in evaluation]
     if missing:
         raise LmpipeError(f"{paths.EVAL} has no result for {', '.join(missing)}: run the study first (dvc repro)")
-    precision = {m: json.loads(Path(paths.train_metrics(m)).read_text())["precision"] for m in params.models}
+    trained = {m: json.loads(Path(paths.train_metrics(m)).read_text()) for m in params.models}
+    precision = {m: t["precision"] for m, t in trained.items()}
     here = "bf16" if autocast_dtype(params.train.precision, pick_device(params.train.device)) is not None else "fp32"
     other = sorted(m for m, p in precision.items() if p != here)
     if other:  # a spread over runs of two precisions measures the precision too
@@ -52,7 +56,7 @@ def study_runs(params: Params) -> dict[str, dict]:
                           f"{precision[other[0]]}, this machine trains in {here} (train.precision: "
                           f"{params.train.precision}); re-run the study here first (dvc repro --force), or run "
                           "lmpipe seeds where the study ran")
-    return {m: study_row(m, params.train.seed, evaluation[m], precision[m]) for m in params.models}
+    return {m: study_row(m, params.train.seed, evaluation[m], trained[m]) for m in params.models}
 
 
 def study_budget_rows(params: Params, models: list[str]) -> list[dict]:
@@ -62,16 +66,32 @@ def study_budget_rows(params: Params, models: list[str]) -> list[dict]:
         m, params.train.seed, json.loads(Path(paths.train_metrics(m)).read_text()).get("budgets", []))]
 
 
+def weat_of(params: Params) -> Callable:
+    """A model's WEAT effect sizes, audited as the audit stage audits the study's (lmpipe.audit): the seeds' spread
+    of each effect size."""
+    from tokenizers import Tokenizer
+
+    counts = word_counts(Path(paths.TRAIN_TEXT).read_text(encoding="utf-8"))
+    tests, tokenizer, a = load_tests(params.audit.custom_tests), Tokenizer.from_file(paths.TOKENIZER), params.audit
+    return lambda model: effect_sizes(audit(model_lookup(model, tokenizer, a.embedding), counts, tests, a.min_count,
+                                            a.min_words, a.max_permutations, a.seed)[0])
+
+
+def study_weat_rows(params: Params, models: list[str]) -> list[dict]:
+    """The study's own audit of `models` (metrics/weat.json), as rows of seeds/weat.csv."""
+    audited = json.loads(Path(paths.WEAT).read_text())["models"] if Path(paths.WEAT).exists() else {}
+    return [row for m in models for row in weat_rows(m, params.train.seed, audited.get(m, {}))]
+
+
 @task(cache_policy=NO_CACHE)
-def train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id: str) -> dict:
+def train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id: str,
+               weat: Callable | None = None) -> dict:
     """One model at one seed, trained and scored, or its row from an earlier, identical run (`Job.cached`); with
     the study's decay branches, its annealed results at each budget too, as train@<model> gives them."""
     job = prepare(params, model, WORK / "ckpt", train={"seed": seed}, data=data, params_file=PARAMS_FILE)
     branches = study_branches(params, job)
-    decides = {"evaluate.chunk": params.evaluate.chunk}
-    if branches:
-        decides["branches"] = [b.settings.budget.flops for b in branches]
-    key = job.key(**decides)
+    key = job.key(**{"evaluate.chunk": params.evaluate.chunk, "audit": params.section("audit"),
+                     **branch_budgets(branches)})
     name = f"{model}-seed{seed}"
     tags = {"lmpipe.role": "seed-run", "lmpipe.model": model, "lmpipe.seed_run": key}
 
@@ -87,13 +107,15 @@ def train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id
             tracking.log_metrics({f"test_{k}": v for k, v in scores["test"].items()}, run_id=run.info.run_id)
         row = {"model": model, "seed": seed, "valid_bpb": scores["valid"]["bpb"], "test_bpb": scores["test"]["bpb"],
                "test_word_ppl": scores["test"]["word_ppl"], "precision": result.metrics["precision"],
-               "budgets": result.metrics.get("budgets", []), "seconds": time.perf_counter() - started}
+               **made_by(job, branches), "budgets": result.metrics.get("budgets", []),
+               "weat": weat(result.model.eval()) if weat else {}, "seconds": time.perf_counter() - started}
         print(f"{name}: test bpb {row['test_bpb']:.4f}, word ppl {row['test_word_ppl']:.1f} ({row['seconds']:.0f} s)",
               flush=True)
         return row
 
     row = job.cached(WORK / "runs", name, key, train,
                      lambda row: print(f"{name}: test bpb {row['test_bpb']:.4f} (trained before, reused)", flush=True))
+    row = {**made_by(job, branches), **row}  # a row kept before identities were recorded gets them
     for branch in branches:  # the row is kept: the branches' checkpoints go too
         checkpoints.discard(branch.ckpt_dir)
     return row
@@ -131,14 +153,18 @@ def seeds(models: list[str] | None = None) -> str:
                            tags={"lmpipe.role": "seeds"}, resume={"lmpipe.seeds": key}) as parent:
         rows = kept_rows(paths.SEEDS, chosen, params) + [own[m] for m in chosen]
         budgets = kept_rows(paths.SEED_BUDGETS, chosen, params) + study_budget_rows(params, chosen)
+        effects = kept_rows(paths.SEED_WEAT, chosen, params) + study_weat_rows(params, chosen)
+        weat = weat_of(params)
         for seed in params.seeds.extra:  # a seed of every model before the next: a stopped run has the most spread
             for m in chosen:
-                rows.append(train_seed(m, seed, params, data, parent.info.run_id))
+                rows.append(train_seed(m, seed, params, data, parent.info.run_id, weat))
                 budgets += budget_rows(m, seed, rows[-1].get("budgets", []))
+                effects += weat_rows(m, seed, rows[-1].get("weat", {}))
         write_text(paths.SEEDS, csv_rows(rows))
         write_text(paths.SEED_BUDGETS, csv_rows(budgets, BUDGET_COLUMNS))
-        tracking.log_artifacts(paths.SEEDS)
-        tracking.log_artifacts(paths.SEED_BUDGETS)
+        write_text(paths.SEED_WEAT, csv_rows(effects, WEAT_COLUMNS))
+        for path in (paths.SEEDS, paths.SEED_BUDGETS, paths.SEED_WEAT):
+            tracking.log_artifacts(path)
     for line in summary_lines(rows):
         print(line, flush=True)
     return paths.SEEDS

@@ -25,6 +25,8 @@ from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import checkpoints, distributed, tracking
 from lmpipe.config import Params, load_params
 from lmpipe.evaluate import evaluate_lm
+from lmpipe.machine import machine
+from lmpipe.train import pick_device
 from lmpipe.train.job import Job, Outputs, prepare, publish
 from lmpipe.train.trainer import TrainResult
 
@@ -106,6 +108,17 @@ def study_branches(params: Params, job: Job) -> list[Job]:
     return [job.branch(flops) for flops in params.branches_of(job.settings)]
 
 
+def branch_budgets(branches: list[Job]) -> dict:
+    """The decay branches a run gives (none: nothing), part of what decides its reported numbers."""
+    return {"branches": [b.settings.budget.flops for b in branches]} if branches else {}
+
+
+def made_by(job: Job, branches: list[Job]) -> dict:
+    """Its identity (the code, the params but the seed, the data: `Job.identity`) and the machine it ran on,
+    provenance: a study's seed rows hold while its training has their identity (lmpipe.seeds)."""
+    return {"identity": job.identity(**branch_budgets(branches)), "machine": machine(pick_device(job.common.device))}
+
+
 @flow(name="train", flow_run_name="train@{model}")
 def train(model: str) -> dict:
     params = load_params(PARAMS_FILE)
@@ -116,6 +129,7 @@ def train(model: str) -> dict:
         result = fit(job, run.info.run_id, branches)
         if branches:
             result.metrics["budgets"] = anneal(job, result, branches, run.info.run_id)
+        result.metrics.update(made_by(job, branches))
         publish(run, result, outputs)
     for done in [job, *branches]:  # every output is written: only now may the training go
         checkpoints.discard(done.ckpt_dir)

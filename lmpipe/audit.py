@@ -71,6 +71,20 @@ def bpe_vector(form: str, tokenizer, embedding: np.ndarray) -> np.ndarray | None
     return embedding[ids].mean(axis=0) if ids else None
 
 
+def model_lookup(model, tokenizer, embedding: str) -> Callable[[str], np.ndarray | None]:
+    """A word form's vector in a neural model (`bpe_vector`), from its input embedding or its output rows
+    (`audit.embedding`)."""
+    matrix = model.embedding_matrix() if embedding == "input" else model.output_matrix()
+    rows = matrix.detach().cpu().numpy().astype(np.float64)
+    return lambda form: bpe_vector(form, tokenizer, rows)
+
+
+def effect_sizes(results: dict) -> dict[str, dict]:
+    """{test: {effect_size, p_value}} of the tests that ran: what seeds/weat.csv keeps of an audit."""
+    return {t: {"effect_size": r["effect_size"], "p_value": r["p_value"]} for t, r in results.items()
+            if r.get("effect_size") is not None}
+
+
 def audit(lookup: Callable[[str], np.ndarray | None], counts: Counter, tests: list[WeatTest], min_count: int,
           min_words: int, max_permutations: int, seed: int) -> tuple[dict, dict]:
     """Run every test on one embedding. Returns (results per test id, {listed word: vector} of covered words)."""

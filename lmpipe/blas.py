@@ -4,7 +4,7 @@ every CPU generation.
 OpenBLAS (inside NumPy's and SciPy's wheels) picks its kernels by CPU model at load time: gensim's word2vec, which
 trains through SciPy's `sdot`/`saxpy`, gives other vectors under other kernels, and NumPy's dot products move the
 WEAT effect sizes by ~1e-15. A Zen 4 and a Zen 5 pick SkylakeX (AVX-512) by themselves, a Zen 3 Haswell (AVX2), and
-some machines set OPENBLAS_CORETYPE=Haswell in their environment (this workplace's Zen 5s do: older OpenBLAS builds
+some machines set OPENBLAS_CORETYPE=Haswell in their environment (some Zen 5 hosts do: older OpenBLAS builds
 fail on them), which a project must not override. So the kernel is the one every such CPU can run and that such an
 environment chooses: Haswell, on any CPU with AVX2 and FMA, AVX-512 or not (OPENBLAS_CORETYPE, which OpenBLAS reads
 once, when the library loads). Measured on a Zen 5: word2vec's vectors under Haswell are the same bytes with the

@@ -174,7 +174,7 @@ class SeedsParams(Section):
 
 class ScalingSeedsParams(SeedsParams):
     """Extra runs of the grid's points where one seed's luck decides the minima: at the smallest budgets a size keeps
-    its seed's offset at every budget (sweeps/notes.md, 2026-11-30, session 42). A point's loss is its runs' mean."""
+    its seed's offset at every budget (sweeps/notes.md). A point's loss is its runs' mean."""
 
     extra: list[int] = Field(description="train.seed of each extra run of a point, beside train.seed")
     budgets: list[float] = Field(description="the budgets of scaling.budgets whose every size runs with each extra "
@@ -354,6 +354,7 @@ def parse_params(raw, source: str | Path = "params") -> Params:
     try:
         return Params.model_validate(raw)
     except ValidationError as exc:
-        errors = exc.errors()
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ConfigError(f"{source}: {describe_error(errors[0])}{more}") from None
+        errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")  # a misspelt key says why first
+        also = f"; also {describe_error(errors[1])}" if len(errors) > 1 else ""
+        more = f" (and {len(errors) - 2} more)" if len(errors) > 2 else ""
+        raise ConfigError(f"{source}: {describe_error(errors[0])}{also}{more}") from None

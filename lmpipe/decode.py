@@ -9,7 +9,7 @@ temperature, top-k, top-p (nucleus) or locally typical filtering. Sampling is se
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
 import numpy as np
@@ -204,7 +204,8 @@ def generate(model, prompt: Sequence[int], settings: DecodeSettings, boundary: i
 def generate_each(model, prompts: Sequence[Sequence[int]], settings: DecodeSettings, boundary: int,
                   guard: Utf8Guard | None = None) -> list[list[int]]:
     """`generate` of each prompt, the prompts stepped through the model together where it can stack their states:
-    each its own random stream from settings.seed and its own guard state, so each gets what it gets alone."""
+    each its own random stream (`prompt_seed`: its place in the call) and its own guard state, so each gets what it
+    gets alone with that seed."""
     if settings.strategy == "beam":
         return [beam_search(model, prompt, settings, boundary, guard) for prompt in prompts]
     with evaluating(model):
@@ -212,14 +213,22 @@ def generate_each(model, prompts: Sequence[Sequence[int]], settings: DecodeSetti
         together = Contexts.joined(parts)
         if together is not None:
             return _sample(together, prompts, settings, boundary, guard)
-        return [_sample(part, [prompt], settings, boundary, guard)[0] for part, prompt in zip(parts, prompts)]
+        return [_sample(part, [prompt], replace(settings, seed=prompt_seed(settings.seed, i)), boundary, guard)[0]
+                for i, (part, prompt) in enumerate(zip(parts, prompts))]
+
+
+def prompt_seed(seed: int | tuple[int, ...], position: int) -> int | tuple[int, ...]:
+    """The seed entropy of the prompt at `position` of a call: the first the call's seed itself (so one prompt gets
+    what `generate` gives it), each later one its own stream from the seed and its place, so that a request of
+    identical prompts samples each independently, reproducibly."""
+    return seed if position == 0 else (*(seed if isinstance(seed, tuple) else (seed,)), position)
 
 
 def _sample(contexts: Contexts, prompts: Sequence[Sequence[int]], settings: DecodeSettings, boundary: int,
             guard: Utf8Guard | None) -> list[list[int]]:
-    """The non-beam strategies over `contexts`, whose rows are `prompts` read: each its own random stream from
-    settings.seed and its own guard state."""
-    rngs = [np.random.default_rng(settings.seed) for _ in prompts]
+    """The non-beam strategies over `contexts`, whose rows are `prompts` read: each its own random stream
+    (`prompt_seed`) and its own guard state."""
+    rngs = [np.random.default_rng(prompt_seed(settings.seed, i)) for i in range(len(prompts))]
     states = [guard.state_after(prompt) if guard else 0 for prompt in prompts]
     new: list[list[int]] = [[] for _ in prompts]
     active = list(range(len(prompts)))  # the prompts still growing, in the order of contexts' rows

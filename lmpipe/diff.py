@@ -72,7 +72,9 @@ class Change:
             return "unchanged"
         if self.sd is None:
             return "no seed sd: run lmpipe seeds"
-        return "real" if abs(self.delta) > REAL_GAP_SDS * self.sd else "within noise"
+        if abs(self.delta) <= REAL_GAP_SDS * self.sd:
+            return "within noise"
+        return "real: better" if self.delta < 0 else "real: worse"  # bits per byte: lower is better
 
     @property
     def matched(self) -> bool:
@@ -88,7 +90,7 @@ def changes(a: dict[str, dict], b: dict[str, dict]) -> list[Change]:
         sds = [0.0] if model == BASELINE else [r["bpb_sd"] for r in (ra, rb) if r.get("bpb_sd") is not None]
         out.append(Change(model, ra.get("test_bpb"), rb.get("test_bpb"), max(sds) if sds else None,
                           (ra.get("tflop"), rb.get("tflop"))))
-    return sorted(out, key=lambda c: (c.verdict != "real", -abs(c.delta or 0.0), c.model))
+    return sorted(out, key=lambda c: (not c.verdict.startswith("real"), -abs(c.delta or 0.0), c.model))
 
 
 def _number(value: float | None, form: str) -> str:

@@ -54,6 +54,7 @@ SCALING_METRICS = "metrics/scaling.json"
 SEEDS_PIPELINE = "seeds/dvc.yaml"  # the seed spread, apart from the study (its stage is frozen: lmpipe seeds runs it)
 SEEDS = "seeds/seeds.csv"  # every model at every seed, the study's own run among them; the report reads it
 SEED_BUDGETS = "seeds/budgets.csv"  # with the study's decay branches: every seed's annealed result at each budget
+SEED_WEAT = "seeds/weat.csv"  # every seed's WEAT effect sizes, audited as the audit stage audits the study's
 
 SCALING_REPORT, SCALING_PAGE, SCALING_FIGURES = f"{REPORTS}/scaling.md", f"{REPORTS}/scaling.html", f"{REPORTS}/scaling"
 

@@ -210,8 +210,28 @@ def _combine_section(combined: dict, evaluation: dict, label: str, unmatched: li
     return lines
 
 
-def _seeds_section(spreads: dict, stale: list[str], label: str, unmatched: list[str] = (),
-                   families: dict[str, str] | None = None) -> list[str]:
+def _machines(pairs) -> str:
+    return "; ".join(f"{m} ({p})" for m, p in pairs)
+
+
+def provenance_lines(provenance: dict[str, dict]) -> list[str]:
+    """Where the seed rows and this run were made, and how far this run lies from its committed row: a spread made
+    on one machine holds for a run on another while the run is within noise of its row (lmpipe.seeds)."""
+    if not provenance:
+        return []
+    rows = sorted({pair for p in provenance.values() for pair in p["rows"]})
+    runs = sorted({p["run"] for p in provenance.values()})
+    judged = {name: p["reproduction"] for name, p in sorted(provenance.items())}
+    if all(r.verdict == seed_spread.BIT_FOR_BIT for r in judged.values()):
+        reproduced = "reproduces every model's committed row of its seed bit for bit"
+    else:
+        reproduced = ("against its committed row of the same seed, in that model's seed sds: "
+                      + ", ".join(f"{name} {r.text()}" for name, r in judged.items()))
+    return [f"Seed rows made on {_machines(rows)}; this run on {_machines(runs)}, which {reproduced}."]
+
+
+def _seeds_section(spreads: dict, stale: dict[str, str], label: str, unmatched: list[str] = (),
+                   families: dict[str, str] | None = None, provenance: dict | None = None) -> list[str]:
     """Mean ± sd over seeds per model and one verdict per model: which of its gaps exceed the noise; the families'
     verdict."""
     lines = ["## Seeds and verdicts", "", "Each neural model trained with `train.seed` and the seeds of `seeds.extra` "
@@ -232,9 +252,11 @@ def _seeds_section(spreads: dict, stale: list[str], label: str, unmatched: list[
     if single:
         lines += ["", f"One seed so far for {', '.join(single)}: no spread to judge their gaps by, so none of them is "
                       "called real or noise (`lmpipe seeds` measures it)."]
+    if provenance:
+        lines += [""] + provenance_lines(provenance)
     if stale:
-        lines += ["", f"Stale seed runs, not shown: {', '.join(sorted(stale))} (retrained since `lmpipe seeds` ran: "
-                      "their seed row no longer holds this study's numbers; run `lmpipe seeds` again)."]
+        lines += ["", "Stale seed runs, not shown: " + "; ".join(f"{name}, {why}" for name, why in sorted(stale.items()))
+                  + "."]
     return lines
 
 
@@ -300,8 +322,9 @@ def weat_adjusted_p(results: dict) -> dict[str, float]:
     return dict(zip(ran, (float(q) for q in false_discovery_control([results[t]["p_value"] for t in ran]))))
 
 
-def _weat_section(weat, details=None) -> list[str]:
-    """One row per test (named), one column per model: narrow enough for a page."""
+def _weat_section(weat, details=None, effects: dict | None = None) -> list[str]:
+    """One row per test (named), one column per model: narrow enough for a page; where seeds/weat.csv holds a
+    model's seeds (`effects`), each cell gives the effect size over them, and whether it lies beyond their noise."""
     lines = ["## Bias audit (WEAT)", ""]
     if not weat:
         return lines + ["The audit stage has not run yet."]
@@ -324,12 +347,23 @@ def _weat_section(weat, details=None) -> list[str]:
         for name in models:
             r = weat["models"][name].get(t, {})
             if r.get("effect_size") is not None:
-                cells.append(f"{r['effect_size']:.2f} (p={r['p_value']:.3f}, q={adjusted[name][t]:.3f})")
+                over = (effects or {}).get(name, {}).get(t)
+                cells.append(f"{r['effect_size']:.2f} (p={r['p_value']:.3f}, q={adjusted[name][t]:.3f})"
+                             + (f"; seeds {over.text()}" if over else ""))
             else:
                 cells.append("n/a [" + "/".join(str(r.get(f"{role}_words", "?")) for role in "xyab") + "]")
         title = some.get(t, {}).get("title")
         rows.append([f"{t}: {title}" if title else t, *cells])
     lines += markdown_table(["test", *models], rows)
+    seeded = sorted(n for n in models if (effects or {}).get(n))
+    if seeded:
+        lines += ["", f"Over the seeds (seeds/weat.csv: {', '.join(seeded)}): the mean effect size ± its sd; an effect "
+                      f"is the model's only where the mean lies more than {seed_spread.REAL_GAP_SDS:g} sds from zero "
+                      "(beyond noise); within noise, its sign in one run, this one included, is the seed's and the "
+                      "machine's rounding, not the model's."]
+    else:
+        lines += ["", "No seed spread of the effect sizes yet (`lmpipe seeds` audits every seed's model): a single "
+                      "run's effect size moves with its seed and its machine's rounding far more than its bpb does."]
     if weat.get("word_form"):
         lines += ["", f"Word vectors: {weat['word_form']}."]
     return lines
@@ -388,7 +422,7 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
             lines += _combine_section(combined, evaluation, label, unmatched) + [""]
         spreads, stale = results.spreads, results.stale
         families = {name: t.get("family", "") for name, t in trained.items()}
-        lines += _seeds_section(spreads, stale, label, unmatched, families) + [""]
+        lines += _seeds_section(spreads, stale, label, unmatched, families, results.provenance) + [""]
     if points:
         at_c = {name: {rows[-1]["budget_flops"]: results.spreads[name].bpb_sd} for name, rows in points.items()
                 if name in results.spreads and results.spreads[name].bpb_sd is not None}  # the seed spread at C
@@ -406,7 +440,7 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     samples = root / paths.SAMPLES
     if samples.exists():
         lines += condensed_samples(samples.read_text(encoding="utf-8")) + [""]
-    lines += _weat_section(weat, weat_words)
+    lines += _weat_section(weat, weat_words, results.weat_effects if evaluation else None)
     heatmap = root / paths.WEAT_HEATMAP
     if weat and heatmap.exists():
         (figures / "weat.png").write_bytes(heatmap.read_bytes())

@@ -30,9 +30,11 @@ class Results:
     trained: dict[str, dict]  # metrics/train/<model>.json, of the models asked for
     unmatched: list[str]  # models whose training FLOPs are off the study's budget (or stated exceptions)
     spreads: dict  # model -> its seed spread (lmpipe.seeds), where an evaluation exists
-    stale: list[str]  # models whose seed rows no longer match their evaluation
+    stale: dict[str, str]  # model -> why its seed rows do not hold (another identity, or a run beyond noise)
     budget_sds: dict  # model -> {budget: seed sd of its annealed test bpb}, where seeds/budgets.csv gives one
     scaling: dict | None  # metrics/scaling.json: the scaling grid's best runs, and whether it is current
+    provenance: dict  # model -> where its seed rows and this run were made, and this run against its row
+    weat_effects: dict  # model -> {test: its WEAT effect size over the seeds (lmpipe.seeds.Effect)}
 
 
 def load_results(root: str | Path, models: Sequence[str] | None = None, study_seed: int | None = None,
@@ -46,12 +48,15 @@ def load_results(root: str | Path, models: Sequence[str] | None = None, study_se
     if models is not None:
         trained = {name: t for name, t in trained.items() if name in models}
     unmatched = not_compute_matched(trained, budget_flops, budget_exceptions)
-    spreads, stale, budget_sds = {}, [], {}
+    spreads, stale, budget_sds, provenance, weat_effects = {}, {}, {}, {}, {}
     if evaluation:
-        precisions = {name: t.get("precision", "") for name, t in trained.items()}
-        spreads, stale = seed_spread.study_spreads(root / paths.SEEDS, evaluation, precisions, study_seed, BASELINE,
+        spreads, stale = seed_spread.study_spreads(root / paths.SEEDS, evaluation, trained, study_seed, BASELINE,
                                                    list(models) if models is not None else None)
+        held = [n for n, s in spreads.items() if s.n > 1]
         budget_sds = seed_spread.budget_sds(seed_spread.read_rows(root / paths.SEED_BUDGETS), annealed(trained),
-                                            study_seed, [n for n, s in spreads.items() if s.n > 1])
+                                            study_seed, held)
+        provenance = seed_spread.provenance(seed_spread.read_rows(root / paths.SEEDS), evaluation, study_seed,
+                                            trained, held)
+        weat_effects = seed_spread.weat_spreads(seed_spread.read_rows(root / paths.SEED_WEAT), held)
     return Results(evaluation, combined, trained, unmatched, spreads, stale, budget_sds,
-                   read_json(root / paths.SCALING_METRICS))
+                   read_json(root / paths.SCALING_METRICS), provenance, weat_effects)

@@ -214,7 +214,7 @@ def _ci_of(line: dict) -> str:
     return f" [{line['interval'][0]:.2f}, {line['interval'][1]:.2f}]" if "interval" in line else ""
 
 
-EXPONENT_HALF_WIDTH = 0.1  # issue 50's target for N_opt's exponent: its 90% interval within +-0.1
+EXPONENT_HALF_WIDTH = 0.1  # the target for N_opt's exponent: its 90% interval within +-0.1
 
 
 def isoflop_n_opt(family: dict) -> dict | None:
@@ -229,7 +229,7 @@ def half_width(line: dict | None) -> float | None:
 
 
 def exponent_known(line: dict | None) -> bool:
-    """Issue 50's target: N_opt's exponent, measured by the IsoFLOP minima, known to +-EXPONENT_HALF_WIDTH (its 90%
+    """The target: N_opt's exponent, measured by the IsoFLOP minima, known to +-EXPONENT_HALF_WIDTH (its 90%
     interval that narrow)."""
     half = half_width(line)
     return half is not None and half < EXPONENT_HALF_WIDTH

@@ -1,9 +1,11 @@
 """The seed spread of each model and the verdicts it supports: mean and sd over seeds, and which gaps are real.
 
 seeds/seeds.csv (written by `lmpipe seeds`) holds one row per (model, seed), the study's own run among them. A
-model's rows count only while that own run is still the study's: the row of `train.seed` must carry the numbers
-metrics/eval.json holds now, trained at the same precision. A model retrained since (new settings, new data, new
-code that changed its numbers) has a stale spread, which is said and not shown.
+model's rows count while they are of the study's model: the same `identity` (the code, the params but the seed and
+the data that made them: metrics/train/<model>.json's) and a study run that reproduces its committed row: bit for
+bit, or within noise of it (`reproduction`: no more than REAL_GAP_SDS seed sds away). The machine and the precision
+that made a row are provenance, kept beside it, not identity: a study re-made on another machine keeps its spread.
+Another identity, or a run beyond noise of its row, makes the rows stale, which is said with the reason.
 
 Two results differ only where their gap exceeds twice the larger of their sds (REAL_GAP_SDS); the n-gram baseline
 is deterministic (sd 0). With one seed there is no spread, so no gap between two models is called real.
@@ -28,10 +30,38 @@ def add_arguments(parser) -> None:
     parser.add_argument("--models", nargs="+", metavar="MODEL",
                         help="retrain only these models' seeds; the other models keep their rows of seeds/seeds.csv")
 
-COLUMNS = ("model", "seed", "valid_bpb", "test_bpb", "test_word_ppl", "precision")
+COLUMNS = ("model", "seed", "valid_bpb", "test_bpb", "test_word_ppl", "precision", "identity", "machine")
+TEXT_COLUMNS = ("model", "precision", "identity", "machine", "test")
 BUDGET_COLUMNS = ("model", "seed", "budget_flops", "train_flops", "valid_bpb", "test_bpb")
+WEAT_COLUMNS = ("model", "seed", "test", "effect_size", "p_value")
 REAL_GAP_SDS = 2.0
-MATCH = 1e-9  # the study's row must carry eval.json's numbers: written from them, so equal but for the CSV's digits
+MATCH = 1e-9  # a row written from eval.json's numbers equals them but for the CSV's digits: "bit for bit"
+BIT_FOR_BIT, WITHIN_NOISE, DIFFERS = "bit for bit", "within noise", "differs"
+STALE_IDENTITY = "made by other code, params or data than this study's (run `lmpipe seeds` again)"
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    """How far a re-made result lies from its committed value: the verdict and the distance in seed sds (None
+    where there is no sd)."""
+    verdict: str
+    sds: float | None
+
+    def text(self) -> str:
+        return self.verdict if self.sds is None or self.verdict == BIT_FOR_BIT else f"{self.verdict}, {self.sds:.1f} sd"
+
+
+def reproduction(committed: dict[str, float], now: dict[str, float], sd: float | None) -> Reproduction:
+    """The one rule for a re-made result (this machine's run of a committed seed, a fresh clone's study): every
+    number equal but for digits is bit for bit; otherwise within noise while no number moved more than REAL_GAP_SDS
+    seed sds (the rule two models' gap is judged by), else it differs. Without an sd only equality holds."""
+    gaps = [abs(now[k] - v) for k, v in committed.items()]
+    if all(g <= MATCH * abs(committed[k]) for g, k in zip(gaps, committed)):
+        return Reproduction(BIT_FOR_BIT, 0.0)
+    if not sd:
+        return Reproduction(DIFFERS, None)
+    sds = max(gaps) / sd
+    return Reproduction(WITHIN_NOISE if sds <= REAL_GAP_SDS else DIFFERS, sds)
 
 
 @dataclass(frozen=True)
@@ -56,16 +86,17 @@ class Spread:
 
 
 def csv_rows(rows: list[dict], columns: tuple[str, ...] = COLUMNS) -> str:
-    """seeds/seeds.csv (or, with BUDGET_COLUMNS, seeds/budgets.csv): sorted by model, seed (and budget), every
-    digit of every number kept."""
-    ordered = sorted(rows, key=lambda r: (r["model"], int(r["seed"]), float(r.get("budget_flops", 0))))
+    """seeds/seeds.csv (or, with BUDGET_COLUMNS, seeds/budgets.csv; with WEAT_COLUMNS, seeds/weat.csv): sorted by
+    model, seed (and budget, or test), every digit of every number kept."""
+    ordered = sorted(rows, key=lambda r: (r["model"], int(r["seed"]), float(r.get("budget_flops", 0)),
+                                          r.get("test", "")))
     return csv_text([{k: (repr(float(r[k])) if isinstance(r[k], float) else r[k]) for k in columns} for r in ordered],
                     columns, newline="\n")
 
 
 def read_rows(path: str | Path) -> list[dict]:
     """The rows of seeds/seeds.csv or seeds/budgets.csv, numbers as numbers; none when the file is missing."""
-    return [{k: (v if k in ("model", "precision") else int(v) if k == "seed" else float(v)) for k, v in r.items()}
+    return [{k: (v if k in TEXT_COLUMNS else int(v) if k == "seed" else float(v)) for k, v in r.items()}
             for r in csv_records(path)]
 
 
@@ -78,44 +109,124 @@ def budget_rows(model: str, seed: int, records: list[dict]) -> list[dict]:
 def budget_sds(rows: list[dict], points: dict[str, list[dict]], study_seed: int | None,
                models: list[str]) -> dict[str, dict[float, float]]:
     """{model: {budget: the sd of its annealed test bpb over seeds}} at each budget two or more seeds have, for the
-    `models` whose seed rows hold (`current`): the rows of `study_seed` must also carry the study's annealed
-    numbers now (`points`, lmpipe.compute_curves.annealed), else the model's budget rows are stale and unused."""
+    `models` whose seed rows hold (`current`): the study's annealed numbers now (`points`,
+    lmpipe.compute_curves.annealed) must reproduce the rows of `study_seed` at every budget (`reproduction`, in that
+    budget's sd), else the model's budget rows are stale and unused."""
     out = {}
     for name in models:
         study = {r["budget_flops"]: r["test_bpb"] for r in points.get(name, [])}
         mine = [r for r in rows if r["model"] == name]
         own = {r["budget_flops"]: r["test_bpb"] for r in mine if r["seed"] == study_seed}
-        if not study or own.keys() != study.keys() or any(abs(own[b] - v) > MATCH * abs(v) for b, v in study.items()):
+        if not study or own.keys() != study.keys():
             continue
         by_budget = {b: [r["test_bpb"] for r in mine if r["budget_flops"] == b] for b in study}
-        out[name] = {b: statistics.stdev(v) for b, v in by_budget.items() if len(v) > 1}
+        sds = {b: statistics.stdev(v) for b, v in by_budget.items() if len(v) > 1}
+        if all(reproduction({"test_bpb": own[b]}, {"test_bpb": v}, sds.get(b)).verdict != DIFFERS
+               for b, v in study.items()):
+            out[name] = sds
     return out
 
 
-def study_row(model: str, seed: int, result: dict, precision: str) -> dict:
-    """The study's own run as a row: its numbers from metrics/eval.json."""
+def weat_rows(model: str, seed: int, effects: dict[str, dict]) -> list[dict]:
+    """One audit's effect sizes (lmpipe.audit.effect_sizes, or metrics/weat.json's rows of a model) as rows of
+    seeds/weat.csv: the tests that ran."""
+    return [{"model": model, "seed": seed, "test": t, "effect_size": r["effect_size"], "p_value": r["p_value"]}
+            for t, r in sorted(effects.items()) if r.get("effect_size") is not None]
+
+
+@dataclass(frozen=True)
+class Effect:
+    """A WEAT effect size over a model's seeds."""
+    n: int
+    mean: float
+    sd: float | None
+
+    @property
+    def beyond_noise(self) -> bool | None:
+        """Is the mean more than REAL_GAP_SDS sds from zero (a sign a machine's rounding cannot flip)? None with
+        one seed."""
+        return None if self.sd is None else abs(self.mean) > REAL_GAP_SDS * self.sd
+
+    def text(self) -> str:
+        if self.sd is None:
+            return f"{self.mean:+.2f} (1 seed)"
+        return f"{self.mean:+.2f} ± {self.sd:.2f} ({self.n} seeds, {'beyond' if self.beyond_noise else 'within'} noise)"
+
+
+def weat_spreads(rows: list[dict], models: list[str]) -> dict[str, dict[str, Effect]]:
+    """{model: {test: its effect size over the seeds}} for `models` (those whose seed rows hold: `current`), over
+    the seeds that ran each test; a model with one seed's audit alone has none."""
+    out = {}
+    for name in models:
+        by_test: dict[str, list[float]] = {}
+        for r in rows:
+            if r["model"] == name:
+                by_test.setdefault(r["test"], []).append(r["effect_size"])
+        out[name] = {t: Effect(len(v), statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else None)
+                     for t, v in by_test.items()}
+    return {n: e for n, e in out.items() if any(x.n > 1 for x in e.values())}
+
+
+def study_row(model: str, seed: int, result: dict, trained: dict) -> dict:
+    """The study's own run as a row: its numbers from metrics/eval.json, what made it and where from its training
+    summary (metrics/train/<model>.json)."""
     return {"model": model, "seed": seed, "valid_bpb": result["valid"]["bpb"], "test_bpb": result["test"]["bpb"],
-            "test_word_ppl": result["test"]["word_ppl"], "precision": precision}
+            "test_word_ppl": result["test"]["word_ppl"], "precision": trained["precision"],
+            "identity": trained.get("identity", ""), "machine": trained.get("machine", "")}
 
 
-def current(rows: list[dict], evaluation: dict, study_seed: int, precisions: dict[str, str]) -> tuple[dict, list[str]]:
-    """({model: its rows}, the models whose rows are stale) for the models of `evaluation` that have rows: a model's
-    rows hold while its `study_seed` row equals eval.json's numbers and every row has the study's precision."""
-    by_model, stale = {}, []
+def _numbers(row: dict) -> dict[str, float]:
+    return {"valid_bpb": row["valid_bpb"], "test_bpb": row["test_bpb"]}
+
+
+def _of_eval(result: dict) -> dict[str, float]:
+    return {"valid_bpb": result["valid"]["bpb"], "test_bpb": result["test"]["bpb"]}
+
+
+def _sd(rows: list[dict]) -> float | None:
+    return statistics.stdev([r["test_bpb"] for r in rows]) if len(rows) > 1 else None
+
+
+def current(rows: list[dict], evaluation: dict, study_seed: int,
+            trained: dict[str, dict]) -> tuple[dict[str, list[dict]], dict[str, str]]:
+    """({model: its rows}, {model: why its rows are stale}) for the models of `evaluation` that have rows: a model's
+    rows hold while every row has the identity of its training now (`trained`: metrics/train/<model>.json) and the
+    study's run reproduces the row of `study_seed` (`reproduction`, in the sd over the model's seeds)."""
+    by_model, stale = {}, {}
     for name, result in evaluation["models"].items():
         mine = [r for r in rows if r["model"] == name]
         if not mine:
             continue
+        made = trained.get(name, {}).get("identity")
         own = [r for r in mine if r["seed"] == study_seed]
-        fresh = (len(own) == 1 and all(abs(own[0][k] - v) <= MATCH * abs(v) for k, v in (
-            ("valid_bpb", result["valid"]["bpb"]), ("test_bpb", result["test"]["bpb"]),
-            ("test_word_ppl", result["test"]["word_ppl"])))
-                 and all(r["precision"] == precisions.get(name, r["precision"]) for r in mine))
-        if fresh:
-            by_model[name] = mine
+        if not made or any(r.get("identity") != made for r in mine):
+            stale[name] = STALE_IDENTITY
+        elif len(own) != 1:
+            stale[name] = f"no row of the study's seed {study_seed} (run `lmpipe seeds` again)"
+        elif (seen := reproduction(_numbers(own[0]), _of_eval(result), _sd(mine))).verdict == DIFFERS:
+            stale[name] = (f"this run differs from its committed row of seed {study_seed}"
+                           + (f" by {seen.sds:.1f} seed sds" if seen.sds is not None else "")
+                           + " (run `lmpipe seeds` again)")
         else:
-            stale.append(name)
+            by_model[name] = mine
     return by_model, stale
+
+
+def provenance(rows: list[dict], evaluation: dict, study_seed: int, trained: dict[str, dict],
+               models: list[str]) -> dict[str, dict]:
+    """Per model whose rows hold: the machines and precisions its seed rows were made on, this run's, and how its
+    run compares with its committed row (`Reproduction`): what the report and `lmpipe reproduced` say."""
+    out = {}
+    for name in models:
+        mine = [r for r in rows if r["model"] == name]
+        own = [r for r in mine if r["seed"] == study_seed]
+        if not own or name not in evaluation["models"]:
+            continue
+        t = trained.get(name, {})
+        out[name] = {"rows": sorted({(r.get("machine") or "unrecorded", r["precision"]) for r in mine}),
+                     "run": (t.get("machine") or "unrecorded", t.get("precision", "")),
+                     "reproduction": reproduction(_numbers(own[0]), _of_eval(evaluation["models"][name]), _sd(mine))}
+    return out
 
 
 def spread(rows: list[dict]) -> Spread:
@@ -137,13 +248,13 @@ def spreads(evaluation: dict, by_model: dict[str, list[dict]], baseline: str) ->
     return out
 
 
-def study_spreads(path: str | Path, evaluation: dict, precisions: dict[str, str], study_seed: int | None,
-                  baseline: str, models: list[str] | None = None) -> tuple[dict[str, Spread], list[str]]:
-    """(every model's spread, the models whose seed rows are stale) from seeds/seeds.csv at `path` and the study's
-    eval.json: what the report, the README and the benchmark show. No `study_seed`: no row is the study's, none used;
-    `models` limits the rows read to params.yaml's."""
+def study_spreads(path: str | Path, evaluation: dict, trained: dict[str, dict], study_seed: int | None,
+                  baseline: str, models: list[str] | None = None) -> tuple[dict[str, Spread], dict[str, str]]:
+    """(every model's spread, {model: why its seed rows are stale}) from seeds/seeds.csv at `path`, the study's
+    eval.json and its training summaries (`trained`): what the report, the README and the benchmark show. No
+    `study_seed`: no row is the study's, none used; `models` limits the rows read to params.yaml's."""
     rows = [r for r in read_rows(path) if study_seed is not None and (models is None or r["model"] in models)]
-    by_model, stale = current(rows, evaluation, study_seed, precisions)
+    by_model, stale = current(rows, evaluation, study_seed, trained)
     return spreads(evaluation, by_model, baseline), stale
 
 

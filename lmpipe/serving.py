@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from mlflow.pyfunc import PythonModel
 
-from lmpipe.decode_rules import STRATEGIES
+from lmpipe.decode_rules import STRATEGIES, DecodingParams
 from lmpipe.errors import ConfigError
 from lmpipe.decode import DecodeSettings, continuations
 
@@ -35,7 +35,7 @@ MAX_BODY_BYTES = 1024 * 1024  # bytes of a request's body: 16 such prompts with 
 # costliest request these limits allow near 10 s on the 2-core machine (benchmarks/serve.py; README, "Operate it").
 PROMPT_TOKENS_PER_STEP = 64
 MAX_WORK = 2048
-REQUEST_PARAMS = ("strategy", "max_new_tokens", "seed")
+REQUEST_PARAMS = ("strategy", *DecodingParams.model_fields)  # every setting `lmpipe generate` takes, by one rule
 INPUT_FORMATS = ("inputs", "dataframe_records", "dataframe_split")  # MLflow's scoring protocol, one column: prompt
 
 
@@ -210,7 +210,8 @@ def load_bundle(artifacts: Mapping[str, str]):
 
 
 class TextGenerator(PythonModel):
-    """Continuations of prompts (column `prompt`); params strategy, max_new_tokens, seed. Bad params: HTTP 400."""
+    """Continuations of prompts (column `prompt`); params: the strategy and every decoding setting (REQUEST_PARAMS).
+    Bad params: HTTP 400."""
 
     def load_context(self, context):
         self.lm, self.tokenizer, self.boundary, self.defaults = load_bundle(context.artifacts)
@@ -250,11 +251,14 @@ def signatures(vocab_size: int, defaults: DecodeSettings):
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema, TensorSpec
 
+    def spec(name: str) -> ParamSpec:
+        value = getattr(defaults, name)
+        value = value[0] if isinstance(value, tuple) else value  # a seed the library made of several numbers
+        return ParamSpec(name, "long" if DecodingParams.model_fields[name].annotation is int else "double", value)
+
     text = ModelSignature(Schema([ColSpec("string", "prompt")]), Schema([ColSpec("string", "continuation")]),
                           params=ParamSchema([ParamSpec("strategy", "string", defaults.strategy),
-                                              ParamSpec("max_new_tokens", "long", defaults.max_new_tokens),
-                                              ParamSpec("seed", "long", defaults.seed if isinstance(defaults.seed, int)
-                                                        else defaults.seed[0])]))
+                                              *(spec(name) for name in DecodingParams.model_fields)]))
     logits = ModelSignature(Schema([TensorSpec(np.dtype(np.int64), (-1, -1))]),
                             Schema([TensorSpec(np.dtype(np.float32), (-1, -1, vocab_size))]))
     return {"text": text, "logits": logits}

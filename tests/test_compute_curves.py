@@ -150,7 +150,9 @@ def test_with_seeds_at_every_budget_each_gap_is_judged_by_that_budgets_sd(tmp_pa
     for name in ("lstm", "transformer"):
         path = tmp_path / f"metrics/train/{name}.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "precision": "bf16", "budgets": points()[name]}))
-        own = seeds.study_row(name, 1234, evaluation[name], "bf16")
+        made = {"precision": "bf16", "identity": f"{name}-made-so", "machine": "a CPU"}
+        path.write_text(json.dumps({**json.loads(path.read_text()), **made}))
+        own = seeds.study_row(name, 1234, evaluation[name], made)
         seed_rows += [own] + [{**own, "seed": s, "test_bpb": own["test_bpb"] + d} for s, d in ((1, 0.01), (2, -0.01))]
         budget_rows += seeds.budget_rows(name, 1234, points()[name])
         for s, d in ((1, 0.001), (2, -0.001)):

@@ -313,3 +313,15 @@ def test_branches_divide_the_study_budget():
                      ({"budget": {"flops": 1e12}, "branches": [2, 2]}, "once")):
         with pytest.raises(ValueError, match=why):
             StudyParams.model_validate(bad)
+
+
+def test_a_misspelt_key_is_named_first_and_the_key_it_hides_beside_it():
+    """`lrr` for `lr`: the unknown key is what to fix; the missing one follows from it, so it comes second."""
+    raw = committed_params()
+    optim = raw["models"]["gru"]["optim"]
+    optim["lrr"] = optim.pop("lr")
+    with pytest.raises(ConfigError) as caught:
+        parse_params(raw, "params.yaml")
+    assert str(caught.value).startswith("params.yaml: 'models.gru.optim.lrr' is not a setting of adam, adamw and muon")
+    assert str(caught.value).endswith("; also 'models.gru.optim.lr' is missing: params.yaml states every setting, so "
+                                      "that DVC sees it (add it)")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -313,13 +315,32 @@ def test_prompts_decoded_together_get_what_each_gets_alone(family, arch):
     """A request's prompts go through the model as one batch (a transformer's only when their windows are alike):
     each prompt's tokens are those it gets decoded alone, re-reading its context, also when some stop early at the
     boundary and leave the batch."""
-    from lmpipe.decode import generate_each
+    from lmpipe.decode import generate_each, prompt_seed
 
     model = peaked(family, arch)
     for prompts in ([[3, 4, 5], [7], list(range(1, 15)), [3, 4, 5]], [[3, 4, 5], [5, 4, 3], [1, 1, 1]]):
         for strategy in ("greedy", "top-k", "top-p", "typical", "sample"):
             for stop in (False, True):
                 settings = DecodeSettings(strategy=strategy, max_new_tokens=25, seed=3, stop_at_boundary=stop)
-                alone = [generate(Reread(model), prompt, settings, 0) for prompt in prompts]
+                alone = [generate(Reread(model), prompt, replace(settings, seed=prompt_seed(3, i)), 0)
+                         for i, prompt in enumerate(prompts)]
                 assert generate_each(model, prompts, settings, 0) == alone, (strategy, stop)
     assert model.training
+
+
+def test_identical_prompts_in_one_call_sample_independently_and_reproducibly():
+    """A served request of the same prompt four times: four samples (each prompt its own stream from the seed and
+    its place), the first what the prompt gets alone, and the same four again with the same seed."""
+    from lmpipe.decode import generate_each
+
+    class Uniform:  # every token equally likely: only the random stream decides
+        def next_token_distribution(self, context):
+            return np.full(26, 1 / 26)
+
+    settings = DecodeSettings(strategy="sample", max_new_tokens=8, seed=5)
+    four = generate_each(Uniform(), [[1, 2]] * 4, settings, 0)
+    assert len({tuple(t) for t in four}) == 4
+    assert four == generate_each(Uniform(), [[1, 2]] * 4, settings, 0)
+    assert four[0] == generate(Uniform(), [1, 2], settings, 0)
+    greedy = generate_each(Uniform(), [[1, 2]] * 2, replace(settings, strategy="greedy"), 0)
+    assert greedy[0] == greedy[1]  # nothing random: the same prompt, the same text

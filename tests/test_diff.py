@@ -40,7 +40,7 @@ def test_a_change_beyond_twice_the_seed_sd_is_real_and_one_within_is_noise(study
     root, first = study
     commit(root, {"gru": row(1.950), "lstm": row(1.945, sd=0.001), "ngram": {"test_bpb": 2.048}}, "lr changed")
     out = diff(first, "HEAD", root).splitlines()
-    assert out[1].split()[:6] == ["gru", "1.9590", "1.9500", "-0.0090", "0.0040", "real"]
+    assert out[1].split()[:7] == ["gru", "1.9590", "1.9500", "-0.0090", "0.0040", "real:", "better"]
     assert out[2].split()[:7] == ["lstm", "1.9460", "1.9450", "-0.0010", "0.0040", "within", "noise"]
     assert out[3].split()[:6] == ["ngram", "2.0480", "2.0480", "+0.0000", "0.0000", "unchanged"]
     assert not any(line.startswith("Warning") for line in out)
@@ -54,7 +54,7 @@ def test_the_workspace_against_head_by_default_and_markdown_for_a_pull_request(s
     out = diff(markdown=True).splitlines()
     rows = table_rows(out)
     assert rows[0][:4] == ["model", "test bpb HEAD", "test bpb workspace", "change"]
-    assert rows[1] == ["gru", "1.9590", "1.9700", "+0.0110", "0.0040", "real", "30.0 -> 40.0"]
+    assert rows[1] == ["gru", "1.9590", "1.9700", "+0.0110", "0.0040", "real: worse", "30.0 -> 40.0"]
     assert ["nplm", "-", "2.0650", "-", "0.0040", "only in B", "- -> 30.0"] in rows
     assert out[-1].startswith("Warning: not compute-matched (gru)")
 
@@ -65,7 +65,7 @@ def test_a_dvc_experiment_by_its_name_and_a_bad_side_in_one_line(study):
     subprocess.run(["git", "-C", str(root), "update-ref", f"refs/exps/{first[:2]}/{first[2:]}/eager-fish", exp],
                    check=True)
     subprocess.run(["git", "-C", str(root), "reset", "-q", "--hard", first], check=True)
-    assert diff("HEAD", "eager-fish", root).splitlines()[1].split()[:6] == [
-        "gru", "1.9590", "1.9900", "+0.0310", "0.0040", "real"]
+    assert diff("HEAD", "eager-fish", root).splitlines()[1].split()[:7] == [
+        "gru", "1.9590", "1.9900", "+0.0310", "0.0040", "real:", "worse"]
     with pytest.raises(LmpipeError, match="^no-such: neither a git revision nor a DVC experiment"):
         diff("no-such", "HEAD", root)

@@ -335,6 +335,13 @@ def test_seeds_retrain_every_model_and_the_report_gives_mean_sd_and_verdicts(scr
     assert len(set(gru)) == 3  # the seed decides the run
     assert "gru: test bpb" in done.stdout and "over 3 seeds" in done.stdout
     assert "seeds/seeds.csv" in (copy / "seeds/dvc.lock").read_text()
+    with open(copy / "seeds/weat.csv") as f:  # every seed's audit, the study's own as metrics/weat.json has it
+        effects = list(csv.DictReader(f))
+    audited = json.loads((copy / "metrics/weat.json").read_text())["models"]
+    ran = {(m, t) for m in MODELS for t, r in audited[m].items() if r["effect_size"] is not None}
+    assert {(r["model"], r["test"]) for r in effects if r["seed"] == "1234"} == ran
+    assert all(float(r["effect_size"]) == audited[r["model"]][r["test"]]["effect_size"] for r in effects
+               if r["seed"] == "1234")
 
     after = run(["dvc", "repro"], copy, env)
     assert ran_stages(after.stdout) == {"report"}

@@ -60,7 +60,7 @@ def test_an_override_plans_the_stages_that_track_it_and_those_below(reproduced):
 
     assert planned_stages() == []
     assert sorted(planned_stages(changes={"models.gru.optim.lr": 0.003})) == ["fits/dvc.yaml:fit", "gru", "join"]
-    assert planned_stages(changes={"models.gru.optim.lr": 0.003})[-1] == "join"
+    assert planned_stages(changes={"models.gru.optim.lr": 0.003})[-1] == "join"  # as `dvc repro` orders them
     assert planned_stages(changes={"models.lstm": {"optim": {"lr": 0.001}}}) == ["lstm", "join"]
     assert planned_stages(changes={"models.rnn.optim.lr": 0.1}) == []
     (reproduced / "lstm.txt").unlink()  # what dvc status finds changed plans too
@@ -93,7 +93,9 @@ def test_the_plan_says_the_training_it_holds_and_the_rate_it_assumes(mlflow_stor
     bf16 = autocast_dtype(params.train.precision, pick_device(params.train.device)) is not None
     rate = DEFAULT_FLOPS_PER_S if bf16 else DEFAULT_FLOPS_PER_S / FP32_SLOWER
     assert text.splitlines()[0] == "3 stage(s) would run: train@gru, score@gru, evaluate"
-    assert text.splitlines()[1] == (f"training: 1 model(s), {flops:.2e} FLOPs, about {flops / rate / 60:.0f} min "
+    assert text.splitlines()[1] == (f"training: 1 model(s), {flops:.2e} FLOPs ({params.study.flops:.2e} for the "
+                                    f"runs, {decays:.2e} for their decay branches, study.branches), about "
+                                    f"{flops / rate / 60:.0f} min "
                                     f"at {rate / 1e9:.0f} GFLOP/s (assumed: no training has finished on this machine "
                                     "yet" + ("" if bf16 else ", and it trains in fp32") + ")")
     assert summary([], params) == "nothing would run: every stage is up to date"

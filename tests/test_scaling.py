@@ -302,7 +302,7 @@ def test_a_grid_with_extra_seeds_reports_its_runs_points_and_each_seeded_budgets
 
 
 def test_the_report_of_a_five_family_grid_draws_each_family_and_says_where_each_minimum_lies(tmp_path):
-    """Five families (the grid's size since issue 50): the report names each, its figures lay the families out in
+    """Five families (the grid's size): the report names each, its figures lay the families out in
     rows of at most three, and a family whose best run is its smallest size is said to lie below the sizes tried."""
     from matplotlib.image import imread
 

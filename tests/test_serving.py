@@ -59,8 +59,13 @@ TABLE = [  # (what, body, status, the start of the one line)
     ("split of two columns", {"dataframe_split": {"columns": ["prompt", "x"], "data": [["a", "b"]]}}, 400,
      "dataframe_split must be"),
     ("params a list", {"inputs": {"prompt": ["a"]}, "params": [1]}, 400, "params must be an object"),
-    ("unknown param", {"inputs": {"prompt": ["a"]}, "params": {"temperature": 0.5}}, 400,
-     "params.temperature is not a setting of this model: use strategy, max_new_tokens, seed"),
+    ("unknown param", {"inputs": {"prompt": ["a"]}, "params": {"temprature": 0.5}}, 400,
+     "params.temprature is not a setting of this model: use strategy, max_new_tokens, temperature, top_k, top_p, "
+     "typical_p, beam_size, seed"),
+    ("a temperature of 0", {"inputs": {"prompt": ["a"]}, "params": {"temperature": 0}}, 400,
+     "temperature must be a number above 0"),
+    ("a temperature as text", {"inputs": {"prompt": ["a"]}, "params": {"temperature": "hot"}}, 400,
+     "temperature must be"),
     ("unknown strategy", {"inputs": {"prompt": ["a"]}, "params": {"strategy": HUGE}}, 400,
      "strategy must be one of greedy, beam, top-k, top-p, typical, sample"),
     ("no new token", {"inputs": {"prompt": ["a"]}, "params": {"max_new_tokens": 0}}, 400,
@@ -113,7 +118,7 @@ def test_tokens_are_counted_only_of_prompts_that_passed_every_cheap_check():
         counted.append(prompt)
         return 1
 
-    for body in ({"inputs": {"prompt": ["a", 5]}}, {"inputs": {"prompt": ["a"]}, "params": {"temperature": 1}},
+    for body in ({"inputs": {"prompt": ["a", 5]}}, {"inputs": {"prompt": ["a"]}, "params": {"temperature": 0}},
                  {"inputs": {"prompt": ["a", HUGE]}}):
         refused(body, count)
     assert counted == []
@@ -189,6 +194,21 @@ def test_the_app_answers_mlflows_scoring_protocol(served):
         assert client.get(path).status_code == 200
     assert client.get("/version").json() == {"model": "models:/lmpipe-gru@champion", "version": "1"}
     assert lines[0].startswith("POST /invocations 200 in ")
+
+
+def test_every_setting_generate_takes_is_a_request_param_and_identical_prompts_sample_apart(served):
+    """`temperature` (and each setting `lmpipe generate` takes) over HTTP as on the command line; four identical
+    prompts in one request get four samples, the same four again with the same seed."""
+    client, _, _ = served
+    body = {"inputs": {"prompt": ["The history of"] * 4},
+            "params": {"strategy": "sample", "max_new_tokens": 6, "seed": 11, "temperature": 2.0, "top_k": 5}}
+    answer = client.post("/invocations", json=body)
+    assert answer.status_code == 200, answer.text
+    four = [p["continuation"] for p in answer.json()["predictions"]]
+    assert len(set(four)) == 4
+    assert [p["continuation"] for p in client.post("/invocations", json=body).json()["predictions"]] == four
+    cooler = client.post("/invocations", json={**body, "params": {**body["params"], "temperature": 0.05}})
+    assert [p["continuation"] for p in cooler.json()["predictions"]] != four  # the temperature is used
 
 
 @pytest.mark.parametrize("what, request_, status, start", [

@@ -126,7 +126,7 @@ def test_a_space_of_choices_is_a_grid_run_once_per_point_and_resumable(tmp_path)
 
 
 def test_every_familys_learning_rate_is_the_best_of_the_same_sweep_at_the_study_budget():
-    """What params.yaml and the report claim (issue 40), read from the sweeps' outcomes, not their space file: each
+    """What params.yaml and the report claim, read from the sweeps' outcomes, not their space file: each
     model's optim.lr won one and the same sweep (three rates a factor 2 apart, around the rate params.yaml held
     then: sweeps/equal_compute.yaml), every trial trained for the study's full budget and finished."""
     import pandas as pd
@@ -143,7 +143,7 @@ def test_every_familys_learning_rate_is_the_best_of_the_same_sweep_at_the_study_
 
 
 def test_every_family_but_the_transformer_gets_one_run_at_half_its_width_at_the_study_budget():
-    """sweeps/equal_size.yaml (issue 40): the transformer's width was chosen at C between its own and half of it;
+    """sweeps/equal_size.yaml: the transformer's width was chosen at C between its own and half of it;
     every other family gets the same, one run at half its embedding (and hidden) width, at the study's budget (a
     family whose half width won has it in params.yaml now)."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())

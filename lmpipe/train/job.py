@@ -77,6 +77,12 @@ class Job:
         """What decides this run's result (`checkpoints.run_key`), with `extra`, e.g. the precision it trains in."""
         return run_key(self.chosen, self.data.fingerprint, **extra)
 
+    def identity(self, **extra) -> str:
+        """What made this run's numbers, its seed aside (`key` without `train.seed`): the same for every seed of one
+        study's model, on any machine. The seeds' rows hold while the study's training has it (lmpipe.seeds)."""
+        chosen = {**self.chosen, "train": {k: v for k, v in self.chosen["train"].items() if k != "seed"}}
+        return run_key(chosen, self.data.fingerprint, **extra)
+
     def cached(self, folder: Path, name: str, key: str, train: Callable[[], dict],
                reused: Callable[[dict], None]) -> dict:
         """This run's row, kept in `folder` under `key` (`key(...)`, with what else the row depends on): read back
