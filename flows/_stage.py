@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Callable, Iterator, NoReturn
 
@@ -94,6 +95,33 @@ def _terminated(signum, frame):
     raise KeyboardInterrupt
 
 
+def sigterm_as_ctrl_c() -> None:
+    """Called first in a flow's body: Prefect's flow engine swaps in its own SIGTERM handler for the run (a crash,
+    then the signal again, past every `except KeyboardInterrupt`), so the flow takes `_terminated` back. Prefect puts
+    the handler from before the run back when the run ends. Signals reach the main thread only: elsewhere, nothing."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """A second Ctrl-C or SIGTERM while a stopped run cleans up (stops its processes, removes its copy, closes its
+    MLflow run) is ignored: a cleanup cut short leaves the residue it is there to remove."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+INTERRUPTED = ("interrupted: nothing was written to this stage's outputs; training stages keep their last "
+               "checkpoint, so `dvc repro` resumes them")  # a flow with another way to resume sets `.interrupted`
+
+
 def fail(line: str, restorable: bool = True) -> NoReturn:
     """Exit 1 with one line. Under DVC the stage's outputs were removed before it ran: where `lmpipe restore` can
     bring them back whole (DVC's cache and git hold them), the line says so and names it."""
@@ -147,6 +175,7 @@ def main(flow: Callable, **flow_kwargs) -> None:
     """Run a stage flow as a script: check params first, then run; exit 1 with one line on a user error. `--help`
     prints the stage's description and starts nothing."""
     help_or_refuse(flow, takes_arguments=bool(flow_kwargs))
+    interrupted = getattr(flow, "interrupted", INTERRUPTED)  # a flow's own line (with_options below drops it)
     atexit.register(gc.freeze)  # at exit, Python's last collections then skip the million objects of Prefect, MLflow
     # and torch's modules: ~1 s less a stage (20 a study); nothing of the stage's is left to collect by then
     try:
@@ -167,8 +196,9 @@ def main(flow: Callable, **flow_kwargs) -> None:
     except Interrupted as exc:
         fail(f"{exc}; `dvc repro` resumes", restorable=False)
     except KeyboardInterrupt:
-        fail("interrupted: nothing was written to this stage's outputs; training stages keep their last "
-             "checkpoint, so `dvc repro` resumes them", restorable=False)
+        fail(interrupted, restorable=False)
+    if state.is_cancelled():  # a flow that stopped cleanly on Ctrl-C or SIGTERM: its state's message says how
+        fail(f"error: {state.message}", restorable=False)
     if state.is_failed():
         exc = state.result(raise_on_failure=False)
         if isinstance(exc, LmpipeError):

@@ -7,7 +7,9 @@
    - Fail: the experiment stays for `dvc exp show` / `dvc exp diff`; HEAD, the workspace and the champions are as
      they were; the flow run ends Failed, naming the regressed models and by how much.
    - Pass: `dvc exp apply`, one git commit of what the experiment changed, `dvc push` when a DVC remote is set, and
-     the experiment's versions become the champions.
+     the experiment's versions become the champions. When the workspace changed while it ran (HEAD moved, a tracked
+     file edited, a new file where the experiment writes), nothing is applied: the user's work stays exactly as it
+     is, and the experiment stays for `dvc exp apply <name>`.
 The retrain's MLflow parent run carries the comparison table and the decision as tags.
 """
 
@@ -24,13 +26,14 @@ import tempfile
 from collections import deque
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NamedTuple
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from lmpipe import paths
 from flows import server
-from flows._stage import PARAMS_FILE, main
+from flows._stage import PARAMS_FILE, main, sigterm_as_ctrl_c, signals_held
 from flows.progress import STARTED  # DVC's line as it starts a stage
 from flows.study import stage_env, dvc, one_study
 from lmpipe import tracking
@@ -149,11 +152,39 @@ def commit_message(name: str, rows: list[dict], max_regression: float) -> str:
     return "\n".join([head, "", *(f"- {describe(r)}" for r in moved)]) + "\n"
 
 
+def written_by(ref: str) -> list[str]:
+    """The tracked files the experiment at `ref` changes: what applying it writes and commits."""
+    return git("diff", "--name-only", "-z", "HEAD", ref).split("\0")[:-1]
+
+
+class Workspace(NamedTuple):
+    """The workspace as a retrain found it: a clean tree at `head`, beside these untracked (not ignored) files."""
+    head: str
+    untracked: frozenset[str]
+
+
+def workspace_now() -> Workspace:
+    return Workspace(git("rev-parse", "HEAD").strip(),
+                     frozenset(git("ls-files", "--others", "--exclude-standard", "-z").split("\0")[:-1]))
+
+
+def workspace_changes(start: Workspace, written: list[str]) -> list[str]:
+    """What changed since `start` that applying would take: `dvc exp apply` writes over the tracked files (keeping
+    the user's version only in a hidden stash that the next apply overwrites) and the commit takes what it finds, so
+    a moved HEAD, any edited tracked file, or a new file among or beside the experiment's files stops the apply."""
+    now = workspace_now()
+    moved = [f"HEAD (moved from {start.head[:12]} to {now.head[:12]})"] if now.head != start.head else []
+    folders = {str(Path(f).parent) for f in written} - {"."}
+    new = sorted(f for f in now.untracked - start.untracked
+                 if f in written or any(f.startswith(folder + "/") for folder in folders))
+    return moved + uncommitted() + new
+
+
 def apply(name: str, ref: str, message: str, overrides: list[str], env: dict) -> str:
     """The experiment into the workspace and into one commit (pushed to the DVC remote when there is one). params.yaml
-    gets only the changed values, written where they stand (DVC's own copy rewraps the whole file)."""
-    files = git("diff", "--name-only", "HEAD", ref).split()
-    before = Path(PARAMS_FILE).read_text(encoding="utf-8")
+    gets only the changed values, written into HEAD's text where they stand (DVC's own copy rewraps the whole file)."""
+    files = written_by(ref)
+    before = git("show", f"HEAD:{PARAMS_FILE}")
     dvc(["exp", "apply", name], env)
     if overrides:
         try:
@@ -224,15 +255,19 @@ def run_experiment(name: str, sets: list[str], env: dict) -> None:
                     log.info("retrain %s: %s", name, said)
         code = process.wait()
     except BaseException:  # SIGINT to DVC and its stage (each closes its runs and keeps its checkpoint)
-        server.stop_group(process, signal.SIGINT, patience=60)
+        with signals_held():
+            server.stop_group(process, signal.SIGINT, patience=60)
+            remove_new_scratch(scratch)  # a stopped run may leave its copy and run info
         raise
-    finally:
-        if process.returncode != 0:  # a finished run cleans up after itself; a stopped or failed one may not
-            for left in experiment_scratch() - scratch:
-                shutil.rmtree(left, ignore_errors=True)
     if code != 0:
+        remove_new_scratch(scratch)  # so may a failed one; a finished one cleans up after itself
         reason = next((line for line in reversed(tail) if line.startswith(("ERROR", "error"))), tail[-1] if tail else "")
         raise LmpipeError(f"dvc exp run failed (exit {code}): {reason}")
+
+
+def remove_new_scratch(before: set[Path]) -> None:
+    for left in experiment_scratch() - before:
+        shutil.rmtree(left, ignore_errors=True) if left.is_dir() else left.unlink(missing_ok=True)
 
 
 def git_identity() -> bool:
@@ -248,8 +283,10 @@ def retrain(overrides: list[str] | None = None) -> dict:
     """Retrain what a refreshed corpus (or `overrides`, e.g. models.gru.optim.lr=0.003) changes, as a DVC experiment;
     apply and commit it, and promote its models, only when no model regressed beyond retrain.max_regression.
     Every outcome ends in one line: nothing to retrain, applied (the commit and the champions), or regressed.
-    Stopped (Ctrl-C, SIGTERM, the deployment's timeout), its MLflow run ends KILLED and the line says how to resume.
+    Stopped (Ctrl-C or SIGTERM: Cancelled; the deployment's timeout: Failed), its MLflow run ends KILLED and the
+    line says how to resume. Passed while the workspace changed, it applies nothing and says how to apply it later.
     Refused on a changed tree, it pauses its schedule; a firing the runner had already taken then ends Cancelled."""
+    sigterm_as_ctrl_c()  # SIGTERM takes Ctrl-C's path below, not Prefect's crash
     params = load_params(PARAMS_FILE)
     check_overrides(PARAMS_FILE, overrides)  # a typo in an override stops here, before DVC deletes anything
     if skipped := paused_firing():
@@ -258,21 +295,38 @@ def retrain(overrides: list[str] | None = None) -> dict:
         dirty = uncommitted()
         if dirty:
             return refused(dirty)
+        start = workspace_now()  # applied only onto this: a user's work done meanwhile is never overwritten
         parent = tracking.runs.start_study_run(params.tracking.experiment, PARAMS_FILE, "retrain")
         try:
-            outcome = gated_retrain(params, parent, list(overrides or []))
+            outcome = gated_retrain(params, parent, list(overrides or []), start)
         except (KeyboardInterrupt, TimeoutError) as exc:  # Ctrl-C, or SIGTERM (flows/_stage), or the timeout
-            reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else "timed out"
-            tracking.set_tags(parent, {DECISION: "interrupted", "lmpipe.retrain.reason": reason})
-            tracking.runs.end_study_run(parent, "KILLED")
-            raise RetrainStopped(f"retrain {reason}: nothing is applied and no temporary copy is left; {RESUME}") from None
+            return stopped(parent, exc)
     print(outcome.pop("said"), flush=True)
     return outcome
 
 
-def gated_retrain(params, parent: str, sets: list[str]) -> dict:
-    """The retrain's steps: refetch, `dvc exp run --temp`, the gate, then apply or refuse. Returns the outcome with
-    the closing line to say (`said`); a regression is an LmpipeError naming the models."""
+def stopped(parent: str, exc: BaseException):
+    """A stopped retrain's record: its MLflow run KILLED with the decision, and a Cancelled state (Ctrl-C, SIGTERM)
+    or a RetrainStopped (the timeout), each saying how to resume."""
+    from prefect.states import Cancelled
+
+    reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else "timed out"
+    with signals_held():
+        tracking.set_tags(parent, {DECISION: "interrupted", "lmpipe.retrain.reason": reason})
+        tracking.runs.end_study_run(parent, "KILLED")
+    line = f"retrain {reason}: nothing is applied and no temporary copy is left; {RESUME}"
+    if isinstance(exc, TimeoutError):
+        raise RetrainStopped(line) from None
+    return Cancelled(message=line)
+
+
+NOT_APPLIED = "passed, not applied: workspace changed"
+
+
+def gated_retrain(params, parent: str, sets: list[str], start: Workspace) -> dict:
+    """The retrain's steps: refetch, `dvc exp run --temp`, the gate, then apply, refuse, or leave the experiment when
+    the workspace changed since `start`. Returns the outcome with the closing line to say (`said`); a regression is
+    an LmpipeError naming the models."""
     limit, log = params.retrain.max_regression, get_run_logger()
     env = {**stage_env(parent), "LMPIPE_CACHE_DIR": str(Path(paths.CACHE_DIR).resolve())}  # checkpoints outlive the copy
     log.info("retrain: fetching the corpus source again")
@@ -308,6 +362,12 @@ def gated_retrain(params, parent: str, sets: list[str]) -> dict:
         raise LmpipeError(f"{name} regressed beyond retrain.max_regression={limit:g}: "
                           + "; ".join(describe(r) for r in rows if r["model"] in regressed)
                           + f"; nothing applied (inspect it: dvc exp show, dvc exp diff HEAD {name})")
+    if changes := workspace_changes(start, written_by(ref)):
+        tracking.set_tags(parent, {DECISION: NOT_APPLIED})
+        shown = ", ".join(changes[:4]) + (f" and {len(changes) - 4} more" if len(changes) > 4 else "")
+        return {"decision": NOT_APPLIED, "experiment": name, "rows": rows, "said": (
+            f"{name} passed but is not applied: {shown} changed while it ran, and those changes stay as they are; "
+            f"the experiment stays: once they are committed or stashed, `dvc exp apply {name}` and a commit apply it")}
     commit = apply(name, ref, commit_message(name, rows, limit), sets, env)
     champions = tracking.registry.promote_experiment(name)
     tracking.set_tags(parent, {COMMIT: commit})
@@ -320,7 +380,10 @@ def gated_retrain(params, parent: str, sets: list[str]) -> dict:
 
 
 class RetrainStopped(LmpipeError):
-    """A retrain stopped by Ctrl-C, SIGTERM or its timeout, cleaned up: one line, how to resume."""
+    """A retrain stopped by its timeout, cleaned up: one line, how to resume (Ctrl-C and SIGTERM end Cancelled)."""
+
+
+retrain.interrupted = f"error: retrain interrupted; {RESUME}"  # flows/_stage.main's line, where the flow could not say it
 
 
 if __name__ == "__main__":

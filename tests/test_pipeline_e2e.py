@@ -1195,6 +1195,9 @@ def retrain_runs(copy: Path) -> list:
                               order_by=["attributes.start_time DESC"])
 
 
+PREFECT_LOG = re.compile(r"\d\d:\d\d:\d\d\.\d+ \| ")  # a line of Prefect's console log: '01:43:20.925 | INFO | ...'
+
+
 def newest_flow_run_state(prefect_api: str, flow_name: str) -> str:
     """The state of the flow's newest run that started (a schedule's future runs, created ahead, do not count)."""
     runs = requests.post(f"{prefect_api}/flow_runs/filter", timeout=10, json={
@@ -1279,8 +1282,48 @@ def test_a_retrain_on_a_changed_corpus_that_holds_level_is_committed_and_crowned
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_a_retrain_removes_its_copy_and_says_how_to_resume(committed, prefect_api):
-    """Ctrl-C in the terminal (SIGINT to the foreground group) while a model trains in the experiment's copy."""
+def test_a_retrain_that_passes_while_the_user_edits_applies_nothing_and_keeps_the_edits(committed, prefect_api):
+    """README.md and params.yaml edited while the experiment runs: the retrain passes its gate, but applying would
+    write over the edits (DVC keeps them only in a hidden stash), so it applies nothing, keeps the experiment, and
+    says in one line how to apply it later."""
+    copy, env = committed
+    before, crowned = workspace(copy), champions(copy)
+    retrain = subprocess.Popen(["lmpipe", "retrain", "models.gru.optim.lr=0.0011"], cwd=copy, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # 1e-3 before: a model that holds
+    lines = []
+    for line in retrain.stdout:
+        lines.append(line)
+        if "stage train@gru" in line:  # the experiment runs in its copy: the user edits the workspace meanwhile
+            break
+    readme = (copy / "README.md").read_text() + "\nA note of the user's.\n"
+    (copy / "README.md").write_text(readme)
+    params = (copy / "params.yaml").read_text().replace("max_regression: 0.05", "max_regression: 0.06", 1)
+    assert "max_regression: 0.06" in params
+    (copy / "params.yaml").write_text(params)
+    rest, _ = retrain.communicate(timeout=600)
+    said = "".join(lines) + rest
+    assert retrain.returncode == 0, said[-3000:]
+    last = [line for line in said.splitlines() if line and not PREFECT_LOG.match(line)][-1]  # Prefect logs after it
+    name = last.split()[0]
+    assert last == (f"{name} passed but is not applied: README.md, params.yaml changed while it ran, and those changes "
+                    f"stay as they are; the experiment stays: once they are committed or stashed, `dvc exp apply "
+                    f"{name}` and a commit apply it"), said[-3000:]
+    assert (copy / "README.md").read_text() == readme and (copy / "params.yaml").read_text() == params
+    after = workspace(copy)
+    assert after["head"] == before["head"] and after["models"] == before["models"] and after["eval"] == before["eval"]
+    assert after["lock"] == before["lock"] and champions(copy) == crowned
+    assert run(["git", "stash", "list"], copy, env).stdout == ""  # nothing hidden away
+    assert name in run(["dvc", "exp", "show", "--json"], copy, env).stdout  # there to apply later
+    tags = retrain_runs(copy)[0].data.tags
+    assert tags["lmpipe.retrain.decision"] == "passed, not applied: workspace changed"
+    assert newest_flow_run_state(prefect_api, "retrain") == "COMPLETED"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_stops_a_retrain_removes_its_copy_and_says_how_to_resume(committed, prefect_api, how):
+    """Ctrl-C in the terminal (SIGINT to the foreground group), or SIGTERM to `lmpipe retrain` alone (`kill`, a
+    service manager), while a model trains in the experiment's copy: the same clean stop either way."""
     import signal
     import time
 
@@ -1296,7 +1339,11 @@ def test_ctrl_c_stops_a_retrain_removes_its_copy_and_says_how_to_resume(committe
             break
     assert any("stage train@gru" in l for l in lines), "".join(lines)[-3000:]
     assert list((copy / ".dvc/tmp/exps").glob("standalone/tmp*"))  # the experiment's temporary copy, while it runs
-    os.killpg(retrain.pid, signal.SIGINT)
+    assert list((copy / ".dvc/tmp/exps").glob("run/*"))  # and its run info
+    if how == "ctrl-c":
+        os.killpg(retrain.pid, signal.SIGINT)
+    else:
+        retrain.send_signal(signal.SIGTERM)
     rest, _ = retrain.communicate(timeout=120)
     said = "".join(lines) + rest
     assert retrain.returncode == 1, said[-3000:]
@@ -1308,6 +1355,7 @@ def test_ctrl_c_stops_a_retrain_removes_its_copy_and_says_how_to_resume(committe
     assert workspace(copy) == before
     newest = retrain_runs(copy)[0]
     assert newest.info.status == "KILLED" and newest.data.tags["lmpipe.retrain.decision"] == "interrupted"
+    assert newest_flow_run_state(prefect_api, "retrain") == "CANCELLED"
 
 
 @pytest.mark.slow
