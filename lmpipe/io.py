@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -147,7 +148,8 @@ def out_dir(dest: str | os.PathLike, mark: dict) -> Iterator[Path]:
     """Yield an empty staging folder beside the user's --out folder `dest`; on success, move each file staged there
     into `dest` (each replaced atomically), remove the files an earlier --out listed in OUT_MARK and this one did not
     write, and write OUT_MARK (`mark` plus the file list) last. Nothing else in `dest` is touched: a file the user
-    put there, before or during the run, stays."""
+    put there, before or during the run, stays; where one has a name lmpipe writes, lmpipe's goes beside it
+    (`curve.lmpipe.csv`), and a line on stderr says so."""
     from lmpipe.errors import DiskFull
 
     dest = Path(dest)
@@ -162,9 +164,15 @@ def out_dir(dest: str | os.PathLike, mark: dict) -> Iterator[Path]:
             before = set(json.loads((dest / OUT_MARK).read_text()).get("files", []))
         except (OSError, ValueError, AttributeError):
             before = set()
-        names = sorted(p.name for p in staged.iterdir())
-        for name in names:
-            os.replace(staged / name, dest / name)
+        names = []
+        for name in sorted(p.name for p in staged.iterdir()):
+            theirs = (dest / name).exists() and name not in before  # the user's: it stays
+            kept = f"{Path(name).stem}.lmpipe{Path(name).suffix}" if theirs else name
+            if theirs:
+                print(f"--out {dest}: {name} is not lmpipe's (it appeared during the run): kept as it is; this run's "
+                      f"is {dest / kept}", file=sys.stderr)
+            os.replace(staged / name, dest / kept)
+            names.append(kept)
         for name in sorted(before - set(names)):
             if Path(name).name == name:  # a plain name of this folder, never a path elsewhere
                 (dest / name).unlink(missing_ok=True)

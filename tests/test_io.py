@@ -153,6 +153,28 @@ def test_out_replaces_only_the_files_lmpipe_wrote_there(tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_a_file_of_the_users_named_as_lmpipes_stays_and_lmpipes_goes_beside_it(tmp_path, capsys):
+    """A curve.csv the user wrote into the --out folder while the run trained is the user's: kept as it is, this
+    run's curve beside it, said in one line; the mark lists lmpipe's files, so a later run never deletes the user's."""
+    import json
+
+    from lmpipe.io import OUT_MARK, out_dir
+
+    dest = tmp_path / "result"
+    with out_dir(dest, {"model": "gru"}) as staged:
+        (staged / "model.pt").write_text("1")
+        (staged / "curve.csv").write_text("lmpipe's")
+        (dest / "curve.csv").write_text("the user's")  # written during the run
+    assert (dest / "curve.csv").read_text() == "the user's" and (dest / "curve.lmpipe.csv").read_text() == "lmpipe's"
+    said = capsys.readouterr().err.strip()
+    assert said == (f"--out {dest}: curve.csv is not lmpipe's (it appeared during the run): kept as it is; this "
+                    f"run's is {dest / 'curve.lmpipe.csv'}")
+    assert json.loads((dest / OUT_MARK).read_text())["files"] == ["curve.lmpipe.csv", "model.pt"]
+    with out_dir(dest, {"model": "gru"}) as staged:  # the next run: its own curve where it can, the user's kept
+        (staged / "model.pt").write_text("2")
+    assert (dest / "curve.csv").read_text() == "the user's" and not (dest / "curve.lmpipe.csv").exists()
+
+
 def test_csv_text_writes_each_cell_as_python_does():
     rows = [{"model": 'a "b", c', "n": 7, "bpb": 0.1 + 0.2, "flag": True, "lr": 1e-20, "left": None},
             {"model": "x\ny", "n": None, "bpb": float("nan"), "flag": False, "lr": 3e13, "left": ""}]
