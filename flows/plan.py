@@ -1,7 +1,7 @@
 """`lmpipe plan [-S key=value ...]`: before anything runs, what `dvc exp run -S ...` (or, without -S, `dvc repro`)
 would re-run, the training FLOPs that implies, and the minutes that takes at the FLOP/s this machine measured.
 
-The stages come from DVC's own status and graph (flows.progress.planned_stages), with the settings the overrides move
+The stages come from DVC's own status and graph (`planned_stages`), with the settings the overrides move
 (those whose value changes); the FLOPs from each model's budget under the overridden params; the rate from the
 training runs this machine finished (MLflow: their train_flops over their seconds), else a stated default. `make
 study` and `lmpipe retrain` print the same plan first.
@@ -15,8 +15,7 @@ from pathlib import Path
 import yaml
 
 from flows._stage import PARAMS_FILE
-from flows.progress import budgets, planned_stages
-from lmpipe.config import parse_params
+from lmpipe.config import load_params, parse_params
 from lmpipe.overrides import apply_overrides, assignments
 
 # No training finished on this machine yet: the study's families ran at 187-328 GFLOP/s on the 2-core EPYC with
@@ -41,6 +40,55 @@ def moved(overrides: list[str], path: str | Path = PARAMS_FILE):
     params = parse_params(new, f"{path} with {' '.join(overrides)}" if overrides else path)
     changes = {k: v for k, v in assignments(overrides).items() if _get(raw, k) != _get(new, k)}
     return changes, params
+
+
+def planned_stages(changes: dict | None = None) -> list[str]:
+    """The stages that `dvc repro` (or `dvc exp run`) will run, in its order: dvc.yaml's, and those of other pipelines
+    that they take inputs from (the scaling grid's fit, which tracks the models' settings too): each that `dvc
+    status` finds changed (a fresh clone: every one), each that tracks a setting `changes` ({dotted key: new value},
+    as `-S` gives them) moves, and each downstream of one, whose inputs are about to change. Frozen stages never run.
+    (`dvc repro --dry` cannot tell: it lists a stage only once its inputs exist.)"""
+    from dvc.repo import Repo
+    from dvc.repo.reproduce import get_active_graph, plan_repro
+
+    with Repo() as repo, repo.lock:  # released before `dvc repro` takes it
+        graph = get_active_graph(repo.index.graph)  # edges run from a stage to the stages it takes inputs from
+        study = [s for s in repo.index.stages if s.dvcfile.relpath == "dvc.yaml"]
+        order = plan_repro(graph, study)  # dvc.yaml's stages and their inputs', as `dvc repro` orders them
+        runs: dict = {}
+        for stage in order:  # every input before the stages that read it
+            runs[stage] = bool(getattr(stage, "cmd", None)) and not stage.frozen and (
+                any(runs.get(upstream) for upstream in graph.successors(stage)) or stage.changed()
+                or bool(changes and tracks(stage, changes)))
+        return [s.addressing for s in order if runs[s]]
+
+
+def tracks(stage, changes: dict) -> bool:
+    """Whether `stage` tracks one of the settings in `changes` (its params: a section, a dotted key, or a file)."""
+    from dvc.dependency import ParamsDependency
+
+    for dep in stage.deps:
+        if isinstance(dep, ParamsDependency):
+            names = list(dep.params) or [""]  # no names: the whole file
+            if any(not n or k == n or k.startswith(n + ".") or n.startswith(k + ".") for n in names for k in changes):
+                return True
+    return False
+
+
+def budgets(params=None, branches: bool = True) -> dict[str, float]:
+    """Each model's training FLOPs (its budget or the study's), with its decay branches' (`study.branches`: each
+    decays over its own decay_fraction of its budget) unless `branches` is False; a budget in tokens gives no
+    estimate."""
+    params = params or load_params(PARAMS_FILE)
+    found = {}
+    for name in params.models:
+        settings = params.model_settings(name)
+        if settings.budget is None or not settings.budget.flops:
+            continue
+        found[name] = float(settings.budget.flops)
+        if branches and settings.optim.schedule == "wsd":  # another schedule has no branches (the train stage says so)
+            found[name] += settings.optim.decay_fraction * sum(params.branches_of(settings))
+    return found
 
 
 def measured_rate(params) -> tuple[float, str]:

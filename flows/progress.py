@@ -17,6 +17,7 @@ import subprocess
 import sys
 
 from flows._stage import PARAMS_FILE
+from flows.plan import budgets, planned_stages, summary
 from lmpipe.config import load_params
 from lmpipe.errors import first_line
 
@@ -66,55 +67,6 @@ class Progress:
                 f"the {rate / 1e9:.0f} GFLOP/s measured so far)")
 
 
-def planned_stages(changes: dict | None = None) -> list[str]:
-    """The stages that `dvc repro` (or `dvc exp run`) will run, in its order: dvc.yaml's, and those of other pipelines
-    that they take inputs from (the scaling grid's fit, which tracks the models' settings too): each that `dvc
-    status` finds changed (a fresh clone: every one), each that tracks a setting `changes` ({dotted key: new value},
-    as `-S` gives them) moves, and each downstream of one, whose inputs are about to change. Frozen stages never run.
-    (`dvc repro --dry` cannot tell: it lists a stage only once its inputs exist.)"""
-    from dvc.repo import Repo
-    from dvc.repo.reproduce import get_active_graph, plan_repro
-
-    with Repo() as repo, repo.lock:  # released before `dvc repro` takes it
-        graph = get_active_graph(repo.index.graph)  # edges run from a stage to the stages it takes inputs from
-        study = [s for s in repo.index.stages if s.dvcfile.relpath == "dvc.yaml"]
-        order = plan_repro(graph, study)  # dvc.yaml's stages and their inputs', as `dvc repro` orders them
-        runs: dict = {}
-        for stage in order:  # every input before the stages that read it
-            runs[stage] = bool(getattr(stage, "cmd", None)) and not stage.frozen and (
-                any(runs.get(upstream) for upstream in graph.successors(stage)) or stage.changed()
-                or bool(changes and tracks(stage, changes)))
-        return [s.addressing for s in order if runs[s]]
-
-
-def tracks(stage, changes: dict) -> bool:
-    """Whether `stage` tracks one of the settings in `changes` (its params: a section, a dotted key, or a file)."""
-    from dvc.dependency import ParamsDependency
-
-    for dep in stage.deps:
-        if isinstance(dep, ParamsDependency):
-            names = list(dep.params) or [""]  # no names: the whole file
-            if any(not n or k == n or k.startswith(n + ".") or n.startswith(k + ".") for n in names for k in changes):
-                return True
-    return False
-
-
-def budgets(params=None, branches: bool = True) -> dict[str, float]:
-    """Each model's training FLOPs (its budget or the study's), with its decay branches' (`study.branches`: each
-    decays over its own decay_fraction of its budget) unless `branches` is False; a budget in tokens gives no
-    estimate."""
-    params = params or load_params(PARAMS_FILE)
-    found = {}
-    for name in params.models:
-        settings = params.model_settings(name)
-        if settings.budget is None or not settings.budget.flops:
-            continue
-        found[name] = float(settings.budget.flops)
-        if branches and settings.optim.schedule == "wsd":  # another schedule has no branches (the train stage says so)
-            found[name] += settings.optim.decay_fraction * sum(params.branches_of(settings))
-    return found
-
-
 def main(targets: list[str]) -> int:
     try:
         planned = planned_stages()
@@ -122,8 +74,6 @@ def main(targets: list[str]) -> int:
         print(f"[study] no plan of the stages ({first_line(str(exc))}): counting them as they start", flush=True)
         planned = []
     if planned and not targets:  # the plan first: what will run, and the training it holds at this machine's rate
-        from flows.plan import summary
-
         for line in summary(planned, load_params(PARAMS_FILE)).splitlines():
             print(f"[study] {line}", flush=True)
     progress = Progress(planned if not targets else [], budgets())

@@ -56,7 +56,7 @@ def reproduced(tmp_path, monkeypatch):
 
 
 def test_an_override_plans_the_stages_that_track_it_and_those_below(reproduced):
-    from flows.progress import planned_stages
+    from flows.plan import planned_stages
 
     assert planned_stages() == []
     assert sorted(planned_stages(changes={"models.gru.optim.lr": 0.003})) == ["fits/dvc.yaml:fit", "gru", "join"]
@@ -106,7 +106,7 @@ def test_a_change_to_one_models_setting_leaves_the_scaling_fits_alone():
     whether the scaling grid is still the study's), never the grid's fits, whose bootstraps take ~40 min on 2 cores."""
     from dvc.repo import Repo
 
-    from flows.progress import tracks
+    from flows.plan import tracks
 
     with Repo(str(ROOT)) as repo:
         moving = {s.addressing for s in repo.index.stages if tracks(s, {"models.gru.optim.lr": 0.003})}

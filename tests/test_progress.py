@@ -84,7 +84,7 @@ def test_the_plan_holds_every_changed_stage_and_all_below_it(tmp_path, monkeypat
     both (b's input is about to change, though `dvc status` cannot see it yet); a changed command of b b alone."""
     import yaml
 
-    from flows.progress import planned_stages
+    from flows.plan import planned_stages
 
     monkeypatch.chdir(tmp_path)
     subprocess.run(["dvc", "init", "--no-scm", "-q"], check=True)
