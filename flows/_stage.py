@@ -155,6 +155,27 @@ def ran_before(stage: str) -> bool:
         return False
 
 
+def _prog() -> str:
+    """How this process was started: `python -m flows.<stage>`, or the script's name."""
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    return f"python -m {spec.name}" if spec else Path(sys.argv[0]).name
+
+
+def settings_argv(what: str) -> list[str] | None:
+    """The `-S KEY=VALUE` settings a flow run as a script was given (`python -m flows.study -S ...`), as `lmpipe`
+    takes them; None for none. A bare key=value or --set is one line naming -S; --help is left to `main`."""
+    import argparse
+
+    from lmpipe.set_param import add_set_param, parse_args
+
+    argv = sys.argv[1:]
+    if {"-h", "--help"} & set(argv):
+        return None
+    parser = argparse.ArgumentParser(prog=_prog(), add_help=False)
+    add_set_param(parser, what)
+    return parse_args(parser, argv).overrides or None
+
+
 def help_or_refuse(flow: Callable, takes_arguments: bool) -> None:
     """`--help` prints what the stage does and starts nothing; a stage that reads params.yaml alone refuses an
     argument in one line instead of ignoring it."""
@@ -162,12 +183,11 @@ def help_or_refuse(flow: Callable, takes_arguments: bool) -> None:
     asked = bool({"-h", "--help"} & set(argv))
     if not asked and (takes_arguments or not argv):
         return
-    spec = getattr(sys.modules["__main__"], "__spec__", None)
-    prog = f"python -m {spec.name}" if spec else Path(sys.argv[0]).name
+    prog = _prog()
     if not asked:
         fail(f"error: {prog} takes no arguments (got {' '.join(argv)}): it reads {PARAMS_FILE}; see {prog} --help")
     doc = (sys.modules["__main__"].__doc__ or flow.description or flow.name).strip()
-    print(f"usage: {prog}{' [KEY=VALUE ...]' if takes_arguments else ''}\n\n{doc}")
+    print(f"usage: {prog}{' [-S KEY=VALUE ...]' if takes_arguments else ''}\n\n{doc}")
     sys.exit(0)
 
 

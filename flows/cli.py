@@ -14,22 +14,29 @@ from lmpipe import paths
 from lmpipe import __version__
 from lmpipe.decode_rules import STRATEGIES, DecodingParams, decoding_rule
 from lmpipe.errors import ConfigError, LmpipeError
+from lmpipe.set_param import add_set_param, parse_args
 
 DESCRIPTION = """Tools around the lmpipe language-modelling study. The study itself is `dvc repro` (or `make study`);
 these commands sample from its models, serve and retrain them, open its MLflow and Prefect views,
 and run the experiments beside it (sweeps, the scaling grid)."""
 
-RETRAIN_HELP = """Each retrain fetches the corpus source again and runs what a new corpus (or the given overrides)
-changes as a DVC experiment in a temporary copy (dvc exp run --temp), then compares each model's
-test word perplexity and bpb with its champion's in the MLflow registry.
-Pass: the experiment is applied and committed (one commit; dvc push when a remote is set) and its
+RETRAIN_GATE = """Pass: the experiment is applied and committed (one commit; dvc push when a remote is set) and its
 models become the champions. Fail (a model regressed beyond retrain.max_regression): HEAD, the
 workspace and the champions stay as they were, the experiment stays for `dvc exp show`, and the
 run fails naming the regressed models."""
 
+RETRAIN_HELP = """Each retrain fetches the corpus source again and runs what a new corpus (or the settings given
+with -S key=value, as dvc exp run -S takes them) changes as a DVC experiment in a temporary copy
+(dvc exp run --temp), then compares each model's test word perplexity and bpb with its champion's
+in the MLflow registry.
+""" + RETRAIN_GATE
+
 SCHEDULE_HELP = """Serve a Prefect deployment of the `retrain` flow on a cron or interval schedule, from this project
 directory.
-""" + RETRAIN_HELP + """
+Each retrain fetches the corpus source again and runs what a new corpus changes as a DVC experiment
+in a temporary copy (dvc exp run --temp), then compares each model's test word perplexity and bpb
+with its champion's in the MLflow registry.
+""" + RETRAIN_GATE + """
 Schedules need a Prefect server: set PREFECT_API_URL (e.g. http://prefect.example:4200/api for a
 shared server, or your Prefect Cloud workspace URL); without it `lmpipe server` is started on
 127.0.0.1:4200 and its UI shows the deployment and its runs. The command keeps running: it is the worker."""
@@ -48,28 +55,44 @@ def command(name: str, add_arguments: Callable, **options):
 
 
 def _server_args(p):
-    p.add_argument("--port", type=int, default=4200, help="port on 127.0.0.1 (default: 4200)")
+    p.add_argument("--port", type=int, help="port on 127.0.0.1 (default: 4200); given, the server starts there even "
+                                            "when PREFECT_API_URL is set")
     p.add_argument("--stop", action="store_true", help="stop the server this checkout started on that port")
 
 
 @command("server", _server_args, help="start (or --stop) the local Prefect server the stages report to")
 def _server(args) -> int:
+    port_given, args.port = args.port is not None, server.PORT if args.port is None else args.port
     if args.stop:
         print("stopped" if server.stop(args.port) else f"no server started by lmpipe on port {args.port}")
         return 0
-    if os.environ.get("PREFECT_API_URL"):  # e.g. a team's server (lmpipe team up): the stages report there
-        print(f"PREFECT_API_URL={os.environ['PREFECT_API_URL']} is set, so the stages report there: no local server "
-              "started (unset it to use one)")
+    set_url = os.environ.get("PREFECT_API_URL")
+    if set_url and not port_given:  # e.g. a team's server (lmpipe team up): the stages report there
+        print(f"PREFECT_API_URL={set_url} is set, so the stages report there: no local server started (unset it to "
+              "use one, or give --port N to start one anyway)")
         return 0
     url, process = server.start(args.port)
     print(("started " if process else "already running: ") + url)
     port = "" if args.port == server.PORT else f" --port {args.port}"
-    if port:
+    if set_url and same_url(set_url, url):
+        print(f"stages find it through PREFECT_API_URL={set_url}")
+    elif set_url:
+        print(f"PREFECT_API_URL={set_url} points elsewhere, so the stages report there; to use this server: "
+              f"export PREFECT_API_URL={url}")
+    elif port:
         print(f"stages find it with: export PREFECT_API_URL={url}")
     else:
         print(f"stages find it on {server.HOST}:{server.PORT} by themselves; elsewhere: export PREFECT_API_URL={url}")
     print(f"Prefect UI: {url.removesuffix('/api')}   stop with: lmpipe server --stop{port}")
     return 0
+
+
+def same_url(a: str, b: str) -> bool:
+    """Whether two Prefect API URLs name the same local server (localhost is 127.0.0.1; a trailing / aside)."""
+    def norm(url: str) -> str:
+        return url.strip().rstrip("/").replace("://localhost:", f"://{server.HOST}:")
+
+    return norm(a) == norm(b)
 
 
 def _team_dir(p):
@@ -233,15 +256,33 @@ def _profile(args) -> int:
 DECODE_FLAGS = tuple(DecodingParams.model_fields)  # max_new_tokens, temperature, top_k, ..., seed
 
 
+def evaluate_defaults(path: str | Path = "params.yaml") -> dict:
+    """The decoding settings of params.yaml's `evaluate` here, for `generate --help` to show as values; {} where
+    the file cannot be read (the help then names where the defaults come from)."""
+    import yaml
+
+    try:
+        section = yaml.safe_load(Path(path).read_text(encoding="utf-8")).get("evaluate")
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+        return {}
+    if not isinstance(section, dict):
+        return {}
+    return {name: section[name] for name in DECODE_FLAGS
+            if isinstance(section.get(name), (int, float)) and not isinstance(section.get(name), bool)}
+
+
 def _generate_args(p):
     p.add_argument("--model", required=True, help="ngram, a name under models/, or a registered model: "
                                                    "models:/lmpipe-<name>@champion (or /<version>)")
     p.add_argument("--prompt", default="The history of", help="the text to continue (default: The history of)")
     p.add_argument("--strategy", default="top-p", choices=STRATEGIES, help="decoding strategy (default: top-p)")
+    defaults = evaluate_defaults()
     for name in DECODE_FLAGS:  # one definition of each setting: params.yaml's `evaluate` gives the default
         field = DecodingParams.model_fields[name]
+        default = (f"{defaults[name]} (params.yaml evaluate.{name})" if name in defaults
+                   else f"params.yaml evaluate.{name}")
         p.add_argument(f"--{name.replace('_', '-')}", type=field.annotation, default=None,
-                       help=f"{decoding_rule(name)}; default: params.yaml evaluate.{name}")
+                       help=f"{decoding_rule(name)}; default: {default}")
     p.add_argument("--tokenizer", default=paths.TOKENIZER,
                    help=f"the study's tokenizer, for models under models/ (default: {paths.TOKENIZER}; a registered "
                         "model carries its own)")
@@ -300,7 +341,8 @@ def positive_seconds(text: str) -> float:
 
 
 def _retrain_args(p):
-    p.add_argument("overrides", nargs="*", help="params overrides for the experiment, e.g. models.gru.optim.lr=0.003")
+    add_set_param(p, "a setting for the experiment as `dvc exp run -S` takes it, e.g. -S models.gru.optim.lr=0.003 "
+                     "(repeatable)")
 
 
 @command("retrain", _retrain_args, help="retrain now: a DVC experiment, applied only when no model regressed",
@@ -343,8 +385,7 @@ def _reproduced(args) -> int:
 
 
 def _plan_args(p):
-    p.add_argument("-S", "--set-param", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="a setting as `dvc exp run -S` takes it (repeatable); none: what `dvc repro` would run")
+    add_set_param(p, "a setting as `dvc exp run -S` takes it (repeatable); none: what `dvc repro` would run")
 
 
 @command("plan", _plan_args, help="before a run: the stages `dvc exp run -S ...` would re-run, their training FLOPs "
@@ -386,8 +427,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "formatter_class": Help}
         group, _, name = name.rpartition(" ")  # "ngram export-arpa": a command of the group `lmpipe ngram`
         if group and group not in groups:
-            groups[group] = commands.add_parser(group, help=GROUPS[group]).add_subparsers(
-                dest=f"{group}_command", required=True)
+            groups[group] = commands.add_parser(
+                group, help=GROUPS[group], description=GROUPS[group][:1].upper() + GROUPS[group][1:] + ".",
+                formatter_class=Help).add_subparsers(dest=f"{group}_command", required=True)
         sub = (groups[group] if group else commands).add_parser(name, **options)
         add_arguments(sub)
         sub.set_defaults(run=handler)
@@ -398,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     # `.venv/bin/lmpipe retrain` from cron or a service, the venv not activated: the tools every command starts (dvc,
     # and the stages' `python -m flows.<stage>` under it, mlflow, uvicorn) are this interpreter's, as under `make`
     os.environ["PATH"] = server.this_environment()["PATH"]
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)  # a setting given as a bare key=value: one line naming -S
     try:
         return args.run(args)
     except LmpipeError as exc:  # the project's own errors only: a library's error keeps its traceback

@@ -2,7 +2,7 @@
 
 1. The corpus source is fetched again into a scratch folder; a new dump is pinned as `corpus.sha256=<its hash>`.
 2. `dvc exp run --temp` runs the study in a temporary copy: DVC re-runs exactly the stages that the new corpus (or the
-   given overrides) change, and every model it retrains registers a new `challenger` version in MLflow.
+   settings given with -S key=value) change, and every model it retrains registers a new `challenger` version in MLflow.
 3. The gate compares each model's test word perplexity and bpb with its champion's (the n-gram's with HEAD's).
    - Fail: the experiment stays for `dvc exp show` / `dvc exp diff`; HEAD, the workspace and the champions are as
      they were; the flow run ends Failed, naming the regressed models and by how much.
@@ -21,7 +21,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 from collections import deque
 from datetime import datetime, timezone
@@ -33,7 +32,7 @@ from prefect.artifacts import create_markdown_artifact
 
 from lmpipe import paths
 from flows import server
-from flows._stage import PARAMS_FILE, main, sigterm_as_ctrl_c, signals_held
+from flows._stage import PARAMS_FILE, main, settings_argv, sigterm_as_ctrl_c, signals_held
 from flows.progress import STARTED  # DVC's line as it starts a stage
 from flows.study import stage_env, dvc, one_study
 from lmpipe import tracking
@@ -387,4 +386,4 @@ retrain.interrupted = f"error: retrain interrupted; {RESUME}"  # flows/_stage.ma
 
 
 if __name__ == "__main__":
-    main(retrain, overrides=sys.argv[1:] or None)
+    main(retrain, overrides=settings_argv("a setting for the experiment, as dvc exp run -S takes it"))

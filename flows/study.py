@@ -20,7 +20,7 @@ from pathlib import Path
 
 from prefect import flow, task
 
-from flows._stage import PARAMS_FILE, main
+from flows._stage import PARAMS_FILE, main, settings_argv
 from flows.runners import task_runner
 from lmpipe import dvc_files, paths, tracking
 from lmpipe.config import OrchestrationParams, load_params
@@ -158,4 +158,4 @@ def study(overrides: list[str] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    main(study, overrides=sys.argv[1:] or None)
+    main(study, overrides=settings_argv("a setting, as dvc exp run -S takes it"))

@@ -267,3 +267,119 @@ def test_a_frozen_stage_is_committed_only_after_its_flow_succeeds(tmp_path, monk
     assert frozen.run_and_commit("done_flow", "seeds/dvc.yaml:seeds", after=[mark + ["after"]]) == 0
     assert (tmp_path / "dvc_calls").read_text().split() == ["commit", "--force", "--quiet", "seeds/dvc.yaml:seeds"]
     assert (tmp_path / "after").exists()
+
+
+def test_every_command_that_takes_settings_takes_them_with_S(monkeypatch):
+    """`-S KEY=VALUE` (`--set-param`), repeatable, as `dvc exp run -S` and `lmpipe plan` take it: `lmpipe retrain`
+    hands them to the flow, `lmpipe plan` to the plan, `python -m flows.study` / `flows.retrain` to their flow."""
+    import flows._stage
+    import flows.plan
+
+    ran, planned = [], []
+    monkeypatch.setattr(flows._stage, "main", lambda flow, **kwargs: ran.append(kwargs))
+    monkeypatch.setattr(flows.plan, "plan", lambda overrides: planned.append(overrides) or "a plan")
+    assert main(["retrain", "-S", "models.gru.optim.lr=0.003", "--set-param", "+models.gru.epochs=3"]) == 0
+    assert ran == [{"overrides": ["models.gru.optim.lr=0.003", "+models.gru.epochs=3"]}]
+    assert main(["retrain"]) == 0 and ran[-1] == {"overrides": None}
+    assert main(["plan", "-S", "models.gru.optim.lr=0.003"]) == 0 and planned == [["models.gru.optim.lr=0.003"]]
+    monkeypatch.setattr(sys, "argv", ["study.py", "-S", "models.lstm.optim.lr=0.006", "-S", "corpus.max_articles=5"])
+    assert flows._stage.settings_argv("a setting") == ["models.lstm.optim.lr=0.006", "corpus.max_articles=5"]
+    monkeypatch.setattr(sys, "argv", ["study.py"])
+    assert flows._stage.settings_argv("a setting") is None
+
+
+@pytest.mark.parametrize("command, prog", [
+    (["flows.cli", "retrain", "models.gru.optim.lr=0.003"], "lmpipe retrain"),
+    (["flows.cli", "retrain", "--set", "models.gru.optim.lr=0.003"], "lmpipe retrain"),
+    (["flows.cli", "plan", "-S", "models.gru.arch.layers=2", "models.gru.optim.lr=0.003"], "lmpipe plan"),
+    (["flows.study", "models.gru.optim.lr=0.003"], "python -m flows.study"),
+    (["flows.retrain", "--set", "models.gru.optim.lr=0.003"], "python -m flows.retrain"),
+])
+def test_a_setting_given_another_way_than_S_is_one_line_naming_S(command, prog, tmp_path):
+    """A bare key=value or --set (the syntaxes these commands once took) starts nothing: one line naming -S."""
+    env = {**os.environ, "PREFECT_API_URL": "http://127.0.0.1:9/api", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", *command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2 and done.stdout == "" and not list(tmp_path.iterdir())
+    assert done.stderr.strip().splitlines() == [
+        f"{prog}: give settings as -S key=value (as dvc exp run -S); e.g. -S models.gru.optim.lr=0.003"]
+
+
+def test_a_command_that_takes_no_settings_still_refuses_an_unknown_argument_as_argparse_does(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["diff", "HEAD", "workspace", "a=1"])
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "lmpipe: error: unrecognized arguments: a=1"
+
+
+def test_lmpipe_help_describes_every_command_group(capsys):
+    """`lmpipe --help` gives `ngram` and `team` a line as it gives every command; each group's help opens with it."""
+    from flows.cli import GROUPS
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listing = " ".join(capsys.readouterr().out.split())
+    for group, description in GROUPS.items():
+        assert f"{group} {' '.join(description.split())}" in listing, group
+        with pytest.raises(SystemExit):
+            main([group, "--help"])
+        assert capsys.readouterr().out.split("\n\n")[1].strip() == description[:1].upper() + description[1:] + "."
+
+
+def test_generate_help_gives_each_decoding_default_as_its_value_from_params_yaml(tmp_path, monkeypatch):
+    """The defaults of `generate`'s decoding flags are params.yaml's `evaluate` here, shown as values; with no
+    readable params.yaml the help says where they come from."""
+    from flows.cli import DECODE_FLAGS
+
+    def help_text() -> str:
+        return " ".join(build_parser()._subparsers._group_actions[0].choices["generate"].format_help().split())
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text("evaluate:\n  top_p: 0.77\n  top_k: 12\n  temperature: 1.5\n")
+    text = help_text()
+    assert "default: 0.77 (params.yaml evaluate.top_p)" in text
+    assert "default: 12 (params.yaml evaluate.top_k)" in text and "default: 1.5 (params.yaml evaluate.temperature)" in text
+    assert "default: params.yaml evaluate.seed" in text  # a setting the file lacks: where it comes from
+    (tmp_path / "params.yaml").write_text("evaluate: [unclosed\n")
+    text = help_text()
+    assert all(f"default: params.yaml evaluate.{name}" in text for name in DECODE_FLAGS)
+    monkeypatch.chdir(ROOT)  # the study's own file
+    assert "default: 0.9 (params.yaml evaluate.top_p)" in help_text()
+
+
+def test_server_with_a_port_starts_there_whatever_prefect_api_url_says(tmp_path):
+    """`lmpipe server --port N` starts a server on N with PREFECT_API_URL naming N; with it naming another server,
+    the one on N is said to be running and the line says how to use it. Without --port a set PREFECT_API_URL still
+    starts nothing (tests/test_team.py)."""
+    import time
+
+    from flows.server import api_url, healthy
+    from tests.conftest import free_port
+
+    port = free_port()
+    url = api_url(port)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PREFECT_HOME": str(tmp_path / "prefect-home"),
+           "PREFECT_UI_ENABLED": "false", "PREFECT_API_URL": url}
+
+    def lmpipe(*argv, **extra):
+        return subprocess.run([sys.executable, "-m", "flows.cli", "server", *argv], cwd=tmp_path,
+                              env={**env, **extra}, capture_output=True, text=True, timeout=240)
+
+    try:
+        done = lmpipe("--port", str(port))
+        assert done.returncode == 0, done.stderr[-2000:]
+        lines = done.stdout.splitlines()
+        assert lines[:2] == [f"started {url}", f"stages find it through PREFECT_API_URL={url}"], lines
+        assert healthy(url, timeout=5)
+        other = "http://127.0.0.1:9/api"
+        done = lmpipe("--port", str(port), PREFECT_API_URL=other)
+        assert done.stdout.splitlines()[:2] == [
+            f"already running: {url}", f"PREFECT_API_URL={other} points elsewhere, so the stages report there; to use "
+                                       f"this server: export PREFECT_API_URL={url}"], done.stdout
+    finally:
+        stopped = lmpipe("--stop", "--port", str(port))
+    assert stopped.stdout.strip() == "stopped"
+    deadline = time.monotonic() + 30
+    while healthy(url) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not healthy(url)

@@ -87,7 +87,7 @@ def test_a_batch_that_does_not_split_is_one_clear_line(workdir):
 
 @pytest.mark.slow
 def test_one_command_trains_a_model_with_other_settings_seed_and_budget(workdir):
-    """python -m lmpipe.train --set/--seed/--budget --score: the probe before a sweep, deterministic on CPU."""
+    """python -m lmpipe.train -S/--seed/--budget --score: the probe before a sweep, deterministic on CPU."""
     def probe(*extra):
         done = subprocess.run([sys.executable, "-m", "lmpipe.train", "--model", "transformer", "--threads", "1",
                                "--score", "--budget", "{tokens: 4096}", *extra], cwd=workdir, capture_output=True,
@@ -96,13 +96,13 @@ def test_one_command_trains_a_model_with_other_settings_seed_and_budget(workdir)
         *evaluations, scores = [json.loads(line) for line in done.stdout.splitlines()]
         return evaluations, {k: v for k, v in scores.items() if k != "train_seconds"}
 
-    evaluations, scores = probe("--set", "optim.lr=0.01", "--seed", "3")
+    evaluations, scores = probe("-S", "optim.lr=0.01", "--seed", "3")
     assert evaluations[-1]["tokens"] == 4096 and scores["seed"] == 3 and scores["set"] == ["optim.lr=0.01"]
     assert 0 < scores["valid_bpb"] < 20 and 0 < scores["test_bpb"] < 20
-    assert probe("--set", "optim.lr=0.01", "--seed", "3")[1] == scores  # the same run, the same numbers
-    assert probe("--set", "optim.lr=0.01", "--seed", "4")[1]["test_bpb"] != scores["test_bpb"]
+    assert probe("-S", "optim.lr=0.01", "--seed", "3")[1] == scores  # the same run, the same numbers
+    assert probe("-S", "optim.lr=0.01", "--seed", "4")[1]["test_bpb"] != scores["test_bpb"]
     assert probe("--seed", "3")[1]["test_bpb"] != scores["test_bpb"]  # the lr override took
-    bad = subprocess.run([sys.executable, "-m", "lmpipe.train", "--model", "transformer", "--set", "arch.nonsense=1"],
+    bad = subprocess.run([sys.executable, "-m", "lmpipe.train", "--model", "transformer", "-S", "arch.nonsense=1"],
                          cwd=workdir, capture_output=True, text=True, timeout=600)
     assert bad.returncode == 1 and bad.stderr.strip().splitlines() == [bad.stderr.strip()]
     assert "arch" in bad.stderr and "nonsense" in bad.stderr

@@ -1211,7 +1211,7 @@ def test_a_retrain_whose_models_regress_changes_nothing_users_read(committed, pr
     """(b) A crippled model: the gate fails, HEAD, the workspace and the champions stay, the experiment stays."""
     copy, env = committed
     before, crowned = workspace(copy), champions(copy)
-    failed = run(["lmpipe", "retrain", "models.gru.optim.lr=1.0"], copy, env, check=False)
+    failed = run(["lmpipe", "retrain", "-S", "models.gru.optim.lr=1.0"], copy, env, check=False)
     assert failed.returncode == 1, failed.stdout[-2000:] + failed.stderr[-2000:]
     last = failed.stderr.strip().splitlines()[-1]
     assert last.startswith("error: retrain-") and "regressed beyond retrain.max_regression=0.05: gru word ppl" in last
@@ -1288,7 +1288,7 @@ def test_a_retrain_that_passes_while_the_user_edits_applies_nothing_and_keeps_th
     says in one line how to apply it later."""
     copy, env = committed
     before, crowned = workspace(copy), champions(copy)
-    retrain = subprocess.Popen(["lmpipe", "retrain", "models.gru.optim.lr=0.0011"], cwd=copy, env=env, text=True,
+    retrain = subprocess.Popen(["lmpipe", "retrain", "-S", "models.gru.optim.lr=0.0011"], cwd=copy, env=env, text=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # 1e-3 before: a model that holds
     lines = []
     for line in retrain.stdout:
@@ -1329,7 +1329,8 @@ def test_ctrl_c_or_sigterm_stops_a_retrain_removes_its_copy_and_says_how_to_resu
 
     copy, env = committed
     before = workspace(copy)
-    retrain = subprocess.Popen(["lmpipe", "retrain", "models.gru.epochs=100000", "models.gru.patience=100000"],
+    retrain = subprocess.Popen(["lmpipe", "retrain", "-S", "models.gru.epochs=100000",
+                                "-S", "models.gru.patience=100000"],
                                cwd=copy, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                start_new_session=True, preexec_fn=as_in_a_terminal)  # its own group, as a terminal's
     lines, deadline = [], time.monotonic() + 300
@@ -1584,7 +1585,7 @@ def test_a_team_shares_one_mlflow_and_prefect_on_postgresql_and_one_dvc_remote(c
             stop(serving)
         log.unlink()  # B's tree stays clean for its retrain
 
-        failed = run(["lmpipe", "retrain", "models.gru.optim.lr=1.0"], b, team, check=False)  # a crippled GRU
+        failed = run(["lmpipe", "retrain", "-S", "models.gru.optim.lr=1.0"], b, team, check=False)  # a crippled GRU
         assert failed.returncode == 1 and "regressed" in failed.stderr, failed.stderr[-2000:]
         seen_from_a = MlflowClient(exports["MLFLOW_TRACKING_URI"]).get_model_version_by_alias("lmpipe-gru", "challenger")
         assert int(seen_from_a.version) > int(champion["gru"].version)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -412,7 +414,6 @@ def test_a_compiled_training_run_matches_the_eager_one(tmp_path, name):
 def test_every_run_outside_the_stages_is_set_up_by_one_function():
     """configure_run: python -m lmpipe.train, seeds, sweeps and the scaling grid change a model's settings, its
     budget and the train section the same way, validated as params.yaml is."""
-    from pathlib import Path
 
     from lmpipe.config import load_params
     from lmpipe.overrides import assignments
@@ -563,3 +564,32 @@ def test_train_out_on_a_full_disk_is_one_line_leaves_no_partial_file_and_the_rer
     assert capsys.readouterr().out == ""  # no evaluation printed: nothing trained again
     assert sorted(p.name for p in out.iterdir()) == ["curve.csv", "lmpipe-output.json", "metrics.json", "model.pt"]
     assert not job.ckpt_dir.exists()
+
+
+def test_the_training_command_takes_settings_as_dvc_does_with_S(tmp_path, monkeypatch):
+    """python -m lmpipe.train -S KEY=VALUE (repeatable), a key of models.<model> with or without that prefix, as
+    `dvc exp run -S` takes it; the run gets them as dotted settings of the model."""
+    import lmpipe.train.__main__ as cli
+    from lmpipe.errors import LmpipeError
+
+    seen = {}
+
+    def prepare(params, model, ckpt_root, *, overrides, **kwargs):
+        seen.update(model=model, overrides=overrides)
+        raise LmpipeError("stop here")
+
+    monkeypatch.setattr(cli, "prepare", prepare)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--model", "gru", "--params", str(ROOT / "params.yaml"), "-S", "optim.lr=0.003",
+                  "--set-param", "models.gru.arch.layers=2", "-S", "+models.gru.epochs=3"])
+    assert info.value.code == "error: stop here"
+    assert seen == {"model": "gru", "overrides": {"optim.lr": 0.003, "arch.layers": 2, "epochs": 3}}
+
+
+@pytest.mark.parametrize("given", [["optim.lr=0.003"], ["--set", "optim.lr=0.003"], ["--set=optim.lr=0.003"]])
+def test_the_training_command_refuses_another_settings_syntax_in_one_line_naming_S(given):
+    done = subprocess.run([sys.executable, "-m", "lmpipe.train", "--model", "gru", *given], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "python -m lmpipe.train: give settings as -S key=value (as dvc exp run -S); e.g. -S optim.lr=0.003"]

@@ -19,19 +19,20 @@ from lmpipe.errors import Interrupted, LmpipeError
 from lmpipe.evaluate import evaluate_lm
 from lmpipe.io import OUT_MARK, check_out_dir, disk_full, out_dir
 from lmpipe.paths import CACHE_DIR
+from lmpipe.set_param import add_set_param, parse_args
 from lmpipe.train.job import Outputs, prepare, publish
 
 
 def main(argv: list[str] | None = None) -> None:
     """Train one model of params.yaml without orchestration, any of its settings changed for this run (a probe
-    before a sweep): `python -m lmpipe.train --model gru --set optim.lr=0.003 --seed 7 --budget '{tokens: 1e6}'`,
+    before a sweep): `python -m lmpipe.train --model gru -S optim.lr=0.003 --seed 7 --budget '{tokens: 1e6}'`,
     or under `torchrun ... -m lmpipe.train`. Prints a JSON line per evaluation; --score adds a last line with valid
     and test scored as the evaluate stage scores them; --out saves the model, its metrics and its curve as the train
     stage does."""
     parser = argparse.ArgumentParser(prog="python -m lmpipe.train", description=main.__doc__.split(":")[0])
     parser.add_argument("--model", required=True, help="an entry of params.yaml's `models`")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="dotted settings of models.<model>, as dvc exp run -S reads them (optim.lr=0.003 arch.layers=2)")
+    add_set_param(parser, "a dotted setting of models.<model> as dvc exp run -S reads it, with or without the "
+                          "models.<model>. prefix (repeatable: -S optim.lr=0.003 -S arch.layers=2)")
     parser.add_argument("--seed", type=int, help="train.seed of this run (default: params.yaml's)")
     parser.add_argument("--budget", help="this run's length instead of the model's: '{tokens: N}' or '{flops: F}'")
     parser.add_argument("--threads", type=int, help="CPU threads (1: two runs side by side on 2 cores)")
@@ -43,7 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")
     parser.add_argument("--checkpoints", default=str(Path(CACHE_DIR) / "ckpt"),
                         help="root of the resumable checkpoints")
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)  # a bare key=value or --set: one line naming -S
+    sets = model_settings(args.overrides, args.model)
     ranks = distributed.launched()
     train = {k: v for k, v in (("seed", args.seed), ("threads", args.threads), ("compile", args.compile or None))
              if v is not None}
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
             check_out_dir(args.out, "python -m lmpipe.train")
         budget = None if args.budget is None else assignments([f"budget={args.budget}"], "--budget")["budget"]
         params = load_params(args.params)
-        job = prepare(params, args.model, args.checkpoints, overrides=assignments(args.set, "--set"), budget=budget,
+        job = prepare(params, args.model, args.checkpoints, overrides=assignments(sets, "-S"), budget=budget,
                       train=train, params_file=args.params, progress_bar=sys.stderr.isatty())
         result = job.trainer.run(on_eval=lambda record: print(json.dumps(record), flush=True))
     except (LmpipeError, OSError, RuntimeError) as exc:
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.out:  # lmpipe's files only: anything else in the folder stays
         try:
-            with out_dir(args.out, {"written_by": "python -m lmpipe.train", "model": args.model, "set": args.set,
+            with out_dir(args.out, {"written_by": "python -m lmpipe.train", "model": args.model, "set": args.overrides,
                                     "processes": ranks.world}) as tmp:
                 publish(None, result, Outputs(tmp, tmp / "metrics.json", tmp / "curve.csv"))  # model.pt first, into it
         except (LmpipeError, OSError) as exc:  # the checkpoints stay: the same command resumes the finished run
@@ -78,10 +80,20 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"error: {exc}")
     if args.score:
         scores = evaluate_lm(result.model.eval(), job.data, params.evaluate.chunk)
-        print(json.dumps({"model": args.model, "set": args.set, "seed": job.common.seed, "valid_bpb": scores["valid"]["bpb"],
+        print(json.dumps({"model": args.model, "set": args.overrides, "seed": job.common.seed, "valid_bpb": scores["valid"]["bpb"],
                           "test_bpb": scores["test"]["bpb"], "test_word_ppl": scores["test"]["word_ppl"],
                           "train_seconds": result.metrics["seconds"]}), flush=True)
     checkpoints.discard(job.ckpt_dir)
+
+
+def model_settings(items: list[str], model: str) -> list[str]:
+    """-S settings relative to models.<model>: `models.gru.optim.lr=0.003` (as dvc exp run -S takes it) is
+    `optim.lr=0.003` for --model gru; a `+`/`++` prefix stays."""
+    prefix, relative = f"models.{model}.", []
+    for item in items:
+        rest = item.lstrip("+")
+        relative.append(item[:len(item) - len(rest)] + rest.removeprefix(prefix))
+    return relative
 
 
 if __name__ == "__main__":
