@@ -2,6 +2,7 @@
 
     python benchmarks/mfu.py                 # sizes for the device found (GPU: up to 12 x 768; CPU: small ones)
     python benchmarks/mfu.py --steps 200 --compile
+    python benchmarks/mfu.py --sizes 16x1x2 --steps 4 --batch 2 --seq-len 16   # sizes of your own: DIMxLAYERSxHEADS
 
 FLOPs are lmpipe.flops' analytic count (the same the trainer and the scaling grid record); the peak is the
 dense bf16 tensor-core figure of lmpipe.flops.PEAK_BF16_FLOPS for the device's name. On a CPU there is no peak
@@ -30,12 +31,23 @@ GPU_SIZES = [(256, 4, 4), (512, 8, 8), (768, 12, 12)]  # (dim, layers, heads)
 CPU_SIZES = [(64, 2, 4), (128, 4, 4), (256, 4, 4)]
 
 
+def size(text: str) -> tuple[int, int, int]:
+    """'DIMxLAYERSxHEADS' -> (dim, layers, heads)."""
+    try:
+        dim, layers, heads = (int(v) for v in text.split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: DIMxLAYERSxHEADS, e.g. 128x4x4") from None
+    return dim, layers, heads
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100, help="optimiser steps per size")
     parser.add_argument("--batch", type=int, default=0, help="sequences per step (default: 64 on a GPU, 16 on a CPU)")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (worth it on a GPU)")
+    parser.add_argument("--sizes", nargs="+", type=size, metavar="DIMxLAYERSxHEADS",
+                        help="the sizes timed (default: the device's, above)")
     args = parser.parse_args()
     params, data = load_params(), load_tokens()
     gpu = torch.cuda.is_available()
@@ -46,7 +58,7 @@ def main() -> None:
           f"batch {batch} x {args.seq_len}, {args.steps} steps, compile {args.compile}")
     print(f"{'size':>10} {'params':>11} | whole run: {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} "
           f"| last quarter: {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}")
-    for dim, layers, heads in GPU_SIZES if gpu else CPU_SIZES:
+    for dim, layers, heads in args.sizes or (GPU_SIZES if gpu else CPU_SIZES):
         settings, common = configure_run(
             params, "transformer",
             {"arch.dim": dim, "arch.layers": layers, "arch.heads": heads, "arch.block_size": args.seq_len,
@@ -62,6 +74,7 @@ def main() -> None:
         print(f"{f'{layers} x {dim}':>10} {m['n_params']:>11,} | " + " | ".join(
             f"{'':>11}{tokens:>10,.0f} {flops / 1e12:>8.3f} {f'{100 * flops / peak:.1f}%' if peak else '-':>6}"
             for tokens, flops in rates), flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -9,7 +9,7 @@ both alike, and the printed ratio is torch's seconds per step over lmpipe.muon.B
 faster). The update of the two is the same within bf16 rounding (tests/test_muon.py). A third column is
 BatchedMuon with its chain in fp32, what a run that trains in fp32 uses. --training-step times whole fp32 training
 steps (forward, backward, clipping, MuonAdamW) of each model at its batch shape, the chain in bf16 (torch's, and
-the Trainer's before 2026-11-29 on every CPU) against fp32, alternating. Needs no data: the models are built at the
+what the Trainer once ran on every CPU) against fp32, alternating. Needs no data: the models are built at the
 study's shapes with params.yaml's vocabulary size, and a step's time does not depend on the tokens.
 """
 

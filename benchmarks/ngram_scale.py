@@ -1,16 +1,17 @@
 """The n-gram build at 10^6..10^8 tokens: lmpipe's bounded-memory build against KenLM's lmplz, same text, same bound.
 
     python benchmarks/ngram_scale.py --max-tokens 100000000 [--lmplz /path/to/lmplz] [--memory 4GiB] [--workers 0]
+    python benchmarks/ngram_scale.py --sizes 20000 --held-out-copies 1      # a size of your own, a short scoring
 
 Streams are relabelled copies of the default train split (data/tokens/train.npy): copy i permutes the token ids
 with a seeded permutation that keeps the boundary, so copies share almost no n-grams (pessimistic: a real corpus
 of that size repeats far more). For each size, each in a fresh process with its own peak RSS: lmpipe's build
 (lmpipe.ngram_build, the ngram stage's code, order 5, modified Kneser-Ney), then the scoring of held-out text (the
-valid split relabelled by the same permutations, copy i as train copy i: ~850k tokens) through the memory-mapped
-model on --workers threads, three times (the first pass also maps the tables' pages; the RSS counts the pages
-held: a stretch of one order's tables per thread); with --lmplz, `lmplz -o 5 -S <memory>` on the same lines (ids
-as words, one line per boundary) and the build's time and RSS ratios to it. KenLM is not a dependency of the
-project: build it from https://github.com/kpu/kenlm.
+valid split relabelled by the same permutations, copy i as train copy i: --held-out-copies, 10: ~850k tokens) through
+the memory-mapped model on --workers threads, three times (the first pass also maps the tables' pages; the RSS
+counts the pages held: a stretch of one order's tables per thread); with --lmplz, `lmplz -o 5 -S <memory>` on the
+same lines (ids as words, one line per boundary) and the build's time and RSS ratios to it. KenLM is not a
+dependency of the project: build it from https://github.com/kpu/kenlm.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lmpipe.config import NgramParams  # noqa: E402
+from pydantic import ByteSize, TypeAdapter  # noqa: E402
+
 from lmpipe.splits import load_tokens  # noqa: E402
 
 
@@ -98,6 +100,9 @@ def main() -> None:
     parser.add_argument("--memory", default="4GiB", help="ngram.memory for lmpipe, -S for lmplz")
     parser.add_argument("--workers", type=int, default=0, help="parallel shard tasks and scoring threads; 0 = the cores")
     parser.add_argument("--lmplz", help="path of KenLM's lmplz binary")
+    parser.add_argument("--sizes", type=float, nargs="+", help="token counts built (default: 1e6, 1e7, 1e8 up to "
+                                                                "--max-tokens)")
+    parser.add_argument("--held-out-copies", type=int, default=10, help="relabelled copies of the valid split scored")
     parser.add_argument("--child", choices=("build", "score"), help=argparse.SUPPRESS)
     for name in ("stream", "model", "work", "held-out"):
         parser.add_argument(f"--{name}", help=argparse.SUPPRESS)
@@ -108,10 +113,11 @@ def main() -> None:
     args.workers = args.workers or os.cpu_count() or 1
     if args.child:
         return child(args)
-    memory = int(NgramParams(memory=args.memory).memory)
+    memory = int(TypeAdapter(ByteSize).validate_python(args.memory))  # ngram.memory's parsing: 4GiB, 512MiB
     data = load_tokens(ROOT / "data/tokens")
     base, vocab, boundary = data.splits["train"].tokens, data.vocab_size, data.boundary
-    sizes = [n for n in (10**6, 10**7, 10**8) if n <= args.max_tokens]
+    sizes = [int(n) for n in args.sizes] if args.sizes else [n for n in (10**6, 10**7, 10**8) if n <= args.max_tokens]
+    (ROOT / ".cache").mkdir(exist_ok=True)
     print(f"order 5, memory bound {args.memory}, {args.workers} workers; relabelled copies of the default train split")
     print("| tokens | n-grams | lmpipe build s | build peak RSS GiB | scoring peak RSS GiB | scoring tok/s (first / again) | lmplz s "
           "| lmplz peak RSS GiB | build time / lmplz | build RSS / lmplz |")
@@ -121,7 +127,8 @@ def main() -> None:
             tmp = Path(tmp)
             np.save(tmp / "stream.npy", np.concatenate(list(relabelled(base, n, vocab, boundary))))
             held = data.splits["valid"].tokens
-            np.save(tmp / "held_out.npy", np.concatenate(list(relabelled(held, 10 * len(held), vocab, boundary))))
+            np.save(tmp / "held_out.npy", np.concatenate(list(relabelled(held, args.held_out_copies * len(held),
+                                                                                  vocab, boundary))))
             common = ["--model", str(tmp / "model"), "--workers", str(args.workers)]
             build_s, build_rss, _ = measure([sys.executable, __file__, "--child", "build", *common,
                                              "--stream", str(tmp / "stream.npy"), "--work", str(tmp / "work"),

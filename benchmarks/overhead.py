@@ -5,13 +5,15 @@ with --set section.key=value), or with --in-place in this checkout (which then h
 against a running Prefect server (`lmpipe server`, or PREFECT_API_URL).
 Compute is the time Prefect measured inside the stages' tasks (the lmpipe calls); everything else
 (interpreter start, imports of prefect/mlflow, flow and run bookkeeping, DVC hashing) is overhead.
-Prints, as its last line: `orchestration overhead: X% of N s`.
+Prints, as its last line: `orchestration overhead: X% of N s`. --dry-run makes the copy and lists the stages the
+forced repro would run (`dvc repro --force --dry`), running none and needing no server.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,13 +51,28 @@ def task_seconds(api: str, since: str) -> float:
     return sum(r["total_run_time"] for r in runs)
 
 
+def dry_run(overrides: list[str], in_place: bool) -> None:
+    """The stages `dvc repro --force` would run in the copy (or this checkout), in order, without running them."""
+    with tempfile.TemporaryDirectory() as tmp:
+        project = ROOT if in_place else Path(tmp)
+        if not in_place:
+            copy_project(project, overrides)
+        done = subprocess.run(["dvc", "repro", "--force", "--dry"], cwd=project, check=True, capture_output=True,
+                              text=True)
+    stages = re.findall(r"^Running stage '([^']+)'", done.stdout, re.MULTILINE)
+    print(f"dvc repro --force would run {len(stages)} stages: {', '.join(stages)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--set", action="append", default=[], help="params override, e.g. corpus.max_articles=20")
     parser.add_argument("--in-place", action="store_true", help="run in this checkout instead of a temporary copy")
+    parser.add_argument("--dry-run", action="store_true", help="list the stages the forced repro would run; run none")
     args = parser.parse_args()
     if args.in_place and args.set:
         sys.exit("--in-place runs this checkout's params.yaml as it is; edit it instead of passing --set")
+    if args.dry_run:
+        return dry_run(args.set, args.in_place)
     api = running_server()
     if not api:
         sys.exit("start a Prefect server first (lmpipe server) or set PREFECT_API_URL")

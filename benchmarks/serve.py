@@ -1,6 +1,7 @@
-"""Decoding and `lmpipe serve` at a request's limits, on this machine (#51's targets).
+"""Decoding and `lmpipe serve` at a request's limits, on this machine, against the serving targets below.
 
     python benchmarks/serve.py [--models transformer gru ...]
+    python benchmarks/serve.py --smoke      # every part at a tiny size, the first model served: it runs, that is all
 
 Needs the corpus and tokenizer (dvc repro tokenize). Each model is params.yaml's architecture with fresh weights: the
 time of a step does not depend on the weights' values, and no served setting stops early (stop_at_boundary is off).
@@ -63,12 +64,12 @@ def timed(fn):
     return time.perf_counter() - start, out
 
 
-def decoding(models: dict, guard, prompt: list[int]) -> None:
+def decoding(models: dict, guard, prompt: list[int], lengths=(("beam", 40), ("greedy", 100))) -> None:
     print(f"## Decoding: {len(prompt)}-token prompt; carried state vs re-reading (same tokens checked)")
     print("| model | strategy | new tokens | carried s | re-read s | speed-up |")
     print("|---|---|---|---|---|---|")
     for name, model in models.items():
-        for strategy, new in (("beam", 40), ("greedy", 100)):
+        for strategy, new in lengths:
             settings = DecodeSettings(strategy=strategy, max_new_tokens=new, beam_size=5)
             carried, a = timed(lambda: generate(model, prompt, settings, -1, guard))
             reread, b = timed(lambda: generate(Reread(model), prompt, settings, -1, guard))
@@ -130,7 +131,7 @@ def serve_child(name: str, port: int, trained: bool) -> None:
                                   lifespan="off")).run(sockets=[listen(port)])
 
 
-def serving(name: str, requests: dict[str, dict], trained: bool) -> None:
+def serving(name: str, requests: dict[str, dict], trained: bool, burst: int = 20) -> None:
     import multiprocessing
     import socket
 
@@ -175,10 +176,10 @@ def serving(name: str, requests: dict[str, dict], trained: bool) -> None:
           f"{during[0]:.2f} s (target: within 2 s)")
     for client, how in ((None, "a new client each, as before"), (shared, "one client, its connections kept")):
         time.sleep(0.5)
-        with ThreadPoolExecutor(20) as pool:
-            results = list(pool.map(lambda body: post(body, client), [small] * 20))
+        with ThreadPoolExecutor(burst) as pool:
+            results = list(pool.map(lambda body: post(body, client), [small] * burst))
         answered = sum(status == 200 for _, status in results)
-        print(f"20 small requests at once ({how}): {answered} answered, median "
+        print(f"{burst} small requests at once ({how}): {answered} answered, median "
               f"{statistics.median(s for s, _ in results):.2f} s, slowest {max(s for s, _ in results):.2f} s "
               "(target: all, median under 1 s)", flush=True)
     shared.close()
@@ -214,6 +215,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["transformer", "gru", "lstm", "rnn", "nplm"])
     parser.add_argument("--no-serving", action="store_true", help="the decoding table only")
+    parser.add_argument("--smoke", action="store_true", help="every part at a tiny size (a test that it runs)")
     parser.add_argument("--trained", action="store_true", help="the study's trained models (models/<name>/model.pt), "
                                                                 "not fresh weights")
     args = parser.parse_args()
@@ -225,11 +227,18 @@ def main() -> None:
     ids = tokenizer.encode(text[:200_000], add_special_tokens=False).ids
     text_prompt = tokenizer.decode(ids[:MAX_PROMPT_TOKENS - 64])  # re-encoded, still within MAX_PROMPT_TOKENS
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads\n")
-    decoding(models, Utf8Guard.for_tokenizer(tokenizer), ids[:400])
-    sampling_filter()
+    if args.smoke:  # a short prompt, few new tokens, few draws, one small request and a burst of three
+        decoding(models, Utf8Guard.for_tokenizer(tokenizer), ids[:40], (("beam", 4), ("greedy", 8)))
+        sampling_filter(draws=5)
+        requests = {"1 short prompt, 4 new": {"inputs": {"prompt": ["The history of"]},
+                                              "params": {"max_new_tokens": 4}}}
+    else:
+        decoding(models, Utf8Guard.for_tokenizer(tokenizer), ids[:400])
+        sampling_filter()
+        requests = limit_requests(text_prompt, "The history of")
     if not args.no_serving:
-        for name in models:
-            serving(name, limit_requests(text_prompt, "The history of"), args.trained)
+        for name in list(models)[:1] if args.smoke else models:
+            serving(name, requests, args.trained, burst=3 if args.smoke else 20)
 
 
 if __name__ == "__main__":

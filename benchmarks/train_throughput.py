@@ -67,8 +67,9 @@ def bare_loop(settings, common, data, steps: int, usage: dict | None = None) -> 
 
 
 def trainer_loop(name, settings, common, data, steps: int) -> float:  # common.precision as given
-    quick = settings.model_copy(update={"epochs": 1, "max_steps_per_epoch": steps, "variable_bptt": False,
-                                        "budget": None})  # a budget would run on past the one short epoch
+    quick = settings.model_copy(update={"epochs": 1, "patience": 3, "max_steps_per_epoch": steps,
+                                        "variable_bptt": False, "budget": None})  # a budget would run on past the
+    # one short epoch; a model on the study's budget states no patience, which epochs need
     with tempfile.TemporaryDirectory() as ckpt:
         result = Trainer(name, quick, common, data, ckpt, setup_process(common), progress_bar=True).run()
     return result.history[0]["tokens_per_sec"]

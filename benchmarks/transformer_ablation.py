@@ -55,7 +55,8 @@ def rows(budget: float) -> list[tuple[str, list[str]]]:
 
 def probe(settings: list[str]) -> dict:
     done = subprocess.run([sys.executable, "-m", "lmpipe.train", "--model", "transformer", "--threads", "1", "--score",
-                           "--checkpoints", str(ROOT / CACHE_DIR / "ablation"), "--set", *settings],
+                           "--checkpoints", str(ROOT / CACHE_DIR / "ablation"),
+                           *(arg for setting in settings for arg in ("-S", setting))],
                           capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         raise SystemExit(f"probe failed: {settings}\n{done.stderr[-2000:]}")

@@ -2,10 +2,13 @@
 
 Uses the real audited vectors in data/embeddings/ when the audit stage has run, else random
 vectors of the same sizes (the cost does not depend on the values). Target: well under a minute.
+
+    python benchmarks/weat.py [--permutations 100000]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -31,6 +34,9 @@ def embeddings() -> dict[str, dict[str, np.ndarray]]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--permutations", type=int, default=100_000, help="most permutations of each test")
+    args = parser.parse_args()
     tests, models = load_tests(), embeddings()
     started = time.perf_counter()
     runs = permutations = 0
@@ -39,7 +45,7 @@ def main() -> None:
             sets = [np.array([vectors[w] for w in test.sets[r] if w in vectors]) for r in ROLES]
             if min(len(s) for s in sets) < 2:
                 continue
-            result = weat(*sets, max_permutations=100_000, seed=0)
+            result = weat(*sets, max_permutations=args.permutations, seed=0)
             runs += 1
             permutations += result.n_permutations
     seconds = time.perf_counter() - started

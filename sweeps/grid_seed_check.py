@@ -10,7 +10,8 @@ either seed and their mean (lmpipe.scaling.isoflop_minimum). From the checkout's
     sleep 40; OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/grid_seed_check.py --shard 1/2 &
     wait; PYTHONPATH=. python sweeps/grid_seed_check.py --export sweeps/grid_seed1_<date>.csv
 
-(--budgets: others of the grid's budgets than its three cheapest, the default.)
+(--budgets: others of the grid's budgets than its three cheapest, the default; --dry-run: list a shard's runs, train
+nothing.)
 
 Rows are cached beside the grid's (flows.scaling.ROWS, named <point>-seed<seed>): a killed shard resumes. --export
 trains nothing (it needs every row): it writes the runs as the grid's CSVs hold rows (sweeps/reuse_grid_rows.py
@@ -81,6 +82,7 @@ def main() -> None:
     parser.add_argument("--budgets", type=float, nargs="+", default=CHEAPEST)
     parser.add_argument("--shard", default="0/1", help="k/n: train every n-th point from the k-th")
     parser.add_argument("--export", help="write these runs to this CSV and compare each with the grid's; train nothing")
+    parser.add_argument("--dry-run", action="store_true", help="list the shard's runs to train, train nothing")
     args = parser.parse_args()
     k, n = parse_shard(args.shard)
     params, data = load_params(PARAMS_FILE), load_tokens()
@@ -91,6 +93,8 @@ def main() -> None:
         mine = [(p, job) for i, (p, _, job) in enumerate(points)
                 if i % n == k and not row_file(ROWS, p.name, row_key(job)).exists()]
         print(f"shard {k}/{n}: {len(mine)} of {len(points)} points to train", flush=True)
+        if args.dry_run:
+            return print("\n".join(p.name for p, _ in mine))
         with tracking.runs.run(params.tracking.experiment, f"scaling seed {args.seed} check", {"seed": args.seed},
                                tags={"lmpipe.role": "scaling-seed-check"},
                                resume={"lmpipe.scaling_seed_check": str(args.seed)}) as parent:

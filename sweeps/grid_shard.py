@@ -12,7 +12,8 @@ stage):
 Shard k of n takes every n-th point of the grid's own order, from the k-th, that has no cached row yet, each a child
 of the grid's MLflow run (start the second shard once the first has opened it); n at most 3, as a family keeps 3
 unfinished runs' checkpoints side by side. A killed shard resumes from its checkpoint when started again.
-PYTHONPATH=. so that the checkout's own code is trained and keyed.
+PYTHONPATH=. so that the checkout's own code is trained and keyed. --dry-run lists the shard's points and trains
+nothing.
 """
 
 from __future__ import annotations
@@ -43,12 +44,16 @@ def parse_shard(shard: str) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("shard", help="k/n: this shard's number k (from 0) of n")
-    k, n = parse_shard(parser.parse_args().shard)
+    parser.add_argument("--dry-run", action="store_true", help="list the shard's points, train nothing")
+    args = parser.parse_args()
+    k, n = parse_shard(args.shard)
     params, data = load_params(PARAMS_FILE), load_tokens()
     points, jobs = plan(params, data)
     mine = [(p, job) for i, (p, job) in enumerate(zip(points, jobs))  # the grid's own order, so shards never overlap
             if i % n == k and not row_file(ROWS, p.name, row_key(job)).exists()]
     print(f"shard {k}/{n}: {len(mine)} points without a cached row", flush=True)
+    if args.dry_run:
+        return print("\n".join(p.name for p, _ in mine))
     with grid_run(params, data) as parent:
         for point, job in mine:
             train_point.fn(point, job, params, parent.info.run_id)
