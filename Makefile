@@ -5,7 +5,7 @@ VENV := .venv
 READY := $(VENV)/.installed
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
-.PHONY: study test test-all test-fast server stop
+.PHONY: study test test-all test-fast lint server stop
 
 study: $(READY) server
 	lmpipe check-params --store
@@ -20,11 +20,14 @@ study: $(READY) server
 # slow (each re-runs a study, a retrain, a schedule or a cluster); `make test-all`, what CI runs, adds them.
 XDIST := -n auto --dist loadgroup --no-loadscope-reorder
 
-test: $(READY)
+test: $(READY) lint
 	python -m pytest -q $(XDIST) -m "not slow" --durations=25
 
-test-all: $(READY)
+test-all: $(READY) lint
 	python -m pytest -q $(XDIST) --durations=25
+
+lint: $(READY)
+	ruff check lmpipe flows tests benchmarks sweeps .ci   # the rules in pyproject.toml's [tool.ruff.lint]
 
 test-fast: $(READY)
 	python -m pytest -q $(XDIST) -m "not e2e and not slow"

@@ -412,7 +412,7 @@ class Help(argparse.RawDescriptionHelpFormatter):
 
 
 # `lmpipe --help` lists the commands in the order a user meets them: the study, its models, then its variations.
-ORDER = ("check-params", "server", "reproduced", "generate", "ui", "plan", "diff", "serve", "retrain", "schedule", "seeds", "sweep",
+ORDER = ("check-params", "server", "generate", "ui", "plan", "diff", "reproduced", "serve", "retrain", "schedule", "seeds", "sweep",
          "scaling", "profile", "restore", "ngram export-arpa", "team up", "team down")
 
 

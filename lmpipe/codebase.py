@@ -16,12 +16,12 @@ PACKAGES = ("lmpipe", "flows")
 # Plumbing that cannot change any output, declared once: where runs are recorded, how errors read, the stage harness,
 # the Prefect server probe, where tasks run (local threads or a cluster: the same results), the packages'
 # import-time setup and telemetry switch, the process's memory settings (speed, never numbers), the harness's reading
-# of the pipeline files (which stages ran, which outputs git holds).
+# of the pipeline files (which stages ran, which outputs git holds) and of a command line's -S settings.
 PLUMBING = frozenset({
     "lmpipe/tracking/__init__.py", "lmpipe/tracking/store.py", "lmpipe/tracking/runs.py",
     "lmpipe/tracking/registry.py", "lmpipe/errors.py", "lmpipe/__init__.py", "flows/__init__.py",
     "flows/_stage.py", "flows/server.py", "flows/runners.py", "lmpipe/process.py", "lmpipe/telemetry.py",
-    "lmpipe/dvc_files.py"})
+    "lmpipe/dvc_files.py", "lmpipe/set_param.py"})
 # Modules whose function-level imports build MLflow side outputs only (tracking.registry.log_lm: the registered model's
 # serving code; tracking.runs.git_commit: the commit a run is tagged with), which DVC does not version: only their
 # module-level imports are followed.

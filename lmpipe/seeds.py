@@ -16,7 +16,6 @@ budget (one row per model, seed and budget), so each point of the report's "As c
 
 from __future__ import annotations
 
-import csv
 import statistics
 from dataclasses import dataclass
 from pathlib import Path

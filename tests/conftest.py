@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # `make test` runs on pytest-xdist's workers

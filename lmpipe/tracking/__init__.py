@@ -179,9 +179,9 @@ def carry_results(path: str | Path, run_id: str) -> None:
     """Give `run_id` the test metrics, description and labels of the newest evaluated run of its experiment that made
     the same files at `path`.
     A retrain that reproduces a model bit for bit leaves DVC nothing to re-evaluate; its run still shows the results."""
-    store = tracker()
-    found = store.runs_in(store.client.get_run(run_id).info.experiment_id,
-                          f"tags.`{OUTPUT}` = '{sha256_tree(path)}' and metrics.test_bpb > 0", newest=2)
+    tracked = tracker()
+    found = tracked.runs_in(tracked.client.get_run(run_id).info.experiment_id,
+                            f"tags.`{OUTPUT}` = '{sha256_tree(path)}' and metrics.test_bpb > 0", newest=2)
     earlier = next((r for r in found if r.info.run_id != run_id), None)
     if earlier is None:
         return
@@ -189,4 +189,4 @@ def carry_results(path: str | Path, run_id: str) -> None:
     record_results(run_id, test, {k: v for k, v in earlier.data.tags.items() if k == NOTE or is_label(k)})
 
 
-from lmpipe.tracking import registry, runs, store  # noqa: E402  (they build on the Tracker above)
+from lmpipe.tracking import registry, runs, store  # noqa: E402, F401  (they build on the Tracker above)

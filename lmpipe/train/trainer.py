@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from lmpipe import checkpoints, distributed
-from lmpipe.checkpoints import Checkpoint, checkpoint_dir
+from lmpipe.checkpoints import Checkpoint
 from lmpipe.config import TrainParams
 from lmpipe.model_params import Budget, ModelParams, OptimParams
 from lmpipe.errors import ConfigError, Interrupted
