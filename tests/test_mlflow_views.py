@@ -103,11 +103,13 @@ def test_the_report_labels_each_model_run_and_describes_the_version_it_registere
             ids[name] = run.info.run_id
     (tmp_path / "metrics/train").mkdir(parents=True)
     (tmp_path / "metrics/train/gru.json").write_text(json.dumps(
-        {"n_params": 1_843_200, "train_flops": 3.0006e13, "tokens_seen": 9_100_000, "epochs": 3.2}))
+        {"n_params": 1_843_200, "train_flops": 3.0006e13, "tokens_seen": 9_100_000, "epochs": 3.2,
+         "identity": "made-so"}))
     (tmp_path / "seeds").mkdir()
-    (tmp_path / "seeds/seeds.csv").write_text(  # the study's own run and two more seeds
-        "model,seed,valid_bpb,test_bpb,test_word_ppl,precision\n"
-        "gru,1234,2.01,1.9589,5200.0,\ngru,1,2.02,1.9600,5210.0,\ngru,2,2.00,1.9540,5150.0,\n")
+    (tmp_path / "seeds/seeds.csv").write_text(  # the study's own run and two more seeds, of its identity
+        "model,seed,valid_bpb,test_bpb,test_word_ppl,precision,identity,machine\n"
+        "gru,1234,2.01,1.9589,5200.0,,made-so,\ngru,1,2.02,1.9600,5210.0,,made-so,\n"
+        "gru,2,2.00,1.9540,5150.0,,made-so,\n")
     client = MlflowClient()
     client.create_registered_model("lmpipe-gru")
     version = client.create_model_version("lmpipe-gru", f"runs:/{ids['gru']}/model",  # as score@gru registers it
@@ -136,13 +138,14 @@ def test_the_report_labels_each_model_run_and_describes_the_version_it_registere
                                views.runs_state("KN-5")["searchFilter"])  # the "every model so far" view's rows
     assert sorted(r.info.run_id for r in found) == sorted(ids.values())
 
-    # the model trained again in another precision: its seed rows are of an earlier training, and the card says so
+    # the model trained again with other code: its seed rows are of an earlier training, and the card says so
     (tmp_path / "metrics/train/gru.json").write_text(json.dumps(
-        {"n_params": 1_843_200, "train_flops": 3.0006e13, "tokens_seen": 9_100_000, "epochs": 3.2, "precision": "fp32"}))
+        {"n_params": 1_843_200, "train_flops": 3.0006e13, "tokens_seen": 9_100_000, "epochs": 3.2,
+         "identity": "made-otherwise"}))
     label_each_model_run(load_params(store), models)
     described = client.get_model_version("lmpipe-gru", version.version)
-    assert "7,893. No seed spread: seeds/seeds.csv holds the seeds of an earlier training of this model " \
-           "(`lmpipe seeds` trains them again). Trained at commit" in described.description, described.description
+    assert "7,893. No seed spread: seeds/seeds.csv's rows of it are made by other code, params or data than this " \
+           "study's (run `lmpipe seeds` again). Trained at commit" in described.description, described.description
     assert (described.tags["test_bpb_sd"], described.tags["seeds"]) == ("unknown", "1")
     assert client.get_run(ids["gru"]).data.tags["test bpb"] == "1.959"  # no spread shown
 
