@@ -145,13 +145,9 @@ def _ui(args) -> int:
 
 
 def _sweep_args(p):
-    from lmpipe.sweep import SPACE_FILE
+    from lmpipe.sweep import add_arguments
 
-    p.add_argument("--model", required=True, help="an entry of params.yaml's `models`")
-    p.add_argument("--trials", type=int, default=20, help="finished trials the sweep should hold (it resumes)")
-    p.add_argument("--seeds", type=int, default=3, help="retrain the winner with this many other seeds")
-    p.add_argument("--space", default=SPACE_FILE, metavar="FILE",
-                   help="a YAML file of search spaces, one per model")
+    add_arguments(p)
 
 
 @command("sweep", _sweep_args, help="tune one model's settings with Optuna (trials in MLflow, outcome in sweeps/)")

@@ -136,9 +136,9 @@ def sweep(model: str, trials: int = 20, seeds: int = 3, space_file: str = sw.SPA
 
 
 if __name__ == "__main__":
-    from flows.cli import _sweep_args  # `lmpipe sweep`'s flags, defined once
+    from lmpipe.sweep import add_arguments  # `lmpipe sweep`'s flags, defined once
 
     parser = argparse.ArgumentParser(description="tune one model of params.yaml with Optuna")
-    _sweep_args(parser)
+    add_arguments(parser)
     args = parser.parse_args()
     main(sweep, model=args.model, trials=args.trials, seeds=args.seeds, space_file=args.space)

@@ -44,6 +44,14 @@ ABLATIONS = "benchmarks/results/transformer_ablation*.csv"  # benchmarks/transfo
 RANDOM_TRIALS = 6  # TPE samples at random until this many trials exist (fixed, so a longer sweep extends a shorter one)
 
 
+
+def add_arguments(parser) -> None:
+    """The flags of `lmpipe sweep` (and of `python -m flows.sweep`, which it runs)."""
+    parser.add_argument("--model", required=True, help="an entry of params.yaml's `models`")
+    parser.add_argument("--trials", type=int, default=20, help="finished trials the sweep should hold (it resumes)")
+    parser.add_argument("--seeds", type=int, default=3, help="retrain the winner with this many other seeds")
+    parser.add_argument("--space", default=SPACE_FILE, metavar="FILE", help="a YAML file of search spaces, one per model")
+
 @dataclass(frozen=True)
 class Space:
     model: str

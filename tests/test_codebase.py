@@ -70,3 +70,19 @@ def test_the_train_stage_depends_on_every_file_of_the_training_code():
     missing = [f for f in codebase.code_files() if f in walked - codebase.PARAMS_SCHEMA
                and not any(f == d or f.startswith(d.rstrip("/") + "/") for d in deps)]
     assert not missing, f"dvc.yaml train@: {missing} key checkpoints but are not deps"
+
+
+def test_no_two_project_modules_import_each_other_round_a_circle():
+    """The house has no import circle: following every import (function-level ones too) from any module of lmpipe
+    or flows never leads back to it."""
+    import networkx as nx
+
+    from lmpipe.codebase import ROOT, imports_of
+
+    graph = nx.DiGraph()
+    for package in ("lmpipe", "flows"):
+        for path in (ROOT / package).rglob("*.py"):
+            for imported in imports_of(path):
+                if imported != path and "__init__.py" not in (path.name, imported.name):  # a package's own setup
+                    graph.add_edge(path.relative_to(ROOT).as_posix(), imported.relative_to(ROOT).as_posix())
+    assert list(nx.simple_cycles(graph)) == []
