@@ -16,6 +16,7 @@ import yaml
 
 from flows._stage import PARAMS_FILE
 from lmpipe.config import load_params, parse_params
+from lmpipe.errors import ConfigError
 from lmpipe.overrides import apply_overrides, assignments
 
 # No training finished on this machine yet: the study's families ran at 187-328 GFLOP/s on the 2-core EPYC with
@@ -137,5 +138,12 @@ def summary(stages: list[str], params) -> str:
 
 
 def plan(overrides: list[str] | None = None) -> str:
+    """The plan's lines, after what check-params checks of the settings' inputs: a local corpus file that cannot be
+    read is one line here, not a stage failing after DVC removed its outputs."""
+    from lmpipe.preflight import input_problems
+
     changes, params = moved(list(overrides or []))
+    problems = input_problems(params, PARAMS_FILE)
+    if problems:
+        raise ConfigError("; ".join(problems))
     return summary(planned_stages(changes), params)

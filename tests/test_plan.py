@@ -114,3 +114,17 @@ def test_a_change_to_one_models_setting_leaves_the_scaling_fits_alone():
     assert {"train@gru", "report"} <= moving
     assert "scaling/dvc.yaml:fit" not in moving and not tracks(fit, {"train.seed": 1})
     assert tracks(fit, {"scaling.fit.bootstrap": 10})
+
+
+def test_the_plan_refuses_a_local_corpus_file_it_cannot_read_in_one_line(tmp_path, monkeypatch):
+    """`lmpipe plan -S corpus.source=local ...` names the missing file as check-params does, before any stage."""
+    from flows.plan import plan
+    from lmpipe.errors import ConfigError
+
+    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
+    (tmp_path / "train.txt").write_text("a b c\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        plan(["corpus.source=local", "corpus.files={train: train.txt, valid: gone.txt, test: train.txt}"])
+    assert str(caught.value) == ("params.yaml: corpus.files.valid: gone.txt: no such file or directory (name a "
+                                 "readable file)")
