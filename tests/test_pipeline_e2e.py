@@ -553,7 +553,8 @@ HOSTILE = [  # (what, the request's keyword arguments, the status it must get)
     ("a 1 MB body without Content-Type", {"data": MB}, 415),
     ("not JSON", {"data": b"{nope", "headers": JSON}, 400),
     ("an unknown field", {"json": {"inputs": {"prompt": ["The"]}, "temperature": 0.5}}, 400),
-    ("an unknown param", {"json": {"inputs": {"prompt": ["The"]}, "params": {"temperature": 0.5}}}, 400),
+    ("an unknown param", {"json": {"inputs": {"prompt": ["The"]}, "params": {"temprature": 0.5}}}, 400),
+    ("a bad temperature", {"json": {"inputs": {"prompt": ["The"]}, "params": {"temperature": -1}}}, 400),
     ("max_new_tokens a string", {"json": {"inputs": {"prompt": ["The"]}, "params": {"max_new_tokens": "9" * 5000}}}, 400),
 ]
 
