@@ -182,10 +182,6 @@ def _of_eval(result: dict) -> dict[str, float]:
     return {"valid_bpb": result["valid"]["bpb"], "test_bpb": result["test"]["bpb"]}
 
 
-def _sd(rows: list[dict]) -> float | None:
-    return statistics.stdev([r["test_bpb"] for r in rows]) if len(rows) > 1 else None
-
-
 def current(rows: list[dict], evaluation: dict, study_seed: int,
             trained: dict[str, dict]) -> tuple[dict[str, list[dict]], dict[str, str]]:
     """({model: its rows}, {model: why its rows are stale}) for the models of `evaluation` that have rows: a model's
@@ -202,7 +198,7 @@ def current(rows: list[dict], evaluation: dict, study_seed: int,
             stale[name] = STALE_IDENTITY
         elif len(own) != 1:
             stale[name] = f"no row of the study's seed {study_seed} (run `lmpipe seeds` again)"
-        elif (seen := reproduction(_numbers(own[0]), _of_eval(result), _sd(mine))).verdict == DIFFERS:
+        elif (seen := reproduction(_numbers(own[0]), _of_eval(result), spread(mine).bpb_sd)).verdict == DIFFERS:
             stale[name] = (f"this run differs from its committed row of seed {study_seed}"
                            + (f" by {seen.sds:.1f} seed sds" if seen.sds is not None else "")
                            + " (run `lmpipe seeds` again)")
@@ -224,7 +220,7 @@ def provenance(rows: list[dict], evaluation: dict, study_seed: int, trained: dic
         t = trained.get(name, {})
         out[name] = {"rows": sorted({(r.get("machine") or "unrecorded", r["precision"]) for r in mine}),
                      "run": (t.get("machine") or "unrecorded", t.get("precision", "")),
-                     "reproduction": reproduction(_numbers(own[0]), _of_eval(evaluation["models"][name]), _sd(mine))}
+                     "reproduction": reproduction(_numbers(own[0]), _of_eval(evaluation["models"][name]), spread(mine).bpb_sd)}
     return out
 
 
