@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from lmpipe import stats
 
 KEEP_STARTS = 64
 HUBER_DELTA = 1e-3  # Hoffmann et al.'s choice: nearly an L1 fit of log-loss, robust to outlying runs
@@ -62,16 +63,23 @@ def grid_points(sizes_by_model: dict[str, list[dict]], budgets: list[float], ext
 
 def mean_over_seeds(rows: list[dict]) -> list[dict]:
     """One row per point (model, size, budget): its first run's (train.seed's) row with the mean valid bpb of its
-    runs, `seeds` their number and `seed_sd` their sd (None for one run), in the order of their first runs."""
+    runs, `seeds` their number, `seed_sd` their sd (None for one run) and `replicates` their valid bpb (train.seed's
+    first: what the bootstrap resamples), in the order of their first runs."""
     points: dict[tuple, list[dict]] = {}
     for r in rows:
         points.setdefault((r["model"], r["size"], float(r["budget"])), []).append(r)
     out = []
     for runs in points.values():
         losses = [float(r["valid_bpb"]) for r in runs]
-        out.append({**runs[0], "valid_bpb": float(np.mean(losses)) if len(runs) > 1 else runs[0]["valid_bpb"],
-                    "seeds": len(runs), "seed_sd": float(np.std(losses, ddof=1)) if len(runs) > 1 else None})
+        mean, sd = stats.mean_sd(losses)
+        out.append({**runs[0], "valid_bpb": mean if len(runs) > 1 else runs[0]["valid_bpb"], "seeds": len(runs),
+                    "seed_sd": sd, "replicates": losses})
     return out
+
+
+def replicates(row: dict) -> list[float]:
+    """A point's runs' valid bpb (`mean_over_seeds`), or its one run's."""
+    return row.get("replicates") or [float(row["valid_bpb"])]
 
 
 def seed_spread(points: list[dict]) -> list[dict]:
@@ -169,23 +177,25 @@ def fit_law(n, d, loss, delta: float = HUBER_DELTA, starts: list[tuple] | None =
     return Law(E=math.exp(e), A=math.exp(a), alpha=float(alpha), B=math.exp(b), beta=float(beta))
 
 
-def bootstrap_laws(n, d, loss, samples: int, seed: int, around: Law, delta: float = HUBER_DELTA) -> list[Law]:
-    """The law refitted to `samples` resamplings (with replacement) of the runs: its sampling uncertainty."""
-    n, d, loss = (np.asarray(v, dtype=float) for v in (n, d, loss))
-    rng = np.random.default_rng(seed)
+def bootstrap_laws(n, d, runs: list[list[float]], samples: int, seed: int, around: Law,
+                   delta: float = HUBER_DELTA) -> list[Law] | None:
+    """The law refitted to `samples` draws of the bootstrap over seed replicates (`runs`: each point's runs,
+    lmpipe.stats.bootstrap): its uncertainty from the seeds' noise; None where no point has several seeds."""
+    n, d = (np.asarray(v, dtype=float) for v in (n, d))
     start = (math.log(around.A), around.alpha, math.log(around.B), around.beta, math.log(around.E))
     starts = [start] + starting_points(coarse=True)
-    laws = []
-    for _ in range(samples):
-        pick = rng.integers(0, len(n), len(n))
-        laws.append(fit_law(n[pick], d[pick], loss[pick], delta, starts))
-    return laws
+    return stats.bootstrap(runs, lambda loss: fit_law(n, d, loss, delta, starts), samples, seed)
 
 
-def interval(values, level: float = 0.9) -> tuple[float, float]:
-    """The central `level` percentile interval of bootstrap values."""
-    lo, hi = np.percentile(np.asarray(values, dtype=float), [50 * (1 - level), 50 * (1 + level)])
-    return float(lo), float(hi)
+def interval(values, level: float = stats.LEVEL) -> tuple[float, float] | None:
+    """The central `level` percentile interval of bootstrap values (lmpipe.stats.interval)."""
+    return stats.interval(values, level)
+
+
+def law_degenerate(law: Law, loss) -> bool:
+    """A fit that says nothing of its constants: an exponent at a bound of its search (0 or 3), or a floor E that
+    collapsed to nothing (below 1% of the lowest loss: no irreducible loss the runs could have placed)."""
+    return law.degenerate or max(law.alpha, law.beta) >= 3.0 - 1e-6 or law.E < 0.01 * float(np.min(loss))
 
 
 # ---------------- IsoFLOP profiles ----------------
@@ -236,6 +246,59 @@ def law_dict(law: Law) -> dict:
     return asdict(law)
 
 
+def _minima(n, budgets, loss) -> list[dict]:
+    """Each budget's IsoFLOP minimum of the points (`n`, `budgets`, `loss` aligned), smallest budget first."""
+    out = []
+    for c in sorted(set(budgets)):
+        at = budgets == c
+        out.append({"budget": float(c), **isoflop_minimum(n[at], loss[at])})
+    return out
+
+
+def _vertex_exponent(n, budgets, loss) -> float | None:
+    """N_opt's exponent through the bracketed parabola vertices; None with fewer than two."""
+    inside = [m for m in _minima(n, budgets, loss) if m["bracketed"]]
+    return power_law([m["budget"] for m in inside], [m["n_opt"] for m in inside])["exponent"] if len(inside) > 1 \
+        else None
+
+
+def _best_size_exponent(n, budgets, loss) -> float | None:
+    """N_opt's exponent through each budget's best run's N (no parabola)."""
+    minima = _minima(n, budgets, loss)
+    best = [(m["budget"], n[(budgets == m["budget"])][np.argmin(loss[budgets == m["budget"]])]) for m in minima]
+    return power_law(*zip(*best))["exponent"] if len(best) > 1 else None
+
+
+N_OPT_METHODS = {"vertex": "three-point vertex on seed means", "one_seed": "train.seed's runs only",
+                 "best_size": "best size only"}
+
+
+def n_opt_methods(runs: list[dict], samples: int, seed: int) -> dict:
+    """N_opt ~ C^a by three methods, each a defensible reading of the same runs: the parabola vertices through the
+    seed means, the vertices through train.seed's runs alone, and the best run's N without a parabola. Each
+    method's bootstrap interval over seed replicates where the seeds give one; `interval` spans them all and every
+    method's value, since the spread between methods is part of the exponent's uncertainty. `bracketed_share`:
+    per budget, the share of draws whose minimum stays inside the sizes tried."""
+    n, budgets = (np.array([float(r[k]) for r in runs]) for k in ("n_params", "budget"))
+    reps = [replicates(r) for r in runs]
+    means = np.array([float(np.mean(ys)) for ys in reps])
+    first = np.array([ys[0] for ys in reps])
+    values = {"vertex": _vertex_exponent(n, budgets, means), "one_seed": _vertex_exponent(n, budgets, first),
+              "best_size": _best_size_exponent(n, budgets, means)}
+    draws = stats.replicate_draws(reps, samples, seed) if samples else None
+    intervals, share = {}, {}
+    if draws is not None:
+        for key, method in (("vertex", _vertex_exponent), ("best_size", _best_size_exponent)):
+            intervals[key] = stats.interval(method(n, budgets, d) for d in draws)
+        inside = np.array([[m["bracketed"] for m in _minima(n, budgets, d)] for d in draws])
+        share = {float(c): float(s) for c, s in zip(sorted(set(budgets)), inside.mean(axis=0))}
+    ends = [v for v in values.values() if v is not None] + [x for i in intervals.values() if i for x in i]
+    return {"methods": {k: {"name": N_OPT_METHODS[k], "exponent": v, "interval": intervals.get(k)}
+                        for k, v in values.items()},
+            "interval": [min(ends), max(ends)] if draws is not None and ends else None,
+            "bracketed_share": share}
+
+
 # ---------------- the analysis of a finished grid ----------------
 
 def analyse(rows: list[dict], bootstrap: int = 200, seed: int = 0, delta: float = HUBER_DELTA,
@@ -262,9 +325,12 @@ def analyse(rows: list[dict], bootstrap: int = 200, seed: int = 0, delta: float 
 
 def analyse_family(runs: list[dict], bootstrap: int = 200, seed: int = 0, delta: float = HUBER_DELTA,
                    coarse: bool = False) -> dict:
-    """One family's IsoFLOP minima and exponents, the parametric law with bootstrap intervals, its predictions at
-    10x and 100x the largest budget, and how well a fit without the largest budget predicts those runs."""
+    """One family's IsoFLOP minima and N_opt's exponent by three methods (`n_opt_methods`), the parametric law with
+    its lack-of-fit test against the seed replicates, and, where the test does not reject it, its bootstrap
+    intervals and predictions at 10x and 100x the largest budget; how well a fit without the largest budget
+    predicts those runs. A rejected or degenerate law gives no intervals and no extrapolation."""
     n, d, loss = (np.array([float(r[k]) for r in runs]) for k in ("n_params", "tokens", "valid_bpb"))
+    reps = [replicates(r) for r in runs]
     budgets = sorted({float(r["budget"]) for r in runs})
     iso = []
     for c in budgets:
@@ -273,7 +339,11 @@ def analyse_family(runs: list[dict], bootstrap: int = 200, seed: int = 0, delta:
         iso.append({"budget": c, **minimum, "d_opt": c / (6 * minimum["n_opt"])})
     starts = starting_points(coarse)
     law = fit_law(n, d, loss, delta, starts)
-    laws = bootstrap_laws(n, d, loss, bootstrap, seed, law, delta) if bootstrap else []
+    # in log-loss, where the law is fitted and a seed's noise is about the same share of every loss
+    check = stats.lack_of_fit([np.log(ys) for ys in reps], np.log(law.loss(n, d)), 5)
+    degenerate = law_degenerate(law, loss)
+    usable = not degenerate and not (check and check.rejected)
+    laws = bootstrap_laws(n, d, reps, bootstrap, seed, law, delta) if bootstrap and usable else None
     largest = budgets[-1]
     fitted = np.array([float(r["budget"]) < largest for r in runs])
     held_law = fit_law(n[fitted], d[fitted], loss[fitted], delta, starts) if fitted.sum() >= 5 else None
@@ -285,19 +355,33 @@ def analyse_family(runs: list[dict], bootstrap: int = 200, seed: int = 0, delta:
     predictions = {f"{k}x": {"budget": k * largest, "loss": law.optimal_loss(k * largest),
                              "n_opt": law.optimal_n(k * largest),
                              "interval": interval([b.optimal_loss(k * largest) for b in laws]) if laws else None}
-                   for k in (10, 100)}
+                   for k in (10, 100)} if usable else {}
     bracketed = [p for p in iso if p["bracketed"]]
+    methods = n_opt_methods(runs, bootstrap, seed)
+    for p in iso:
+        p["bracketed_share"] = methods["bracketed_share"].get(p["budget"])
+    exponents = None
+    if len(bracketed) >= 2:
+        n_line = power_law([p["budget"] for p in bracketed], [p["n_opt"] for p in bracketed])
+        d_line = power_law([p["budget"] for p in bracketed], [p["d_opt"] for p in bracketed])
+        for line in (n_line, d_line):
+            line.pop("interval", None)  # a line's own t interval treats the minima as exact: not the seeds' noise
+        if methods["interval"]:
+            n_line["interval"] = methods["interval"]
+            d_line["interval"] = [1 - methods["interval"][1], 1 - methods["interval"][0]]  # D_opt = C / (6 N_opt)
+        exponents = {"n_opt": n_line, "d_opt": d_line, "methods": methods["methods"]}
     return {
         "runs": len(runs),
         "law": law_dict(law),
+        "law_fit": check and {"f": check.f, "p": check.p, "df_lack": check.df_lack, "df_pure": check.df_pure,
+                              "rejected": check.rejected},
+        "law_degenerate": degenerate,
         "law_intervals": {k: interval([getattr(b, k) for b in laws]) for k in ("E", "A", "alpha", "B", "beta")}
         if laws else {},
         "law_exponents": law.exponents(),
         "law_exponent_intervals": {k: interval([b.exponents()[k] for b in laws]) for k in ("a", "b")} if laws else {},
         "isoflop": iso,
-        "isoflop_exponents": ({"n_opt": power_law([p["budget"] for p in bracketed], [p["n_opt"] for p in bracketed]),
-                               "d_opt": power_law([p["budget"] for p in bracketed], [p["d_opt"] for p in bracketed])}
-                              if len(bracketed) >= 2 else None),
+        "isoflop_exponents": exponents,
         "predictions": predictions,
         "holdout": {"budget": largest, "runs": held,
                     "mean_abs_relative_error": float(np.mean([abs(h["relative_error"]) for h in held]))
@@ -307,26 +391,24 @@ def analyse_family(runs: list[dict], bootstrap: int = 200, seed: int = 0, delta:
 
 def best_per_budget(rows: list[dict]) -> list[dict]:
     """At each budget C, the run with the lowest validation bpb over all families and sizes."""
-    table = []
-    for c in sorted({float(r["budget"]) for r in rows}):
-        at = [r for r in rows if float(r["budget"]) == c]
-        best = min(at, key=lambda r: float(r["valid_bpb"]))
-        table.append({"budget": c, "model": best["model"], "size": best["size"], "n_params": int(best["n_params"]),
-                      "tokens": int(best["tokens"]), "valid_bpb": float(best["valid_bpb"])})
-    return table
+    best = stats.lowest(rows, lambda r: float(r["budget"]))
+    return [{"budget": c, "model": b["model"], "size": b["size"], "n_params": int(b["n_params"]),
+             "tokens": int(b["tokens"]), "valid_bpb": float(b["valid_bpb"])} for c, b in sorted(best.items())]
 
 
 def frontier(rows: list[dict]) -> dict[str, list[dict]]:
-    """Per family, its best run at each budget (the compute-efficient frontier the study's annealed points are
-    compared with), smallest budget first."""
+    """Per family, its best point at each budget (the compute-optimal frontier), smallest budget first; a point of
+    several seeds (`mean_over_seeds`) carries their number, sd and runs, what the report's ranking and the
+    frontier's bootstrap read."""
+    best = stats.lowest(rows, lambda r: (r["model"], float(r["budget"])))
     out: dict[str, list[dict]] = {}
-    for model in sorted({r["model"] for r in rows}):
-        runs = [r for r in rows if r["model"] == model]
-        for c in sorted({float(r["budget"]) for r in runs}):
-            best = min((r for r in runs if float(r["budget"]) == c), key=lambda r: float(r["valid_bpb"]))
-            sizes = sorted(float(r["n_params"]) for r in runs if float(r["budget"]) == c)
-            edge = ("smallest" if float(best["n_params"]) == sizes[0] else
-                    "largest" if float(best["n_params"]) == sizes[-1] else None)
-            out.setdefault(model, []).append({"budget": c, "size": best["size"], "n_params": int(best["n_params"]),
-                                              "valid_bpb": float(best["valid_bpb"]), "edge": edge})
+    for (model, c), b in sorted(best.items()):
+        sizes = sorted(float(r["n_params"]) for r in rows if r["model"] == model and float(r["budget"]) == c)
+        edge = ("smallest" if float(b["n_params"]) == sizes[0] else
+                "largest" if float(b["n_params"]) == sizes[-1] else None)
+        point = {"budget": c, "size": b["size"], "n_params": int(b["n_params"]), "valid_bpb": float(b["valid_bpb"]),
+                 "edge": edge}
+        if b.get("seeds", 1) > 1:
+            point.update(seeds=b["seeds"], seed_sd=b["seed_sd"], replicates=b["replicates"])
+        out.setdefault(model, []).append(point)
     return out

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lmpipe import stats
 from lmpipe.report import html_page, plt
 from lmpipe.scaling import MAX_EPOCHS, Law, frontier, power_law
 from lmpipe.tables import markdown_table
@@ -67,8 +68,8 @@ def caveats(spread: list[dict], dips: Sequence[tuple[float, str, float]] = ()) -
         "per size, which can bend the profiles. Runs longer than an epoch repeat data, which the law's D term does "
         "not model. The grid spans a narrow range of N (the 8,192-token embedding is most of a small model's "
         "parameters), so the law's constants trade off against each other: read the bootstrap intervals before "
-        "the point values, and the predictions at 10x and 100x the largest budget as extrapolations of the "
-        "exponents, not measurements. The budgets are far below the default study's trainings (`train_flops` in "
+        "the point values, and any prediction at 10x and 100x the largest budget as an extrapolation of the "
+        "exponents, not a measurement. The budgets are far below the default study's trainings (`train_flops` in "
         "metrics/train/), so runs here can trail the n-gram baseline where the study's models beat it; which "
         "family is ahead at equal compute can change as compute grows.")
 
@@ -133,11 +134,9 @@ def loss_vs_compute_figure(rows: list[dict], baseline: tuple[str, float] | None,
         ax.scatter([float(r["flops"]) for r in runs], [float(r["valid_bpb"]) for r in runs], color=colour, alpha=0.55,
                    s=[18 + 60 * sizes.index(float(r["n_params"])) / max(1, len(sizes) - 1) for r in runs],
                    label=f"{model} runs (marker size: N)")
-        frontier = []
-        for c in sorted({float(r["budget"]) for r in runs}):
-            best = min((r for r in runs if float(r["budget"]) == c), key=lambda r: float(r["valid_bpb"]))
-            frontier.append((float(best["flops"]), float(best["valid_bpb"])))
-        ax.plot(*zip(*frontier), color=colour, label=f"{model} frontier (best run per budget)")
+        best = stats.lowest(runs, lambda r: float(r["budget"]))
+        ax.plot(*zip(*((float(b["flops"]), float(b["valid_bpb"])) for _, b in sorted(best.items()))), color=colour,
+                label=f"{model} frontier (best run per budget)")
     if baseline:
         ax.axhline(baseline[1], color="gray", linestyle="--", label=f"{baseline[0]} n-gram ({baseline[1]:.3f})")
     ax.set(xscale="log", xlabel="training FLOPs C (log scale)", ylabel="validation bits per byte (lower is better)",
@@ -207,6 +206,14 @@ def _count(span: tuple[int, int]) -> str:
 
 def _ci(pair) -> str:
     return f"[{pair[0]:.3g}, {pair[1]:.3g}]" if pair else "-"
+
+
+def methods_phrase(methods: dict | None) -> str:
+    """Each fitting method's N_opt exponent, for the exponents' list."""
+    if not methods:
+        return ""
+    return "; by method: " + ", ".join(f"{m['name']} {m['exponent']:.2f}" if m["exponent"] is not None
+                                        else f"{m['name']} none" for m in methods.values())
 
 
 def _ci_of(line: dict) -> str:
@@ -284,9 +291,27 @@ def bend(minima: list[dict]) -> str | None:
             "power of C over these budgets, and a line through them all leaves a wide interval")
 
 
+def law_check(family: dict) -> str:
+    """The law's lack-of-fit test against the seed replicates, and whether the fit is degenerate, in words."""
+    fit = family.get("law_fit")
+    test = ("no lack-of-fit test (no point has several seeds)" if not fit else stats.LackOfFit(
+        fit["f"], fit["p"], fit["df_lack"], fit["df_pure"]).text())
+    return test + ("; degenerate (an exponent at the bound of its search, or a floor E near 0)"
+                   if family.get("law_degenerate") else "")
+
+
+def law_usable(family: dict) -> bool:
+    """Neither rejected by its lack-of-fit test nor degenerate: only such a law gives intervals and predictions."""
+    return not family.get("law_degenerate") and not (family.get("law_fit") or {}).get("rejected")
+
+
 def law_sentence(family: dict) -> str:
-    """The fitted law's N_opt exponent (approach 3), and whether its interval holds the minima's."""
+    """The fitted law's N_opt exponent (approach 3), and whether its interval holds the minima's; a law its
+    replicates reject, or a degenerate one, is said to be so, and its exponent is not read as a measurement."""
     ci, line = family["law_exponent_intervals"].get("a"), isoflop_n_opt(family)
+    if not law_usable(family):
+        return (f"The fitted law L(N, D) is {law_check(family)}, so its N_opt ~ C^{family['law_exponents']['a']:.2f} "
+                "is not a measurement and it is used for no interval or prediction.")
     text = f"The fitted law puts N_opt ~ C^{family['law_exponents']['a']:.2f}"
     if ci:
         text += f" (90% interval {ci[0]:.2f} to {ci[1]:.2f})"
@@ -323,7 +348,12 @@ def findings(analysis: dict, best: list[dict], baseline: tuple[str, float] | Non
         line = isoflop_n_opt(a)
         measured = (f" Its minima grow as N_opt ~ C^{line['exponent']:.2f}" + (
             f" (90% interval {line['interval'][0]:.2f} to {line['interval'][1]:.2f}, from the {bracketed} bracketed "
-            "budgets)" if "interval" in line else "") + "." if line else "")
+            "budgets, across three fitting methods and the bootstrap over seeds)" if "interval" in line else "")
+            + "." if line else "")
+        shares = [p["bracketed_share"] for p in a["isoflop"] if p.get("bracketed_share") is not None]
+        if shares:
+            measured += (f" Redrawn with the seeds' noise, its minima stay inside the sizes tried in "
+                         f"{100 * min(shares):.0f}% to {100 * max(shares):.0f}% of draws.")
         out.append(f"{model}: the IsoFLOP minimum lies {where}.{measured} "
                    f"{precision_sentence(line, bracketed, [p['budget'] for p in a['isoflop']], seeds, minima)} "
                    f"{law_sentence(a)}")
@@ -370,21 +400,32 @@ def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], baselin
         lines.append(f"- {model}: " + (f"N_opt ~ C^{e['n_opt']['exponent']:.2f}{_ci_of(e['n_opt'])}, D_opt ~ "
                                         f"C^{e['d_opt']['exponent']:.2f}{_ci_of(e['d_opt'])} (from the "
                                         f"{sum(p['bracketed'] for p in a['isoflop'])} bracketed budgets)"
+                                        + methods_phrase(e.get("methods"))
                                         if e else "fewer than two bracketed minima: no exponent"))
+    lines += ["", "An exponent's interval spans its three fitting methods (the parabola's vertex through the seed "
+              "means, the vertex through train.seed's runs alone, the best size without a parabola) and each "
+              "method's 90% bootstrap interval over the seed replicates: the spread between methods is part of "
+              "its uncertainty."]
     lines += ["", "![IsoFLOP profiles](scaling/isoflop.png)", "",
               "## The fitted law L(N, D) = E + A / N^alpha + B / D^beta (approach 3)", "",
-              f"Huber loss (delta {meta['huber_delta']:g}) on log-loss, L-BFGS from a grid of starts; 90% intervals from "
-              f"{meta['bootstrap']} bootstrap resamplings of the runs.", ""]
+              f"Huber loss (delta {meta['huber_delta']:g}) on log-loss, L-BFGS from a grid of starts. Each law is "
+              "tested for lack of fit against the seed replicates (the means' residual from the law against the "
+              "noise between seeds, in log-loss); a law the test rejects (p < 0.05), or a degenerate one, gives no "
+              f"interval and no prediction. 90% intervals from {meta['bootstrap']} draws of a bootstrap over the "
+              "seed replicates, refitting each draw.", ""]
     laws = []
     for model, a in analysis.items():
         law, ci, ex, exci = a["law"], a["law_intervals"], a["law_exponents"], a["law_exponent_intervals"]
         laws.append([model, *(f"{law[k]:.3g} {_ci(ci.get(k))}" for k in ("E", "A", "alpha", "B", "beta")),
-                     f"{ex['a']:.2f} {_ci(exci.get('a'))}", f"{ex['b']:.2f} {_ci(exci.get('b'))}"])
-    lines += markdown_table(["model", "E", "A", "alpha", "B", "beta", "N_opt ~ C^a", "D_opt ~ C^b"], laws)
-    lines += ["", "Predicted loss at the compute-optimal size, beyond the grid:", ""] + markdown_table(
-        ["model", "C", "predicted bpb (90% interval)", "N_opt"],
-        [[model, f"{p['budget']:.1e} ({k})", f"{p['loss']:.4f} {_ci(p['interval'])}", f"{p['n_opt']:,.0f}"]
-         for model, a in analysis.items() for k, p in a["predictions"].items()])
+                     f"{ex['a']:.2f} {_ci(exci.get('a'))}", f"{ex['b']:.2f} {_ci(exci.get('b'))}", law_check(a)])
+    lines += markdown_table(["model", "E", "A", "alpha", "B", "beta", "N_opt ~ C^a", "D_opt ~ C^b", "lack of fit"],
+                            laws)
+    predicted = [[model, f"{p['budget']:.1e} ({k})", f"{p['loss']:.4f} {_ci(p['interval'])}", f"{p['n_opt']:,.0f}"]
+                 for model, a in analysis.items() for k, p in a["predictions"].items()]
+    refused = [model for model, a in analysis.items() if not a["predictions"]]
+    lines += ["", "Predicted loss at the compute-optimal size, beyond the grid" + (
+        f" (none for {', '.join(refused)}: its law is rejected or degenerate):" if refused else ":"), ""]
+    lines += markdown_table(["model", "C", "predicted bpb (90% interval)", "N_opt"], predicted) if predicted else []
     lines += ["", "![Fitted L(N, D)](scaling/law.png)", "",
               "## Does the law predict a run it has not seen?", "",
               "Refitted without the largest budget's runs, the law's prediction for them:", ""] + markdown_table(

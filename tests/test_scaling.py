@@ -96,15 +96,46 @@ def test_isoflop_exponents_of_a_known_law_match_its_closed_form():
     assert analysis["isoflop_exponents"]["d_opt"]["exponent"] == pytest.approx(TRUE.exponents()["b"], abs=0.03)
 
 
-def test_analysis_predicts_held_out_runs_and_its_intervals_cover_the_truth():
-    analysis = analyse(synthetic_runs(TRUE, noise=0.003), bootstrap=30, seed=1)["m"]
+def seeded_runs(law: Law, noise: float, seeds: int = 3, bend: float = 0.0, **grid) -> list[dict]:
+    """`synthetic_runs` with `seeds` runs a point, as `mean_over_seeds` gives them to the fits; `bend` adds a wave in
+    log N that no law of the form can follow."""
+    runs = [{**r, "name": r["name"] + (f"-seed{s}" if s else ""),
+             "valid_bpb": r["valid_bpb"] + bend * math.sin(2 * math.log(r["n_params"]))}
+            for s in range(seeds) for r in synthetic_runs(law, noise, seed=s, **grid)]
+    return mean_over_seeds(runs)
+
+
+def test_analysis_predicts_held_out_runs_and_its_intervals_over_the_seeds_cover_the_truth():
+    analysis = analyse(seeded_runs(TRUE, noise=0.003), bootstrap=30, seed=1)["m"]
     held = analysis["holdout"]
     assert held["budget"] == pytest.approx(1e15) and len(held["runs"]) == 5  # the largest budget's runs
     assert held["mean_abs_relative_error"] < 0.02
+    assert not analysis["law_fit"]["rejected"] and analysis["law_fit"]["df_pure"] == 40  # 20 points, 3 seeds each
     lo, hi = analysis["law_intervals"]["alpha"]
     assert lo <= TRUE.alpha <= hi and hi - lo < 0.2
     low, high = analysis["predictions"]["100x"]["interval"]
     assert low <= TRUE.optimal_loss(1e17) <= high
+
+
+def test_a_law_its_replicates_reject_gives_no_interval_and_no_extrapolation():
+    analysis = analyse(seeded_runs(TRUE, noise=0.003, bend=0.03), bootstrap=30, seed=1)["m"]
+    assert analysis["law_fit"]["rejected"] and analysis["law_fit"]["p"] < 0.05
+    assert analysis["law_intervals"] == {} and analysis["predictions"] == {}
+    assert analysis["law_exponent_intervals"] == {}
+
+
+def test_n_opt_exponent_spans_its_fitting_methods_and_the_seeds_bootstrap():
+    from lmpipe.scaling import n_opt_methods
+
+    rows = seeded_runs(TRUE, noise=0.002, sizes=np.geomspace(1e4, 1e9, 21), budgets=np.geomspace(1e14, 1e17, 4))
+    found = n_opt_methods(rows, samples=40, seed=2)
+    values = [m["exponent"] for m in found["methods"].values()]
+    assert set(found["methods"]) == {"vertex", "one_seed", "best_size"}
+    lo, hi = found["interval"]
+    assert lo <= min(values) and max(values) <= hi and lo <= TRUE.exponents()["a"] <= hi
+    assert all(0 <= share <= 1 for share in found["bracketed_share"].values())
+    assert n_opt_methods(rows, samples=40, seed=2) == found  # the same seed, the same interval
+    assert n_opt_methods(rows, samples=0, seed=2)["interval"] is None  # no draws: no interval
 
 
 def test_families_fitted_side_by_side_give_the_numbers_of_one_after_the_other():
@@ -246,7 +277,7 @@ def test_the_grid_depends_on_the_models_it_trains_not_on_the_whole_study():
 
     from flows._stage import check_declared
     from lmpipe.errors import ConfigError
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
 
     families = list(yaml.safe_load((ROOT / "params.yaml").read_text())["scaling"]["models"])
     declared = yaml.safe_load((ROOT / "scaling/dvc.yaml").read_text())["stages"]["grid"]["params"]
@@ -262,7 +293,7 @@ def test_the_grid_is_stale_exactly_where_its_data_or_settings_changed():
     from lmpipe.config import load_params
     from lmpipe.grid_record import changed_since, made_with
     from lmpipe.splits import Split, TokenData
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
 
     params = load_params(ROOT / "params.yaml")
     data = TokenData(8, 0, {s: Split(s, np.arange(5, dtype=np.uint16), 3, 9) for s in ("train", "valid", "test")})
