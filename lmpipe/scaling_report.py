@@ -410,7 +410,7 @@ def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], baselin
               "## The fitted law L(N, D) = E + A / N^alpha + B / D^beta (approach 3)", "",
               f"Huber loss (delta {meta['huber_delta']:g}) on log-loss, L-BFGS from a grid of starts. Each law is "
               "tested for lack of fit against the seed replicates (the means' residual from the law against the "
-              "noise between seeds, in log-loss); a law the test rejects (p < 0.05), or a degenerate one, gives no "
+              "noise between seeds, in log-loss); a law the test rejects (p below 0.05), or a degenerate one, gives no "
               f"interval and no prediction. 90% intervals from {meta['bootstrap']} draws of a bootstrap over the "
               "seed replicates, refitting each draw.", ""]
     laws = []

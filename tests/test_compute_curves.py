@@ -1,17 +1,18 @@
-"""The report's "As compute grows": fitted curves recover known exponents, crossings and the ranking at each budget
-come out where the numbers put them, and the report and compute.csv use the annealed points."""
+"""The report's "As compute grows": the grid's frontier ranked at each budget by the gap rule, curves tested for
+lack of fit against the seeds, crossings only where the measured order flips inside the budgets, and the study's
+models stopped early shown as a learning curve, with no curve fitted to them."""
 
 from __future__ import annotations
 
 import csv
 import json
-import math
 
 import numpy as np
+import pytest
 
 from lmpipe import seeds
-from lmpipe.compute_curves import (against_grid, annealed, crossing, crossing_interval, fit_curve, lead_sentence,
-                                   ranking)
+from lmpipe.compute_curves import (Curve, against_grid, annealed, crossing, crossing_lines, crossings, fit_curve,
+                                   fit_family, frontier_points, measured_flips, ranking, section)
 from lmpipe.scaling import frontier
 from lmpipe.report import build_report
 from tests.helpers import fixture_study, table_rows, write
@@ -34,43 +35,107 @@ def points() -> dict:
                     "test_bpb": y} for b, y in zip(BUDGETS, law(*truth))] for name, truth in TRUTH.items()}
 
 
-def test_the_fit_recovers_each_exponent_within_its_interval():
+def test_the_fit_recovers_each_exponent_and_a_floor_at_zero_is_degenerate():
     for name, (e, a, alpha) in TRUTH.items():
         rows = points()[name]
         curve = fit_curve([r["train_flops"] for r in rows], [r["test_bpb"] for r in rows])
-        assert abs(curve.alpha - alpha) < 0.05, (name, curve)
-        assert curve.alpha_interval[0] < alpha < curve.alpha_interval[1]
+        assert abs(curve.alpha - alpha) < 0.05 and not curve.degenerate, (name, curve)
     assert fit_curve(BUDGETS[:3], [2.0, 1.9, 1.8]) is None  # three points do not pin three parameters
+    assert Curve(0.0, 2.0, 0.08, C).degenerate  # the NPLM's fit: E at its bound 0
 
 
-def test_crossings_are_found_where_the_curves_meet_and_not_elsewhere():
-    fits = {name: fit_curve([r["train_flops"] for r in rows], [r["test_bpb"] for r in rows])
-            for name, rows in points().items()}
-    at = crossing(fits["transformer"], fits["lstm"], C / 32, 2 * C)
-    exact = next(x for x in np.geomspace(C / 2, C, 2000) if 1.6 + 0.35 * (x / C) ** -0.5 < 1.85 + 0.12 * (x / C) ** -0.3)
-    assert C / 2 < at < C and abs(math.log(at / exact)) < 0.05
-    band = crossing_interval(fits["transformer"], fits["lstm"], C / 32, 2 * C)
-    assert band[0] <= at <= band[1]
-    assert crossing(fits["lstm"], fits["gru"], C / 32, 2 * C) is None  # parallel, 0.02 apart
+# two curves that meet twice: the gap -0.2 + x^-0.5 - 0.2 x^-1.5 is negative, positive, then negative again
+TWICE = Curve(1.0, 1.0, 0.5, 1.0), Curve(1.2, 0.2, 1.5, 1.0)
 
 
-def test_the_ranking_marks_real_gaps_and_the_lead_sentence_says_which_way_it_moves():
+def test_every_crossing_is_found_and_only_inside_the_range_asked():
+    both = crossings(*TWICE, 0.05, 200.0)
+    assert len(both) == 2 and 0.1 < both[0] < 1 < both[1] < 100
+    for x in both:
+        assert abs(TWICE[0](x) - TWICE[1](x)) < 1e-9
+    assert crossing(*TWICE, 0.05, 200.0) == both[0]
+    assert crossings(*TWICE, 1.0, 200.0) == [pytest.approx(both[1])] and crossings(*TWICE, 1.0, both[1] * 0.99) == []
+
+
+def family(bpb, sd, budgets=BUDGETS):
+    return [{"budget": b, "bpb": y, "sd": s, "replicates": [y] if s is None else [y - s, y, y + s]}
+            for b, y, s in zip(budgets, bpb, sd)]
+
+
+def test_an_order_flip_counts_only_beyond_noise_and_a_crossing_only_inside_it():
+    a = family([2.50, 2.40, 2.30, 2.20, 2.10], [0.005] * 5)
+    b = family([2.45, 2.405, 2.35, 2.25, 2.05], [0.005] * 5)  # b ahead, within noise, a ahead, a ahead, b ahead
+    assert measured_flips(a, b) == [(C / 16, C / 4), (C / 2, C)]
+    unknown = family([2.45, 2.405, 2.35, 2.25, 2.05], [0.005, 0.005, None, None, 0.005])
+    assert measured_flips(a, unknown) == []  # a ahead only at C/4 and C/2, where no sd judges it
+    near = family([2.497, 2.40, 2.30, 2.20, 2.103], [0.005] * 5)  # flips, but never beyond 2 sd
+    assert measured_flips(a, near) == []
+    front = {"a": a, "near": near}
+    far = Curve(1.0, 1.0, 0.5, C)  # fitted curves that cross only far outside the budgets: nothing listed
+    fits = {m: type("Fit", (), {"usable": True, "curve": far if m == "a" else Curve(1.1, 0.9, 0.5, C)})()
+            for m in front}
+    assert crossings(fits["a"].curve, fits["near"].curve, C / 1e6, C) and crossing_lines(front, fits, C) == []
+
+
+def test_the_lack_of_fit_test_keeps_a_true_curve_and_rejects_a_wrong_one():
+    rng = np.random.default_rng(1)
+    budgets = [C / 64 * 2 ** k for k in range(7)]
+    true = [2.0 + 0.3 * (b / C) ** -0.3 for b in budgets]
+    kinked = [y + (0.03 if k in (2, 3) else 0.0) for k, y in enumerate(true)]  # a bump no power law follows
+
+    def runs(ys, sd):
+        return [{"budget": b, "bpb": float(np.mean(r)), "sd": float(np.std(r, ddof=1)), "replicates": list(r)}
+                for b, r in ((b, y + rng.normal(0, sd, 3)) for b, y in zip(budgets, ys))]
+
+    kept = fit_family(runs(true, 0.003), samples=60)
+    assert kept.usable and not kept.check.rejected and kept.alpha_interval[0] < 0.3 < kept.alpha_interval[1]
+    assert "the form is not rejected (lack-of-fit F = " in kept.text("gru")
+    wrong = fit_family(runs(kinked, 0.003), samples=60)
+    assert wrong.check.rejected and not wrong.usable and wrong.alpha_interval is None
+    assert "the form is rejected (lack-of-fit F = " in wrong.text("lstm") and "gives no interval" in wrong.text("lstm")
+    quiet = runs(true, 0.001)
+    narrow, wide = (fit_family(data, samples=60, seed=3).alpha_interval for data in (quiet, runs(true, 0.004)))
+    assert narrow[1] - narrow[0] < wide[1] - wide[0]  # less noise between seeds, a narrower interval
+    assert fit_family(quiet, samples=60, seed=3).alpha_interval == narrow  # the same seed, the same interval
+
+
+def grid_rows() -> list[dict]:
+    """A grid at C/64 .. C/2: three seeds everywhere; the transformer ahead by a lead that closes."""
+    rows = []
+    for k, b in enumerate(C / 64 * 2 ** k for k in range(6)):
+        for m, y, n in (("transformer", 2.6 - 0.06 * k, 2), ("gru", 2.75 - 0.08 * k, 3), ("lstm", 2.78 - 0.085 * k, 3)):
+            for size, shift in (("small", 0.02), ("mid", 0.0), ("big", 0.03)):
+                reps = [y + shift + d for d in (-0.002, 0.0, 0.002)]
+                rows.append({"model": m, "size": size, "budget": b, "n_params": {"small": 1, "mid": 2, "big": 3}[size]
+                             * 10_000 * n, "valid_bpb": float(np.mean(reps)), "seeds": 3, "seed_sd": 0.002,
+                             "replicates": reps})
+    return rows
+
+
+def test_the_compute_optimal_answer_ranks_in_words_and_says_where_the_grid_stops(tmp_path):
+    summary = {"frontier": frontier(grid_rows())}
+    assert frontier_points(summary)["gru"][0]["sd"] == 0.002
+    lines = section(points(), {}, None, tmp_path / "compute.png", summary)
+    text = "\n".join(lines)
+    assert "The grid stops at C/2 (1.50e+13 FLOPs), below the study's budget C = 3.00e+13 FLOPs" in text
+    assert ("- C/64 (4.69e+11 FLOPs): transformer 2.600 ± 0.002, then gru 2.750 ± 0.002 (a real gap), then lstm "
+            "2.780 ± 0.002 (a real gap)") in lines
+    assert "- C/64: +0.150 over gru (a real gap)" in lines
+    assert "- C/2: +0.050 over gru (a real gap)" in lines
+    assert "### The study's models stopped early: a learning curve at fixed size" in lines
+    assert "<" not in text and "≈" not in text and "wsd" not in text and "stable phase" not in text
+    assert "- lstm and gru" not in text and "nowhere" in text  # lstm stays behind gru beyond noise: no flip
+    assert (tmp_path / "compute.png").stat().st_size > 1000
+    assert "The scaling grid was trained from other data/tokens" in "\n".join(
+        section(points(), {}, None, tmp_path / "compute.png", summary, ["data/tokens"]))
+
+
+def test_the_ranking_of_the_stopped_early_models_judges_each_gap_in_words():
     sds = {"transformer": 0.002, "lstm": 0.001, "gru": 0.004}
-    lines = ranking(points(), {name: {b: sd for b in BUDGETS} for name, sd in sds.items()})
-    assert lines[0].startswith("- 1.88e+12 FLOPs: lstm ") and "< gru" in lines[0] and lines[0].endswith(
-        f"< transformer {law(*TRUTH['transformer'])[0]:.3f}")
-    assert lines[-1].startswith("- 3.00e+13 FLOPs: transformer ")
-    sentence = lead_sentence(points())
-    assert sentence.startswith("The transformer's lead over the best recurrent model grows from 1.88e+12 to 3.00e+13 "
-                               "FLOPs: -0.")
-    assert "over lstm at 1.88e+12, " in sentence and "over lstm at 3.00e+13 (positive" in sentence
-    assert sentence.endswith("It is ahead at 3.00e+13 and behind at 1.88e+12, 3.75e+12, 7.50e+12, 1.50e+13.")
-    # ahead at the ends, behind between (as the study's own points were): neither "grows" nor "closes"
-    wavy = points()
-    for row, shift in zip(wavy["transformer"], (-1.0, 0.0, 0.0, 0.0, 0.0)):
-        row["test_bpb"] += shift
-    sentence = lead_sentence(wavy)
-    assert "model moves both ways from" in sentence and "It is ahead at 1.88e+12, 3.00e+13 and behind at" in sentence
+    lines = ranking(points(), {name: {b: sd for b in BUDGETS} for name, sd in sds.items()}, C)
+    assert lines[0].startswith("- C/16 (1.88e+12 FLOPs): lstm ") and "then gru" in lines[0]
+    assert lines[0].endswith(f"then transformer {law(*TRUTH['transformer'])[0]:.3f} ± 0.002 (a real gap)")
+    assert lines[-1].startswith("- C (3.00e+13 FLOPs): transformer ")
 
 
 def test_the_report_draws_the_annealed_points_where_a_model_has_them(tmp_path):
@@ -80,9 +145,8 @@ def test_the_report_draws_the_annealed_points_where_a_model_has_them(tmp_path):
         path.write_text(json.dumps({**json.loads(path.read_text()), "budgets": points()[name]}))
     md = build_report(tmp_path, tmp_path / "reports", label="KN-5").read_text()
     section = md[md.index("## As compute grows"):md.index("## Learning curves")]
-    assert "- transformer: alpha 0.50 [" in section and "- lstm and transformer cross at 2.6" in section
-    assert "- 1.88e+12 FLOPs: lstm 2.128, transformer 3.002" in section  # no seed sd here: no verdict on the gap
-    assert "The transformer's lead over the best recurrent model grows" in section
+    assert "alpha" not in section and " cross at" not in section  # a learning curve: no exponents, no crossings
+    assert "- C/16 (1.88e+12 FLOPs): lstm 2.128, then transformer 3.002 (no seed sd to judge it)" in section
     assert (tmp_path / "reports/figures/compute.png").stat().st_size > 1000
     with open(tmp_path / "plots/compute.csv") as f:
         rows = list(csv.DictReader(f))
@@ -118,15 +182,15 @@ def test_the_grid_is_compared_with_the_study_at_the_budgets_both_have():
     lines = against_grid(study, summary)
     assert lines[0].startswith("The scaling grid (reports/scaling.md: lstm, transformer at 3 budgets from 1.88e+12 "
                                "to 7.50e+12 FLOPs, several sizes each, one seed a run, its own recipe: batch_size 16, "
-                               "seq_len 64), against the study's annealed points")
+                               "seq_len 64), against the study's models stopped early")
     table = [row for row in table_rows(lines) if row[0] in ("1.88e+12", "3.75e+12")]
     lstm_16 = law(*TRUTH["lstm"])[0] + 0.2  # the study's valid bpb at C/16
     assert table[0] == ["1.88e+12", "lstm", f"{lstm_16:.4f}", "w16* (0.16M)", "2.3000", f"{lstm_16 - 2.30:+.4f}"]
     assert len(table) == 4  # gru has no grid runs, C/4 and above no study points both have
-    assert "- At 1.88e+12 FLOPs the study ranks lstm < transformer; the grid's best sizes rank lstm < transformer: " \
-           "the same order." in lines
-    assert "- At 3.75e+12 FLOPs the study ranks lstm < transformer; the grid's best sizes rank lstm < transformer: " \
-           "the same order." in lines
+    assert "- At 1.88e+12 FLOPs the study ranks lstm, then transformer; the grid's best sizes rank lstm, then " \
+           "transformer: the same order." in lines
+    assert "- At 3.75e+12 FLOPs the study ranks lstm, then transformer; the grid's best sizes rank lstm, then " \
+           "transformer: the same order." in lines
     assert lines[-1].startswith("- The grid's best size is below the study's model at 4 of 4 points (mean gap +0.")
     assert against_grid({}, summary)[0].endswith("not compared, as the study has no annealed result at its budgets "
                                                  "(`study.branches` gives them).")
@@ -162,5 +226,5 @@ def test_with_seeds_at_every_budget_each_gap_is_judged_by_that_budgets_sd(tmp_pa
     write(tmp_path / "seeds/budgets.csv", seeds.csv_rows(budget_rows, seeds.BUDGET_COLUMNS))
     md = build_report(tmp_path, tmp_path / "reports", study_seed=1234, label="KN-5").read_text()
     section = md[md.index("## As compute grows"):md.index("## Learning curves")]
-    assert "- 1.88e+12 FLOPs: lstm 2.128 < transformer 3.002" in section  # sd 0.001 at C/16: a real gap
-    assert "- 1.50e+13 FLOPs: " in section and ", " in section.split("- 1.50e+13 FLOPs: ")[1].splitlines()[0]
+    assert "- C/16 (1.88e+12 FLOPs): lstm 2.128 ± 0.001, then transformer 3.002 ± 0.001 (a real gap)" in section
+    assert "(no seed sd to judge it)" in section.split("- C/2 (1.50e+13 FLOPs): ")[1].splitlines()[0]
