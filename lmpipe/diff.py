@@ -3,7 +3,8 @@ noise by the report's rule (a gap is real beyond REAL_GAP_SDS times the larger s
 had. `dvc metrics diff` and MLflow's compare give the raw deltas; this says which of them mean something.
 
 A side is a git revision, a DVC experiment's name (`dvc exp show` lists them), or the workspace; it is read from the
-per-model rows `dvc metrics show` prints (metrics/models/<model>.json: test bpb, its seed sd, training TFLOPs).
+per-model rows `dvc metrics show` prints (metrics/models/, lmpipe.summaries: test bpb, its seed sd, training
+TFLOPs).
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmpipe import paths
+from lmpipe import paths, summaries
 from lmpipe.compare import BASELINE
 from lmpipe.errors import LmpipeError
 from lmpipe.git import git_or_empty
 from lmpipe.tables import markdown_table
-from lmpipe.seeds import REAL_GAP_SDS
+from lmpipe.stats import REAL_GAP_SDS, beyond_noise
 
 WORKSPACE = "workspace"
 COMPUTE_MATCH = 0.01  # the report's rule: compute within 1% is the same budget
@@ -49,7 +50,7 @@ def rows(side: str, root: Path) -> dict[str, dict]:
         files = {Path(n).stem: git_or_empty("show", f"{side}:{folder}/{n}", cwd=root) for n in names if n.endswith(".json")}
     if not files:
         raise LmpipeError(f"{side[:12]}: no {folder}/*.json there (a study before per-model rows, or none run yet)")
-    return {name: json.loads(text) for name, text in files.items()}
+    return {summaries.model_of(stem): summaries.normalised(json.loads(text)) for stem, text in files.items()}
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class Change:
             return "unchanged"
         if self.sd is None:
             return "no seed sd: run lmpipe seeds"
-        if abs(self.delta) <= REAL_GAP_SDS * self.sd:
+        if not beyond_noise(self.delta, self.sd):
             return "within noise"
         return "real: better" if self.delta < 0 else "real: worse"  # bits per byte: lower is better
 
@@ -87,8 +88,8 @@ def changes(a: dict[str, dict], b: dict[str, dict]) -> list[Change]:
     out = []
     for model in sorted(set(a) | set(b)):
         ra, rb = a.get(model, {}), b.get(model, {})
-        sds = [0.0] if model == BASELINE else [r["bpb_sd"] for r in (ra, rb) if r.get("bpb_sd") is not None]
-        out.append(Change(model, ra.get("test_bpb"), rb.get("test_bpb"), max(sds) if sds else None,
+        sds = [0.0] if model == BASELINE else [r["sd"] for r in (ra, rb) if r.get("sd") is not None]
+        out.append(Change(model, ra.get("bpb"), rb.get("bpb"), max(sds) if sds else None,
                           (ra.get("tflop"), rb.get("tflop"))))
     return sorted(out, key=lambda c: (not c.verdict.startswith("real"), -abs(c.delta or 0.0), c.model))
 

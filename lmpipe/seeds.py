@@ -22,6 +22,7 @@ from pathlib import Path
 
 from lmpipe.compare import best_of
 from lmpipe.io import csv_records, csv_text
+from lmpipe.stats import REAL_GAP_SDS, beyond_noise, gap_is_real, mean_sd
 
 
 def add_arguments(parser) -> None:
@@ -33,7 +34,6 @@ COLUMNS = ("model", "seed", "valid_bpb", "test_bpb", "test_word_ppl", "precision
 TEXT_COLUMNS = ("model", "precision", "identity", "machine", "test")
 BUDGET_COLUMNS = ("model", "seed", "budget_flops", "train_flops", "valid_bpb", "test_bpb")
 WEAT_COLUMNS = ("model", "seed", "test", "effect_size", "p_value")
-REAL_GAP_SDS = 2.0
 MATCH = 1e-9  # a row written from eval.json's numbers equals them but for the CSV's digits: "bit for bit"
 BIT_FOR_BIT, WITHIN_NOISE, DIFFERS = "bit for bit", "within noise", "differs"
 STALE_IDENTITY = "made by other code, params or data than this study's (run `lmpipe seeds` again)"
@@ -74,9 +74,7 @@ class Spread:
 
     def gap_is_real(self, other: "Spread") -> bool | None:
         """Is |self - other| in mean test bpb more than twice the larger sd? None where a spread is unknown."""
-        if self.bpb_sd is None or other.bpb_sd is None:
-            return None
-        return abs(self.bpb - other.bpb) > REAL_GAP_SDS * max(self.bpb_sd, other.bpb_sd)
+        return gap_is_real(self.bpb, self.bpb_sd, other.bpb, other.bpb_sd)
 
     def text(self, digits: int = 3) -> str:
         if self.bpb_sd is None:
@@ -119,7 +117,7 @@ def budget_sds(rows: list[dict], points: dict[str, list[dict]], study_seed: int 
         if not study or own.keys() != study.keys():
             continue
         by_budget = {b: [r["test_bpb"] for r in mine if r["budget_flops"] == b] for b in study}
-        sds = {b: statistics.stdev(v) for b, v in by_budget.items() if len(v) > 1}
+        sds = {b: mean_sd(v)[1] for b, v in by_budget.items() if len(v) > 1}
         if all(reproduction({"test_bpb": own[b]}, {"test_bpb": v}, sds.get(b)).verdict != DIFFERS
                for b, v in study.items()):
             out[name] = sds
@@ -144,7 +142,7 @@ class Effect:
     def beyond_noise(self) -> bool | None:
         """Is the mean more than REAL_GAP_SDS sds from zero (a sign a machine's rounding cannot flip)? None with
         one seed."""
-        return None if self.sd is None else abs(self.mean) > REAL_GAP_SDS * self.sd
+        return beyond_noise(self.mean, self.sd)
 
     def text(self) -> str:
         if self.sd is None:
@@ -161,8 +159,7 @@ def weat_spreads(rows: list[dict], models: list[str]) -> dict[str, dict[str, Eff
         for r in rows:
             if r["model"] == name:
                 by_test.setdefault(r["test"], []).append(r["effect_size"])
-        out[name] = {t: Effect(len(v), statistics.fmean(v), statistics.stdev(v) if len(v) > 1 else None)
-                     for t, v in by_test.items()}
+        out[name] = {t: Effect(len(v), *mean_sd(v)) for t, v in by_test.items()}
     return {n: e for n, e in out.items() if any(x.n > 1 for x in e.values())}
 
 

@@ -13,6 +13,7 @@ budget's best, how an interval is drawn, and whether a fitted form survives its 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -27,12 +28,7 @@ SAMPLES = 200  # bootstrap draws
 def mean_sd(values: Iterable[float]) -> tuple[float, float | None]:
     """The mean and sample sd of a point's replicates; sd None for a single run."""
     xs = [float(v) for v in values]
-    if not xs:
-        raise ValueError("no values")
-    mean = math.fsum(xs) / len(xs)
-    if len(xs) < 2:
-        return mean, None
-    return mean, math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else None
 
 
 def known(sd: float | None) -> bool:
