@@ -1,10 +1,12 @@
-"""Shared fixtures: a small real corpus, a local HTTP server, and one Prefect server for the session."""
+"""Shared fixtures: a small real corpus, a test's own MLflow store, one Prefect server for the session, the committed
+params in a test's folder, and the end-to-end tests' tiny study with its copies. Plain helpers: tests/helpers.py."""
 
 from __future__ import annotations
 
 import os
-import socket
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # `make test` runs on pytest-xdist's workers
@@ -18,36 +20,32 @@ import pytest
 
 from flows.server import use_project_home
 from lmpipe.telemetry import switch_off
+from tests.helpers import PARAMS, ROOT, TINY, free_port, override, run
 
-ROOT = Path(__file__).resolve().parents[1]
 switch_off()  # telemetry off for everything the tests import and start
 use_project_home(root=ROOT)  # and Prefect's home this checkout's, as for the stages and `lmpipe`
-SHARED = ROOT.parent / "shared"
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items):
     """`make test` spreads the tests over pytest-xdist's workers by group (`--dist loadgroup`, in collection order):
-    a module's tests go to one worker, as with `--dist loadfile`, so its module fixtures are built once, except the
-    end-to-end tests a module names in SECOND_STUDY, a group of their own. The end-to-end groups come first, so the
-    two long ones start at once, on two workers, and the short modules fill in beside them. (pytest 9.2 breaks the
-    groups, pytest-xdist#1386: tests/test_conftest.py checks them.)"""
+    a module's tests go to one worker, as with `--dist loadfile`, so its module fixtures are built once; the
+    end-to-end tests of the study (e2e, on `project`, in whichever module) go to one worker, so it builds the study
+    once, except those their module names in SECOND_STUDY, a group of their own on a second copy. The end-to-end groups
+    come first, so the two long ones start at once, on two workers, and the short modules fill in beside them.
+    (pytest 9.2 breaks the groups, pytest-xdist#1386: tests/test_conftest.py checks them.)"""
     second_study = set()
     for item in items:
         module = getattr(item, "module", None)
         if module is None or item.get_closest_marker("xdist_group"):
             continue
+        study = item.get_closest_marker("e2e") and "project" in getattr(item, "fixturenames", ())
+        group = "study" if study else module.__name__
         if getattr(item, "originalname", item.name) in getattr(module, "SECOND_STUDY", ()):
             second_study.add(item.nodeid)
-        item.add_marker(pytest.mark.xdist_group(module.__name__ + (".second-study" if item.nodeid in second_study
-                                                                   else "")))
+            group += ".second-study"
+        item.add_marker(pytest.mark.xdist_group(group))
     items.sort(key=lambda item: (item.get_closest_marker("e2e") is None, item.nodeid not in second_study))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture()
@@ -100,8 +98,66 @@ def default_tokens(tmp_path_factory):
     from lmpipe.corpus.sources import fetch_corpus
     from lmpipe.tokenize import tokenize_corpus
 
-    root, params = tmp_path_factory.mktemp("default"), load_params(ROOT / "params.yaml")  # the study's corpus
+    root, params = tmp_path_factory.mktemp("default"), load_params(PARAMS)  # the study's corpus
     fetch_corpus(params.corpus, root / "raw", root / "cache")
     prepare_corpus(root / "raw", root / "clean", params.corpus, params.split)
     metrics = tokenize_corpus(root / "clean", root / "tokens", params.tokenizer)
     return {s: np.load(root / "tokens" / f"{s}.npy") for s in ("train", "valid")}, metrics
+
+
+@pytest.fixture()
+def params_file(tmp_path) -> Path:
+    """The committed params.yaml, copied into tmp_path: the test's own, to run from or to edit."""
+    shutil.copy(PARAMS, tmp_path / "params.yaml")
+    return tmp_path / "params.yaml"
+
+
+# ---------------- the end-to-end tests' study (tests/test_e2e_*.py) and its copies ----------------
+
+@pytest.fixture(scope="session")
+def project(tmp_path_factory, prefect_api):
+    """A git copy of the tracked project with tiny params, after one `dvc repro`: built once per process (an
+    xdist worker) for every end-to-end module, as ~10 min of stages is too dear to repeat per module."""
+    copy = tmp_path_factory.mktemp("project")
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
+    for name in filter(None, tracked.stdout.split("\0")):
+        if (ROOT / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, copy / name)
+    for name in ("dvc.lock", "scaling/dvc.lock"):  # a fresh study: nothing recorded yet
+        (copy / name).unlink(missing_ok=True)
+    override(copy / "params.yaml", TINY)
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.2"}  # a tiny training can end within 1 s, and MLflow logs
+    # no sample for a run that ends before its first interval (on a Zen 5, CI: no system/* metric at 1 s)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("LMPIPE_PARENT_RUN_ID", None)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    run(["git", "init", "-q"], copy, env)
+    run(git + ["add", "-A"], copy, env)
+    run(git + ["commit", "-qm", "copy"], copy, env)
+    first = run(["dvc", "repro"], copy, env, timeout=1800)  # every stage: ~10 min on a 2-core CPU without native bf16
+    return copy, env, first
+
+
+@pytest.fixture
+def scratch(project, tmp_path):
+    """A copy of the studied project (git, DVC cache, MLflow store and all) that a test may change freely: no test
+    depends on another's edits."""
+    copy, env, _ = project
+    target = tmp_path / "project"
+    shutil.copytree(copy, target, symlinks=True, ignore=shutil.ignore_patterns("mlartifacts", "mlflow.db*"))  # its own store
+    return target, env
+
+
+@pytest.fixture
+def committed(project, tmp_path):
+    """A copy of the studied project with its MLflow store (so its champions), everything committed: a retrain
+    commits on top of HEAD, and the test can tell what changed."""
+    copy, env, _ = project
+    target = tmp_path / "project"
+    shutil.copytree(copy, target, symlinks=True)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    run(git + ["add", "-A"], target, env)
+    run(git + ["commit", "-qm", "studied"], target, env)
+    return target, env

@@ -25,11 +25,16 @@ from typing import Iterator
 
 import numpy as np
 import pytest
+import requests
 import yaml
 
 from lmpipe.families import FAMILIES
+from lmpipe.io import sha256_tree
 from lmpipe.splits import Split, TokenData
-from tests.conftest import ROOT, free_port
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout
+SHARED = ROOT.parent / "shared"
+PARAMS = ROOT / "params.yaml"  # the committed params
 
 CHROMIUM = shutil.which("chromium")
 browser = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
@@ -62,6 +67,13 @@ def taken_port() -> Iterator[int]:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         yield taken.getsockname()[1]
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def as_in_a_terminal() -> None:
@@ -235,7 +247,7 @@ def fixture_study(root, with_weat=True):
 
 def committed_params() -> dict:
     """The project's params.yaml as data: a fresh copy each call."""
-    return yaml.safe_load((ROOT / "params.yaml").read_text())
+    return yaml.safe_load(PARAMS.read_text())
 
 
 def project_params(**sections) -> dict:
@@ -284,3 +296,109 @@ def table_rows(markdown: str | list[str]) -> list[list[str]]:
 def has_row(markdown: str | list[str], *cells: str) -> bool:
     """Whether a row of a markdown table in `markdown` begins with `cells`."""
     return any(row[:len(cells)] == list(cells) for row in table_rows(markdown))
+
+
+# ---------------- the end-to-end tests: the tiny study they share, and what they run on its copies ----------------
+
+MODELS = ("nplm", "rnn", "lstm", "gru", "transformer")
+STAGES = ("download", "prepare", "validate", "tokenize", "ngram") + tuple(f"train@{m}" for m in MODELS) + (
+    "score_ngram",) + tuple(f"score@{m}" for m in MODELS) + ("evaluate", "combine", "word2vec", "audit", "report")
+QUICK = {"epochs": 1, "max_steps_per_epoch": 3, "batch_size": 4, "seq_len": 16}
+
+
+TINY = {  # the study the end-to-end tests share (tests/conftest.py's `project`): every stage on 12 articles
+    "corpus": {"max_articles": 12},
+    "split": {"seed": 57, "valid": 0.02, "test": 0.02},  # one short article each (1,872 and 1,708 words): scoring is quick
+    "validate": {"min_words": 200, "max_oov_rate": 0.6},
+    "tokenizer": {"vocab_size": 600},
+    "evaluate": {"prompts": ["The history of"], "max_new_tokens": 8, "beam_size": 2},
+    "study": {"budget": None, "branches": []},  # each tiny model by its own few steps
+    "models": {
+        "nplm": entry("nplm", {"context": 3, "emb": 16, "hidden": 32}, **QUICK),
+        "rnn": entry("rnn", {"cell": "rnn_tanh", "emb": 16, "layers": 1}, **QUICK),
+        "lstm": entry("rnn", {"cell": "lstm", "emb": 16, "hidden": 32, "layers": 2, "weight_drop": 0.2},
+                      variable_bptt=True, **QUICK),
+        "gru": entry("rnn", {"cell": "gru", "emb": 16, "layers": 1}, **QUICK),
+        "transformer": entry("transformer", {"dim": 16, "layers": 1, "heads": 2, "block_size": 16}, **QUICK),
+    },
+    "scaling": {  # 2 sizes of 2 families at 4 budgets: enough for every fit (a law needs 5 points), ~2 minutes
+        "models": {"transformer": [{"dim": 8}, {"dim": 16}], "lstm": [{"emb": 8, "hidden": 8}, {"emb": 16, "hidden": 16}]},
+        "budgets": [2e8, 4e8, 8e8, 1.6e9],
+        "overrides": {"max_steps_per_epoch": None},
+        "evals_per_epoch": 1,
+        "precision": "fp32",  # as the committed grid, on any CPU
+        "seeds": {"extra": [1], "budgets": [2e8]},  # every size again with seed 1 at the smallest budget
+        "fit": {"bootstrap": 5, "seed": 0, "huber_delta": 0.001},
+    },
+}
+
+
+def run(args, cwd, env, check=True, timeout=600):
+    done = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode != 0:
+        raise AssertionError(f"{args} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done
+
+
+def stop(process: subprocess.Popen) -> None:
+    """End a background server and its children: politely, then for sure."""
+    import signal
+
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+def override(path: Path, changes: dict) -> None:
+    params = yaml.safe_load(path.read_text())
+    for section, values in changes.items():
+        if section in ("models", "scaling"):
+            params[section] = values
+        else:
+            params[section].update(values)
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def ran_stages(output: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"Running stage '([^']+)'", output))
+
+
+def start_serving(copy: Path, env: dict, *args: str) -> tuple[subprocess.Popen, str, Path]:
+    """`lmpipe serve --model gru` on a free port, once it answers /ping: (process, its URL, its log)."""
+    import time
+
+    port, log = free_port(), copy / f"serve-{time.monotonic_ns()}.log"
+    with open(log, "wb") as out:
+        server = subprocess.Popen(["lmpipe", "serve", "--model", "gru", "--port", str(port), *args], cwd=copy, env=env,
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
+    while True:
+        try:
+            if requests.get(f"{url}/ping", timeout=2).ok:
+                return server, url, log
+        except requests.ConnectionError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                stop(server)
+                raise AssertionError(f"lmpipe serve did not start:\n{log.read_text()[-3000:]}") from None
+            time.sleep(0.5)
+
+
+def workspace(copy: Path) -> dict:
+    """What users read: HEAD, the tracked files' state, the models and the metrics."""
+    return {"head": run(["git", "rev-parse", "HEAD"], copy, os.environ).stdout.strip(),
+            "status": run(["git", "status", "--porcelain"], copy, os.environ).stdout,
+            "models": {m: sha256_tree(copy / f"models/{m}") for m in MODELS},
+            "eval": (copy / "metrics/eval.json").read_text(), "lock": (copy / "dvc.lock").read_text()}
+
+
+def newest_flow_run_state(prefect_api: str, flow_name: str) -> str:
+    """The state of the flow's newest run that started (a schedule's future runs, created ahead, do not count)."""
+    runs = requests.post(f"{prefect_api}/flow_runs/filter", timeout=10, json={
+        "flows": {"name": {"any_": [flow_name]}}, "sort": "START_TIME_DESC", "limit": 1,
+        "flow_runs": {"start_time": {"is_null_": False}}}).json()
+    return runs[0]["state_type"]

@@ -9,7 +9,7 @@ import pytest
 
 from lmpipe.audit import audit, bpe_vector, choose_form, load_tests, word_counts, write_word2vec_text
 from lmpipe.errors import ConfigError
-from tests.conftest import SHARED
+from tests.helpers import SHARED
 
 
 def test_ten_tests_ship_with_the_package():

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from lmpipe.blas import cpu_flags, kernel_for
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 ZEN4 = "fpu sse2 avx avx2 fma avx512f avx512dq avx512cd avx512bw avx512vl avx512_bf16 avx512vnni"
 ZEN3 = "fpu sse2 avx avx2 fma bmi2"

@@ -6,7 +6,7 @@ import json
 import math
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 spec = importlib.util.spec_from_file_location("reproduced", ROOT / ".ci" / "reproduced.py")
 reproduced = importlib.util.module_from_spec(spec)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from flows.cli import build_parser, main
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def every_action(parser: argparse.ArgumentParser):
@@ -120,8 +120,7 @@ def started_ui(tmp_path, until: str) -> tuple[subprocess.Popen, int, list[str]]:
     import shutil
     import time
 
-    from tests.conftest import free_port
-    from tests.helpers import as_in_a_terminal
+    from tests.helpers import as_in_a_terminal, free_port
 
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
     port = free_port()
@@ -354,7 +353,7 @@ def test_server_with_a_port_starts_there_whatever_prefect_api_url_says(tmp_path)
     import time
 
     from flows.server import api_url, healthy
-    from tests.conftest import free_port
+    from tests.helpers import free_port
 
     port = free_port()
     url = api_url(port)

@@ -9,7 +9,7 @@ import yaml
 
 from lmpipe import codebase
 from lmpipe.checkpoints import code_version
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def copy_of_the_packages(tmp_path):

@@ -8,8 +8,7 @@ import yaml
 from lmpipe.config import Params, load_params, params_hash, parse_params
 from lmpipe.overrides import apply_overrides
 from lmpipe.errors import ConfigError
-from tests.conftest import ROOT
-from tests.helpers import ADAMW, committed_params, entry, project_params
+from tests.helpers import ADAMW, ROOT, committed_params, entry, project_params
 
 
 def write(tmp_path, text):

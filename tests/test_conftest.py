@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 GROUPS = {"first": ("first_1", "first_2", "first_3", "first_4"), "second": ("second_1", "second_2")}
 STUDY = '''
@@ -38,7 +38,8 @@ def test_each_end_to_end_group_runs_on_one_worker_and_builds_its_study_once(tmp_
     suite with the project's conftest: each group's tests on one worker, one build per group."""
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests/__init__.py").touch()
-    shutil.copy(ROOT / "tests/conftest.py", tmp_path / "tests/conftest.py")
+    for name in ("conftest.py", "helpers.py"):  # the conftest imports its helpers
+        shutil.copy(ROOT / "tests" / name, tmp_path / "tests" / name)
     (tmp_path / "tests/test_study.py").write_text(STUDY)
     for n in range(3):
         (tmp_path / f"tests/test_units_{n}.py").write_text(UNITS)

@@ -92,7 +92,7 @@ def test_404_is_a_clear_error_and_not_retried(server, tmp_path):
 
 
 def test_connection_refused_retries_then_fails(tmp_path):
-    from tests.conftest import free_port
+    from tests.helpers import free_port
 
     url = f"http://127.0.0.1:{free_port()}/data.bin"
     with pytest.raises(DownloadError, match="failed after 3 attempts"):

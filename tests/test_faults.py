@@ -15,7 +15,7 @@ import pytest
 
 from lmpipe import tracking
 from lmpipe.errors import TrackingError
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 

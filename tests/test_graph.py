@@ -15,7 +15,7 @@ import pytest
 import yaml
 from lmpipe import codebase
 from lmpipe.config import Params
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 PIPELINES = ("dvc.yaml", "scaling/dvc.yaml", "seeds/dvc.yaml")
 # The walk and the plumbing are lmpipe.codebase's, the same that keys checkpoints (code_version); the typed reading

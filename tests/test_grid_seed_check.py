@@ -5,7 +5,7 @@ import importlib.util
 import pandas as pd
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 spec = importlib.util.spec_from_file_location("grid_seed_check", ROOT / "sweeps" / "grid_seed_check.py")
 seeds = importlib.util.module_from_spec(spec)

@@ -11,8 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from lmpipe import mlflow_views as views
 from lmpipe import tracking
-from tests.conftest import ROOT
-from tests.helpers import assert_best_first, browser, leaderboard_page
+from tests.helpers import ROOT, assert_best_first, browser, leaderboard_page
 
 # test bpb of each model folder's run: a model and the n-gram, in an order that is neither the runs' nor the names'
 RESULTS = {"gru": 1.9589, "nplm": 2.1947, "transformer": 1.9206, "ngram": 2.0485, "rnn": 2.0491, "lstm": 1.9563}

@@ -8,7 +8,7 @@ import yaml
 from lmpipe.errors import ConfigError
 from lmpipe.overrides import apply_overrides
 from lmpipe.params_file import edit_params
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 TEXT = (ROOT / "params.yaml").read_text()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 DVC = str(Path(sys.executable).parent / "dvc")
 PIPELINE = """stages:

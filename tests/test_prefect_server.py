@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 EVIL = "http://evil.example"
 

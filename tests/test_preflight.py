@@ -11,8 +11,7 @@ import yaml
 
 from lmpipe.config import Params
 from lmpipe.preflight import input_problems, output_problems
-from tests.conftest import ROOT
-from tests.helpers import project_params
+from tests.helpers import ROOT, project_params
 
 
 def local(tmp_path, **files) -> Params:

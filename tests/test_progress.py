@@ -10,8 +10,7 @@ import sys
 import time
 
 from flows.progress import Progress
-from tests.conftest import ROOT
-from tests.helpers import as_in_a_terminal
+from tests.helpers import ROOT, as_in_a_terminal
 
 PLANNED = ["ngram", "train@nplm", "train@gru", "score@nplm", "report"]
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 from lmpipe.paths import PERPLEXITY_PLOT as PERPLEXITY
 from lmpipe.report import build_report
-from tests.conftest import ROOT
-from tests.helpers import fixture_study, has_row, table_rows, write
+from tests.helpers import ROOT, fixture_study, has_row, table_rows, write
 
 
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from flows.retrain import experiment_ref, refusal, reproduction_outputs
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def test_changes_that_a_reproduction_wrote_get_the_command_that_fixes_them(monkeypatch):

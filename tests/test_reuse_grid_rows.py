@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 spec = importlib.util.spec_from_file_location("reuse_grid_rows", ROOT / "sweeps" / "reuse_grid_rows.py")
 reuse = importlib.util.module_from_spec(spec)

@@ -1,6 +1,6 @@
 """`lmpipe serve`'s checks, without a pipeline: the request validator's table, and the app (lmpipe.serve_app) on a
 tiny real model through starlette's TestClient. A hostile request is refused in one line that never quotes it,
-before any model work; tests/test_pipeline_e2e.py serves a trained champion the same way over a socket."""
+before any model work; tests/test_e2e_serving.py serves a trained champion the same way over a socket."""
 
 from __future__ import annotations
 

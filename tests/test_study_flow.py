@@ -38,7 +38,7 @@ def test_overrides_with_a_parallel_runner_are_one_clear_error(tmp_path, monkeypa
 
 def test_the_stages_before_training_come_from_dvc_yaml():
     from flows.study import stages_before_training
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
 
     assert stages_before_training(ROOT / "dvc.yaml") == ["tokenize"]  # train@<model> reads data/tokens
 
@@ -83,7 +83,7 @@ with one_study(Path({str(lock)!r})):
 def test_a_typo_in_an_override_stops_before_dvc_runs_anything(tmp_path, monkeypatch):
     import shutil
 
-    from tests.conftest import ROOT
+    from tests.helpers import ROOT
 
     monkeypatch.chdir(tmp_path)
     shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")

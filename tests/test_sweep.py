@@ -18,8 +18,7 @@ from lmpipe import sweep as sw
 from lmpipe.model_params import ModelParams
 from lmpipe.overrides import with_overrides
 from lmpipe.errors import ConfigError
-from tests.conftest import ROOT
-from tests.helpers import entry, project_params, table_rows
+from tests.helpers import ROOT, entry, project_params, table_rows
 
 SPACE = {"m": {"budget": {"tokens": 1000}, "space": {
     "optim.lr": {"low": 1e-3, "high": 1e-1, "log": True},

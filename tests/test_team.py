@@ -1,5 +1,5 @@
 """`lmpipe team up` refuses what it cannot do in one line, before it makes anything (the servers themselves:
-tests/test_pipeline_e2e.py, with PostgreSQL)."""
+tests/test_e2e_scale_out.py, with PostgreSQL)."""
 
 from __future__ import annotations
 

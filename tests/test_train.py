@@ -19,8 +19,7 @@ from lmpipe.errors import ConfigError, Interrupted
 from lmpipe.evaluate import evaluate_lm
 from lmpipe.checkpoints import checkpoint_dir, discard, prune
 from lmpipe.train import Trainer, setup_process, stream_plan, window_plan
-from tests.conftest import ROOT
-from tests.helpers import ADAMW, SYNTHETIC_VOCAB, entry, synthetic_data
+from tests.helpers import ADAMW, ROOT, SYNTHETIC_VOCAB, entry, synthetic_data
 
 V = SYNTHETIC_VOCAB
 

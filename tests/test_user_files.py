@@ -6,7 +6,7 @@ import subprocess
 
 import yaml
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def dvc(*args, cwd):

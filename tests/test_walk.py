@@ -13,7 +13,7 @@ import re
 import yaml
 
 from lmpipe import codebase
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 SECTION = "## One model's way, from dvc.yaml to the registry"
 
