@@ -1,12 +1,19 @@
 """Where Prefect runs a flow's tasks: local threads, or a Dask or Ray cluster (`orchestration` in params.yaml).
-How work is spread, never what it computes: the results are the same on every runner."""
+How work is spread, never what it computes: the results are the same on every runner. A local cluster's workers
+train one thread each (Dask's and Ray's workers start with OMP_NUM_THREADS=1): one worker per core."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections import Counter
+from collections.abc import Sequence
+
+from prefect import flow
+from prefect.futures import as_completed
 
 from lmpipe.config import OrchestrationParams
-from lmpipe.errors import ConfigError
+from lmpipe.errors import ConfigError, LmpipeError
 
 
 def task_runner(settings: OrchestrationParams):
@@ -28,3 +35,64 @@ def task_runner(settings: OrchestrationParams):
         return RayTaskRunner(address=settings.address)
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # local-only Ray: it stays on 127.0.0.1
     return RayTaskRunner(init_kwargs={"num_cpus": settings.workers, "include_dashboard": False})
+
+
+def in_project(cwd: str | None):
+    """A task's working directory: the project's, which a cluster's worker (started elsewhere) must see at the same
+    path, as the study's train stages do; None leaves it as it is (the flow's own process)."""
+    return contextlib.nullcontext() if cwd is None else contextlib.chdir(cwd)
+
+
+def run_apart(run, calls: Sequence[dict], groups: Sequence[str], settings: OrchestrationParams, per_group: int,
+              name: str) -> list:
+    """Independent runs of the task `run`, one per `calls` (its keyword arguments): in the flow's own process one
+    after another (`sequential`), else side by side on the task runner of `settings` (`in_parallel`). Each call's
+    result in the order of `calls`, or the exception it raised: a failed run costs no other its result."""
+    if settings.task_runner != "sequential":
+        return in_parallel(run, calls, groups, task_runner(settings), per_group, name)
+    outcomes = []
+    for call in calls:
+        try:
+            outcomes.append(run(**call))
+        except Exception as exc:
+            outcomes.append(exc)
+    return outcomes
+
+
+def in_parallel(run, calls: Sequence[dict], groups: Sequence[str], runner, per_group: int, name: str) -> list:
+    """`run_apart` on the Prefect task runner `runner`, in a subflow `name`: each run submitted as a worker frees up,
+    but never more than `per_group` of one group (e.g. a family's runs, whose newest unfinished checkpoints alone are
+    kept) at a time, each group's in the order given; every run is waited for, whichever fails."""
+    here = os.getcwd()
+
+    @flow(name=name, task_runner=runner, validate_parameters=False)
+    def apart() -> list:
+        outcomes, waiting, running, busy = [None] * len(calls), list(range(len(calls))), {}, Counter()
+        while waiting or running:
+            for i in list(waiting):
+                if busy[groups[i]] < per_group:
+                    running[run.submit(**calls[i], cwd=here)] = i
+                    busy[groups[i]] += 1
+                    waiting.remove(i)
+            future = next(as_completed(list(running)))
+            i = running.pop(future)
+            busy[groups[i]] -= 1
+            try:
+                outcomes[i] = future.result()
+            except Exception as exc:
+                outcomes[i] = exc
+        return outcomes
+
+    return apart()
+
+
+def results(names: Sequence[str], outcomes: Sequence, what: str) -> list:
+    """`run_apart`'s outcomes when every run succeeded; else each failed run named, and one error for them all."""
+    failed = [(name, o) for name, o in zip(names, outcomes) if isinstance(o, BaseException)]
+    for name, error in failed:
+        print(f"{name}: failed: {error}", flush=True)
+    if failed:
+        name, error = failed[0]
+        raise LmpipeError(f"{len(failed)} of {len(names)} {what} failed, the first {name}: {error} (the other runs' "
+                          "rows are cached: a rerun trains only the failed)")
+    return list(outcomes)

@@ -7,7 +7,9 @@ read the training tokens more than lmpipe.scaling.MAX_EPOCHS times, trained by t
 pipeline's data/tokens until its FLOP budget is spent; one MLflow child run each under one `scaling` run. Writes
 scaling/runs.csv. A finished run's row is kept in .cache/lmpipe/scaling/runs/, keyed by everything that decides it,
 and a killed run resumes from its checkpoint: an interrupted grid continues where it stopped (in the same MLflow
-run), and a changed budget list retrains only the new points.
+run), and a changed budget list retrains only the new points. The runs are independent: with `orchestration.task_runner`
+dask (or ray) they train side by side on its workers (flows.runners.run_apart; docs/scale-out.md), at most
+lmpipe.checkpoints.KEEP of one family at a time; a failed run stops no other, and the rows keep the grid's order.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows._stage import PARAMS_FILE, check_declared, main
+from flows.runners import in_project, results, run_apart
 from lmpipe.paths import CACHE_DIR, GRID_MADE_WITH, RUNS, SCALING_PIPELINE
 from lmpipe import tracking
 from lmpipe.config import Params, load_params, params_hash
@@ -30,7 +33,7 @@ from lmpipe.models import arch_with_defaults
 from lmpipe.grid_record import made_with
 from lmpipe.scaling import MAX_EPOCHS, GridPoint, grid_points, size_label
 from lmpipe.splits import TokenData, load_tokens
-from lmpipe.checkpoints import code_version
+from lmpipe.checkpoints import KEEP, code_version
 from lmpipe.train.job import Job, prepare, publish
 
 WORK = Path(CACHE_DIR) / "scaling"
@@ -91,10 +94,15 @@ def row_key(job: Job) -> str:
     return job.key(**precision_key(job))
 
 
-@task(cache_policy=NO_CACHE)
-def train_point(point: GridPoint, job: Job, params: Params, parent_id: str) -> dict:
+@task(cache_policy=NO_CACHE, task_run_name="{point.name}")
+def train_point(point: GridPoint, job: Job, params: Params, parent_id: str, cwd: str | None = None) -> dict:
     """One run of the grid, or its row from an earlier, identical run (`Job.cached`): the same settings, code, data
-    and training precision."""
+    and training precision. `cwd`: the project, where a worker of a cluster runs it (flows.runners.in_project)."""
+    with in_project(cwd):
+        return _train_point(point, job, params, parent_id)
+
+
+def _train_point(point: GridPoint, job: Job, params: Params, parent_id: str) -> dict:
     settings, data = job.settings, job.data
     key = row_key(job)
     tags = {"lmpipe.role": "scaling-run", "lmpipe.model": point.model, "lmpipe.point": key}
@@ -130,6 +138,17 @@ def train_point(point: GridPoint, job: Job, params: Params, parent_id: str) -> d
     return job.cached(ROWS, point.name, key, train, reused)
 
 
+def train_points(points: list[GridPoint], jobs: list[Job], params: Params, parent_id: str) -> list[dict]:
+    """Every point's row, in the grid's order, each trained (or read from the cache) on the task runner of
+    `orchestration`: side by side on its workers, at most KEEP runs of one family at a time, as a family keeps only
+    its newest KEEP unfinished runs' checkpoints (an older one is deleted when a run of it starts). A failed run is
+    named after the others have finished (their rows cached, so a rerun trains only what failed)."""
+    outcomes = run_apart(train_point, [{"point": p, "job": job, "params": params, "parent_id": parent_id}
+                                       for p, job in zip(points, jobs)],
+                         [p.model for p in points], params.orchestration, per_group=KEEP, name="scaling-grid-runs")
+    return results([p.name for p in points], outcomes, "grid runs")
+
+
 def grid_run(params: Params, data: TokenData):
     """The grid's MLflow run, resumed by what decides the grid (an interrupted grid continues in the same run)."""
     section = params.section("scaling")
@@ -148,7 +167,7 @@ def grid() -> str:
     check_declared(list(params.scaling.models), SCALING_PIPELINE, "grid")
     points, jobs = plan(params, data)
     with grid_run(params, data) as parent:
-        rows = [train_point(p, job, params, parent.info.run_id) for p, job in zip(points, jobs)]
+        rows = train_points(points, jobs, params, parent.info.run_id)
         write_text(RUNS, csv_text([{c: r[c] for c in COLUMNS} for r in rows]))  # timings: MLflow and the cache only
         write_json(GRID_MADE_WITH, made_with(params, data))
         tracking.log_metrics({"runs": len(rows), "grid_seconds": sum(r["wall_seconds"] for r in rows)})

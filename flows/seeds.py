@@ -11,6 +11,8 @@ seeds/weat.csv holds each seed's WEAT effect sizes, audited as the audit stage a
 
 Cached and resumable like the scaling grid: a finished run's row is kept in .cache/lmpipe/seeds/runs/, keyed by
 everything that decides it, and a killed run resumes from its checkpoint; a changed model retrains only its own seeds.
+With `orchestration.task_runner` dask (or ray) the runs train side by side on its workers, as the grid's do
+(flows.runners.run_apart; docs/scale-out.md); a failed run stops no other.
 `lmpipe seeds --models transformer` retrains that model's seeds alone and keeps the other models' rows as they are.
 """
 
@@ -25,6 +27,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows._stage import PARAMS_FILE, main
+from flows.runners import in_project, results, run_apart
 from flows.train import anneal, branch_budgets, made_by, study_branches
 from lmpipe import checkpoints, paths, tracking
 from lmpipe.checkpoints import code_version
@@ -83,11 +86,16 @@ def study_weat_rows(params: Params, models: list[str]) -> list[dict]:
     return [row for m in models for row in weat_rows(m, params.train.seed, audited.get(m, {}))]
 
 
-@task(cache_policy=NO_CACHE)
-def train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id: str,
-               weat: Callable | None = None) -> dict:
-    """One model at one seed, trained and scored, or its row from an earlier, identical run (`Job.cached`); with
-    the study's decay branches, its annealed results at each budget too, as train@<model> gives them."""
+@task(cache_policy=NO_CACHE, task_run_name="{model}-seed{seed}")
+def train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id: str, cwd: str | None = None) -> dict:
+    """One model at one seed, trained and scored (and audited, `weat_of`), or its row from an earlier, identical run
+    (`Job.cached`); with the study's decay branches, its annealed results at each budget too, as train@<model> gives
+    them. `cwd`: the project, where a worker of a cluster runs it (flows.runners.in_project)."""
+    with in_project(cwd):
+        return _train_seed(model, seed, params, data, parent_id)
+
+
+def _train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id: str) -> dict:
     job = prepare(params, model, WORK / "ckpt", train={"seed": seed}, data=data, params_file=PARAMS_FILE)
     branches = study_branches(params, job)
     key = job.key(**{"evaluate.chunk": params.evaluate.chunk, "audit": params.section("audit"),
@@ -108,7 +116,7 @@ def train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id
         row = {"model": model, "seed": seed, "valid_bpb": scores["valid"]["bpb"], "test_bpb": scores["test"]["bpb"],
                "test_word_ppl": scores["test"]["word_ppl"], "precision": result.metrics["precision"],
                **made_by(job, branches), "budgets": result.metrics.get("budgets", []),
-               "weat": weat(result.model.eval()) if weat else {}, "seconds": time.perf_counter() - started}
+               "weat": weat_of(params)(result.model.eval()), "seconds": time.perf_counter() - started}
         print(f"{name}: test bpb {row['test_bpb']:.4f}, word ppl {row['test_word_ppl']:.1f} ({row['seconds']:.0f} s)",
               flush=True)
         return row
@@ -119,6 +127,16 @@ def train_seed(model: str, seed: int, params: Params, data: TokenData, parent_id
     for branch in branches:  # the row is kept: the branches' checkpoints go too
         checkpoints.discard(branch.ckpt_dir)
     return row
+
+
+def train_seeds(runs: list[tuple[str, int]], params: Params, data: TokenData, parent_id: str) -> list[dict]:
+    """Each (model, seed)'s row, in the order of `runs`, on the task runner of `orchestration`: side by side on its
+    workers, at most KEEP runs of one model at a time (a model keeps only its newest KEEP unfinished runs'
+    checkpoints). A failed run is named after the others have finished (their rows cached)."""
+    outcomes = run_apart(train_seed, [{"model": m, "seed": seed, "params": params, "data": data,
+                                       "parent_id": parent_id} for m, seed in runs],
+                         [m for m, _ in runs], params.orchestration, per_group=checkpoints.KEEP, name="seed-runs")
+    return results([f"{m}-seed{seed}" for m, seed in runs], outcomes, "seed runs")
 
 
 def summary_lines(rows: list[dict]) -> list[str]:
@@ -145,6 +163,8 @@ def seeds(models: list[str] | None = None) -> str:
     if unknown:
         raise LmpipeError(f"{PARAMS_FILE}: models has no entry {unknown[0]!r} (have: {', '.join(params.models)})")
     chosen = models or list(params.models)
+    # a seed of every model before the next: a stopped run has the most spread
+    runs = [(m, seed) for seed in params.seeds.extra for m in chosen]
     own = study_runs(params)  # before any training: a study that does not match fails at once
     key = params_hash({"seeds": params.section("seeds"), "train": params.section("train"),
                        "models": {m: s.model_dump(mode="json") for m, s in params.models.items()},
@@ -154,12 +174,11 @@ def seeds(models: list[str] | None = None) -> str:
         rows = kept_rows(paths.SEEDS, chosen, params) + [own[m] for m in chosen]
         budgets = kept_rows(paths.SEED_BUDGETS, chosen, params) + study_budget_rows(params, chosen)
         effects = kept_rows(paths.SEED_WEAT, chosen, params) + study_weat_rows(params, chosen)
-        weat = weat_of(params)
-        for seed in params.seeds.extra:  # a seed of every model before the next: a stopped run has the most spread
-            for m in chosen:
-                rows.append(train_seed(m, seed, params, data, parent.info.run_id, weat))
-                budgets += budget_rows(m, seed, rows[-1].get("budgets", []))
-                effects += weat_rows(m, seed, rows[-1].get("weat", {}))
+        weat_of(params)  # the audit's inputs, read before any training: a missing one fails at once
+        for (m, seed), row in zip(runs, train_seeds(runs, params, data, parent.info.run_id)):
+            rows.append(row)
+            budgets += budget_rows(m, seed, row.get("budgets", []))
+            effects += weat_rows(m, seed, row.get("weat", {}))
         write_text(paths.SEEDS, csv_rows(rows))
         write_text(paths.SEED_BUDGETS, csv_rows(budgets, BUDGET_COLUMNS))
         write_text(paths.SEED_WEAT, csv_rows(effects, WEAT_COLUMNS))

@@ -1,7 +1,7 @@
 """What several test files share: a local HTTP server for a handler, run in a thread for the length of a block; a
 port another program holds; a child that takes Ctrl-C as a terminal's would; the page `lmpipe ui`'s link opens, as
-headless Chromium has it; a learnable token stream; a study's metrics files for the report; params as params.yaml
-states them (every setting), with a test's changes; the rows of a markdown table."""
+headless Chromium has it; a learnable token stream (and a project's data/tokens of it); a study's metrics files for
+the report; params as params.yaml states them (every setting), with a test's changes; the rows of a markdown table."""
 
 from __future__ import annotations
 
@@ -207,6 +207,17 @@ def synthetic_data(seed=0) -> TokenData:
 
     splits = {name: Split(name, stream(n), n // 4, n * 3) for name, n in (("train", 6000), ("valid", 800), ("test", 800))}
     return TokenData(SYNTHETIC_VOCAB, 0, splits)
+
+
+def write_tokens(root: Path, data: TokenData) -> None:
+    """`data` as the tokenize stage leaves it in a project at `root`: data/tokens/{split}.npy and counts.json."""
+    tokens = root / "data/tokens"
+    tokens.mkdir(parents=True, exist_ok=True)
+    for name, split in data.splits.items():
+        np.save(tokens / f"{name}.npy", split.tokens)
+    (tokens / "counts.json").write_text(json.dumps({
+        "vocab_size": data.vocab_size, "boundary_id": data.boundary,
+        "words": {n: s.words for n, s in data.splits.items()}, "bytes": {n: s.bytes for n, s in data.splits.items()}}))
 
 
 def write(path, obj):
