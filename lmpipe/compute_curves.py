@@ -173,6 +173,8 @@ def ranking_line(at: dict[str, dict]) -> str:
     """The families best first at one budget, in words: each next one with whether its gap to the one before is
     real (beyond twice the larger seed sd), within noise, or not judged (a point of one run has no sd)."""
     order = sorted(at, key=lambda m: at[m]["bpb"])
+    if not any(stats.known(p["sd"]) for p in at.values()):
+        return ", then ".join(f"{m} {_value(at[m])}" for m in order) + " (one run a point: no gap judged)"
     parts = [f"{order[0]} {_value(at[order[0]])}"]
     for better, worse in zip(order, order[1:]):
         b, w = at[better], at[worse]

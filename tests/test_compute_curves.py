@@ -146,7 +146,7 @@ def test_the_report_draws_the_annealed_points_where_a_model_has_them(tmp_path):
     md = build_report(tmp_path, tmp_path / "reports", label="KN-5").read_text()
     section = md[md.index("## As compute grows"):md.index("## Learning curves")]
     assert "alpha" not in section and " cross at" not in section  # a learning curve: no exponents, no crossings
-    assert "- C/16 (1.88e+12 FLOPs): lstm 2.128, then transformer 3.002 (no seed sd to judge it)" in section
+    assert "- C/16 (1.88e+12 FLOPs): lstm 2.128, then transformer 3.002 (one run a point: no gap judged)" in section
     assert (tmp_path / "reports/figures/compute.png").stat().st_size > 1000
     with open(tmp_path / "plots/compute.csv") as f:
         rows = list(csv.DictReader(f))
@@ -227,4 +227,4 @@ def test_with_seeds_at_every_budget_each_gap_is_judged_by_that_budgets_sd(tmp_pa
     md = build_report(tmp_path, tmp_path / "reports", study_seed=1234, label="KN-5").read_text()
     section = md[md.index("## As compute grows"):md.index("## Learning curves")]
     assert "- C/16 (1.88e+12 FLOPs): lstm 2.128 ± 0.001, then transformer 3.002 ± 0.001 (a real gap)" in section
-    assert "(no seed sd to judge it)" in section.split("- C/2 (1.50e+13 FLOPs): ")[1].splitlines()[0]
+    assert "(no seed sd to judge it)" in section.split("- C/2 (1.50e+13 FLOPs): ")[1].splitlines()[0]  # lstm
