@@ -351,7 +351,7 @@ def section(points: dict[str, list[dict]], sds: dict[str, dict[float, float]], b
               "over a short final stretch ending at that budget (a branch of the run; Hägele et al. 2024), which "
               "gives the loss a run of that budget from scratch would (tests/test_train.py). This shows how a model "
               "of one size improves with training, not which family is best at that compute: a smaller model "
-              "trained to a small budget does better (the grid's best sizes, above and below). So no curve is "
+              "trained to a small budget does better (the scaling grid's best sizes). So no curve is "
               "fitted to these points and no crossing is read from them. Test bits per byte, ± the seed sd where "
               "seeds measured it (`lmpipe seeds` with the branches).", "",
               "Ranking at each budget (test bpb):", "", *ranking(points, sds, c)]
