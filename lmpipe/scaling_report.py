@@ -61,8 +61,9 @@ def caveats(spread: list[dict], dips: Sequence[tuple[float, str, float]] = ()) -
         "seed's luck would move a family's minimum in steps as its best size changes (sweeps/notes.md); the mean "
         "cuts that luck by the root of the seeds' number. At the other budgets a point is one run with train.seed, "
         "where a second seed moved the runs around the minima by about the study's seed spread (reports/study.md, "
-        "'Seeds and verdicts'; sweeps/grid_seed_check.py). An exponent's interval takes the minima's scatter as "
-        "independent, which the luck left in a mean can still bend.")
+        "'Seeds and verdicts'; sweeps/grid_seed_check.py). An exponent's interval comes from the seeds: a bootstrap "
+        "over each point's runs, where a point of one run borrows the noise the seeded points measured (so it "
+        "assumes that noise holds at every budget), widened to the spread between three ways of fitting it.")
     return seeds + dips_sentence(dips) + (
         " Every size trains with its family's default settings (learning rate, batch, dropout), not settings tuned "
         "per size, which can bend the profiles. Runs longer than an epoch repeat data, which the law's D term does "
