@@ -115,14 +115,13 @@ def test_a_port_whose_last_server_just_stopped_is_free():
 
 
 def started_ui(tmp_path, until: str) -> tuple[subprocess.Popen, int, list[str]]:
-    """`lmpipe ui` on a fresh store in `tmp_path`, in its own process group, read until a line holding `until`."""
+    """`lmpipe ui` on a fresh store in `tmp_path` (beside the test's `params_file`), in its own process group, read
+    until a line holding `until`."""
     import os
-    import shutil
     import time
 
     from tests.helpers import as_in_a_terminal, free_port
 
-    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
     port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=tmp_path, env=env,
@@ -134,7 +133,7 @@ def started_ui(tmp_path, until: str) -> tuple[subprocess.Popen, int, list[str]]:
     return ui, port, lines
 
 
-def test_the_mlflow_ui_is_quiet_while_a_browser_loads_it(tmp_path):
+def test_the_mlflow_ui_is_quiet_while_a_browser_loads_it(tmp_path, params_file):
     """No line per request: the printed links stay in view (--access-log brings them back)."""
     import os
     import signal
@@ -154,7 +153,7 @@ def test_the_mlflow_ui_is_quiet_while_a_browser_loads_it(tmp_path):
 
 
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
-def test_the_mlflow_ui_stops_its_server_when_told(tmp_path, signum):
+def test_the_mlflow_ui_stops_its_server_when_told(tmp_path, params_file, signum):
     """SIGTERM (a service manager's stop) or SIGINT to `lmpipe ui` itself, not to its group: the MLflow server it
     started stops with it and the port is free within 3 s."""
     import os

@@ -48,11 +48,10 @@ with tracking.runs.open_stage_run(sys.argv[1], "exp", {"x": {"y": 1}}, "h", para
 """
 
 
-def test_two_first_runs_on_one_new_store_are_both_recorded(tmp_path):
+def test_two_first_runs_on_one_new_store_are_both_recorded(tmp_path, params_file):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'new.db'}"
-    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     env.pop("LMPIPE_PARENT_RUN_ID", None)
     runs = [subprocess.Popen([sys.executable, "-c", STAGE, f"stage{i}", str(tmp_path / "params.yaml")], env=env,
@@ -94,13 +93,12 @@ with tracking.runs.open_stage_run("train@gru", "exp", {"x": {"y": 1}}, "h", para
 """
 
 
-def test_runs_of_dead_stages_never_stay_running(tmp_path, monkeypatch):
+def test_runs_of_dead_stages_never_stay_running(tmp_path, params_file, monkeypatch):
     """SIGKILL leaves a RUNNING run behind: the next stage ends it FAILED. Ctrl-C ends its own run KILLED.
     A run whose process lives (this one) is left alone."""
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
     env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     env.pop("LMPIPE_PARENT_RUN_ID", None)
     client = MlflowClient(uri)

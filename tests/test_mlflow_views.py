@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from lmpipe import mlflow_views as views
 from lmpipe import tracking
-from tests.helpers import ROOT, assert_best_first, browser, leaderboard_page
+from tests.helpers import assert_best_first, browser, leaderboard_page
 
 # test bpb of each model folder's run: a model and the n-gram, in an order that is neither the runs' nor the names'
 RESULTS = {"gru": 1.9589, "nplm": 2.1947, "transformer": 1.9206, "ngram": 2.0485, "rnn": 2.0491, "lstm": 1.9563}
@@ -38,11 +37,10 @@ def make_runs(tmp_path: Path, params: Path, results: dict) -> dict:
 
 
 @pytest.fixture()
-def store(mlflow_store, tmp_path, monkeypatch):
+def store(mlflow_store, params_file, tmp_path, monkeypatch):
     """The test's own MLflow store, run from tmp_path with the committed params.yaml (the views read its models)."""
     monkeypatch.chdir(tmp_path)
-    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
-    return tmp_path / "params.yaml"
+    return params_file
 
 
 def test_the_leaderboard_view_holds_the_runs_that_made_the_models_the_workspace_holds(store, tmp_path, monkeypatch):

@@ -116,12 +116,11 @@ def test_a_change_to_one_models_setting_leaves_the_scaling_fits_alone():
     assert tracks(fit, {"scaling.fit.bootstrap": 10})
 
 
-def test_the_plan_refuses_a_local_corpus_file_it_cannot_read_in_one_line(tmp_path, monkeypatch):
+def test_the_plan_refuses_a_local_corpus_file_it_cannot_read_in_one_line(tmp_path, params_file, monkeypatch):
     """`lmpipe plan -S corpus.source=local ...` names the missing file as check-params does, before any stage."""
     from flows.plan import plan
     from lmpipe.errors import ConfigError
 
-    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
     (tmp_path / "train.txt").write_text("a b c\n")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError) as caught:

@@ -50,16 +50,15 @@ def test_a_stage_dvc_runs_beyond_the_dry_runs_list_still_counts():
 
 
 def with_fake_dvc(tmp_path, script: str) -> dict:
-    """An environment whose `dvc` is a shell script of `script`, with the project's params.yaml in `tmp_path`."""
+    """An environment whose `dvc` is a shell script of `script`, in `tmp_path` (beside the test's `params_file`)."""
     fake = tmp_path / "dvc"
     fake.write_text("#!/bin/sh\n" + script)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    (tmp_path / "params.yaml").write_text((ROOT / "params.yaml").read_text())
     return {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
             "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
-def test_dvcs_output_passes_through_byte_for_byte_with_a_progress_line_after_each_stage_start(tmp_path):
+def test_dvcs_output_passes_through_byte_for_byte_with_a_progress_line_after_each_stage_start(tmp_path, params_file):
     """A fake `dvc` on PATH: `repro --dry` names two stages, `repro` prints them with a progress bar's carriage
     returns, which must reach the terminal as they are (the bar stays on its line), and exits 3."""
     env = with_fake_dvc(tmp_path,
@@ -102,7 +101,7 @@ def test_the_plan_holds_every_changed_stage_and_all_below_it(tmp_path, monkeypat
     assert planned_stages() == ["b"]
 
 
-def test_ctrl_c_twice_passes_on_dvcs_last_lines_and_its_exit_status_without_a_traceback(tmp_path):
+def test_ctrl_c_twice_passes_on_dvcs_last_lines_and_its_exit_status_without_a_traceback(tmp_path, params_file):
     """The terminal's Ctrl-C reaches the whole group, pressed twice here: DVC (a fake on PATH that stops its stage
     and says so) gets both; the study's progress relays DVC's last line and DVC's exit status, and no traceback."""
     env = with_fake_dvc(tmp_path,

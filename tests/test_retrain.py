@@ -6,7 +6,6 @@ import difflib
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -57,7 +56,7 @@ json.dump({"models": {"gru": {"test": {"word_ppl": 100.0, "bpb": 2.0}}}, "lr": l
 
 
 @pytest.fixture
-def tiny_project(tmp_path, monkeypatch):
+def tiny_project(tmp_path, params_file, monkeypatch):
     """A git + DVC project with the real params.yaml (its comments and inline maps) and one stage that depends on
     models.gru.optim.lr and writes a metrics/eval.json the gate reads: a real `dvc exp run` of it takes seconds. The
     retrain's outside world (the corpus source, MLflow, Prefect's logger and artifacts) is stubbed; its tags are
@@ -66,7 +65,6 @@ def tiny_project(tmp_path, monkeypatch):
     import flows.retrain as retrain
 
     monkeypatch.chdir(tmp_path)
-    shutil.copy(ROOT / "params.yaml", "params.yaml")
     Path("README.md").write_text("# a project\n")
     Path("evaluate.py").write_text(EVALUATE)
     Path("metrics").mkdir()

@@ -80,13 +80,8 @@ with one_study(Path({str(lock)!r})):
     assert dvc_lock_holder(tmp_path) is None
 
 
-def test_a_typo_in_an_override_stops_before_dvc_runs_anything(tmp_path, monkeypatch):
-    import shutil
-
-    from tests.helpers import ROOT
-
+def test_a_typo_in_an_override_stops_before_dvc_runs_anything(tmp_path, params_file, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    shutil.copy(ROOT / "params.yaml", tmp_path / "params.yaml")
     with pytest.raises(ConfigError, match=r"params.yaml with models.lstm.optim.lr=fast: models.lstm.optim"):
         study.fn(overrides=["models.lstm.optim.lr=fast"])
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / ".cache").exists()  # no run, no lock taken
