@@ -428,3 +428,19 @@ def test_a_minimum_far_below_its_runs_is_named_in_the_caveats():
     assert ("and 1 of 2 lie more than 0.01 bpb below their budget's best run: transformer at 1.0e+13 (0.032). There "
             "the best run's neighbours sit at unequal distances in size") in caveats([], dips)
     assert "lie more than" not in caveats([], dips[1:])
+
+
+def test_a_rejected_or_degenerate_law_is_said_to_be_so_and_its_exponent_not_read_as_a_measurement():
+    from lmpipe.scaling_report import law_sentence, law_usable
+
+    family = {"law_exponents": {"a": 0.57}, "law_exponent_intervals": {}, "isoflop_exponents": None,
+              "holdout": {"mean_abs_relative_error": 0.008},
+              "law_fit": {"f": 17.4, "p": 1.2e-16, "df_lack": 49, "df_pure": 42, "rejected": True},
+              "law_degenerate": False}
+    assert not law_usable(family)
+    assert law_sentence(family) == (
+        "The fitted law L(N, D) is rejected (lack-of-fit F = 17.40 on 49 and 42 df, p = 1.2e-16), so its N_opt ~ "
+        "C^0.57 is not a measurement and it is used for no interval or prediction.")
+    degenerate = {**family, "law_fit": {**family["law_fit"], "p": 0.3, "rejected": False}, "law_degenerate": True}
+    assert not law_usable(degenerate) and "not rejected (lack-of-fit F = 17.40 on 49 and 42 df, p = 0.3); degenerate" \
+        in law_sentence(degenerate)
