@@ -9,7 +9,7 @@ from prefect import flow, task
 from lmpipe import paths
 from flows._stage import PARAMS_FILE, drop_removed, main, stage_run
 from lmpipe import grid_record, tracking
-from lmpipe.compare import BASELINE, baseline_label, best_model, not_compute_matched, vs_baseline
+from lmpipe.compare import BASELINE, baseline_label, best_model, gap, not_compute_matched, scored
 from lmpipe.config import load_params
 from lmpipe.errors import LmpipeError
 from lmpipe.io import write_text
@@ -26,7 +26,7 @@ def headline(models: dict, unmatched: list[str] = ()) -> dict:
     best = best_model({n: r for n, r in models.items() if n not in unmatched})
     if BASELINE in models and best:
         out["best_test_bpb"] = models[best]["test"]["bpb"]
-        out["best_vs_baseline"] = vs_baseline(models[best], models[BASELINE])
+        out["best_vs_baseline_bpb"] = gap(scored(models[best]), scored(models[BASELINE]))[0]
     return out
 
 
@@ -42,9 +42,10 @@ def made_from(params_file: str | Path = PARAMS_FILE) -> str:
     return line
 
 
-def describe(name: str, result: dict, trained: dict) -> str:
-    """A model run's description (the MLflow UI shows it first): what it is and how it did."""
-    line = f"**{name}**: test {result['test']['bpb']:.3f} bpb, word perplexity {result['test']['word_ppl']:,.0f}"
+def describe(name: str, shown, trained: dict) -> str:
+    """A model run's description (the MLflow UI shows it first): what it is and how it did, in the report's numbers
+    (`shown`: its seed spread, lmpipe.seeds.Spread)."""
+    line = f"**{name}**: test {shown.text()} bpb, word perplexity {shown.word_ppl:,.0f}"
     if "train_flops" in trained:
         line += (f"; trained on {trained['tokens_seen'] / 1e6:.2f}M tokens ({trained['epochs']:.1f} epochs), "
                  f"{trained['train_flops'] / 1e12:.1f} TFLOPs, {trained['n_params'] / 1e6:.2f}M parameters")
@@ -64,38 +65,39 @@ def label_each_model_run(params, models: dict) -> None:
     trained = {n: json.loads(Path(paths.train_metrics(n)).read_text()) for n in models if n in params.models}
     spreads, stale = study_spreads(paths.SEEDS, {"models": models}, trained, params.train.seed, BASELINE,
                                list(params.models))
-    digest, baseline = tracking.runs.study_key(PARAMS_FILE).params_digest, models[BASELINE]["test"]
+    digest, baseline = tracking.runs.study_key(PARAMS_FILE).params_digest, spreads[BASELINE]
     for name, result in models.items():
         run_id = tracking.run_of_output(params.tracking.experiment, paths.model_dir(name))
         if not run_id:
             continue
-        t, spread = trained.get(name, {}), spreads.get(name)
-        sd, seeds = (spread.bpb_sd, spread.n) if spread and name != BASELINE else (None, 1)
+        t, spread = trained.get(name, {}), spreads[name]
+        sd, seeds = (spread.bpb_sd, spread.n) if name != BASELINE else (None, 1)
         size = t.get("n_params", result.get("n_params", 0))
-        shown = views.labels(name, result["test"], (label, baseline["bpb"]), size, t.get("train_flops"), sd)
-        note = describe(name, result, t)
-        tracking.record_results(run_id, result["test"], {tracking.NOTE: note, **shown, views.RANKED: "yes"})
+        shown = views.labels(name, spread, (label, baseline), size, t.get("train_flops"))
+        note = describe(name, spread, t)
+        tracking.record_results(run_id, {**result["test"], "bpb_mean": spread.bpb},  # SORT_METRIC: the views' order
+                                {tracking.NOTE: note, **shown, views.RANKED: "yes"})
         commit = tracking.tracker().client.get_run(run_id).data.tags.get("mlflow.source.git.commit", "")
-        gap = shown[f"vs {label}"]
-        card = (f"{note} Against {label}: {gap}, word perplexity {result['test']['word_ppl']:,.0f} against "
-                f"{baseline['word_ppl']:,.0f}. {seed_sentence(name, shown, seeds, stale)} "
+        versus = shown[f"vs {label}"]
+        card = (f"{note} Against {label}: {versus}, word perplexity {spread.word_ppl:,.0f} against "
+                f"{baseline.word_ppl:,.0f}.{seed_sentence(name, seeds, stale)} "
                 f"Trained at commit {commit[:12] or '(none)'} from params.yaml sha256 {digest}.")
         tracking.registry.describe_versions(tracking.registry.registered_name(name), paths.model_dir(name), card, {
-            "test_bpb": f"{result['test']['bpb']:.4f}", "test_bpb_sd": "unknown" if sd is None else f"{sd:.4f}",
-            "seeds": str(seeds), f"vs_{label}_bpb": gap.split()[0],
-            "test_word_ppl": f"{result['test']['word_ppl']:.1f}",
+            "test_bpb": f"{spread.bpb:.4f}", "test_bpb_sd": "unknown" if sd is None else f"{sd:.4f}",
+            "seeds": str(seeds), f"vs_{label}_bpb": versus.split()[0],
+            "test_word_ppl": f"{spread.word_ppl:.1f}",
             "train_flops": f"{t['train_flops']:.3e}" if "train_flops" in t else "-",
             "n_params": str(t.get("n_params", "")), "git_commit": commit, "params_sha256": digest})
 
 
-def seed_sentence(name: str, shown: dict, seeds: int, stale: dict[str, str]) -> str:
-    """What a registry card says of the seed noise: the spread (the sd over `seeds` seeds), or why there is none (a
-    person must not read one seed's number as a mean)."""
-    if seeds > 1:
-        return f"Test bpb over the seeds: {shown['test bpb']} (sd of {seeds} seeds)."
+def seed_sentence(name: str, seeds: int, stale: dict[str, str]) -> str:
+    """What a registry card adds of the seed noise where its numbers are one run's: why there is no spread (a person
+    must not read one seed's number as a mean); nothing where they are a mean over seeds (the card says so)."""
+    if seeds > 1 or name == BASELINE:
+        return ""
     if name in stale:
-        return f"No seed spread: seeds/seeds.csv's rows of it are {stale[name]}."
-    return "No seed spread yet: one seed (`lmpipe seeds` trains more)."
+        return f" No seed spread: seeds/seeds.csv's rows of it are {stale[name]}."
+    return " No seed spread yet: one seed (`lmpipe seeds` trains more)."
 
 
 def check_covers(models: list[str]) -> None:

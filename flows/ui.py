@@ -58,7 +58,7 @@ def print_views(base: str, params) -> None:
     """The links of the views of this study on the MLflow UI at `base`, and the champions."""
     from lmpipe import mlflow_views as views
     from lmpipe.compare import baseline_label
-    from lmpipe.tracking.registry import champion_versions
+    from lmpipe.tracking.registry import champion_metrics
 
     experiment, label = params.tracking.experiment, baseline_label(params.ngram)
     every_run = views.view_url(base, experiment, views.share(experiment, views.runs_state(label)))
@@ -69,10 +69,13 @@ def print_views(base: str, params) -> None:
         print(f"the models this workspace holds, best test bpb first: {best_first}")
         chart = views.chart_url(base, experiment, views.share(experiment, views.chart_state(runs, label)))
         print(f"their test bpb as a chart, best first: {chart}")
-        print(f"every setting and metric of them side by side: {views.compare_url(base, experiment, runs)}")
-    crowned = champion_versions(params.models)
-    print("champions (models:/lmpipe-<model>@champion): "
-          + (", ".join(f"{m} v{v.version}" for m, v in crowned.items()) or "none yet (run the study)"), flush=True)
+        print("every setting and metric of them side by side, best first: "
+              f"{views.compare_url(base, experiment, views.best_first(runs))}")
+    crowned = champion_metrics(params.models)
+    ranked = sorted(crowned, key=lambda m: crowned[m]["bpb"])
+    print("champions (models:/lmpipe-<model>@champion), best test bpb first: "
+          + (", ".join(f"{m} v{crowned[m]['version']} ({crowned[m]['bpb']:.3f})" for m in ranked)
+             or "none yet (run the study)"), flush=True)
 
 
 def interrupt(signum, frame) -> None:

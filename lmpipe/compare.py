@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from lmpipe.paths import BASELINE  # noqa: F401  (the baseline's name, re-exported: compare's callers use it)
 from lmpipe.tables import markdown_table
@@ -49,9 +49,35 @@ def without_cache(combinations: Mapping[str, Mapping]) -> dict:
     return {name: row for name, row in combinations.items() if CACHE not in row["weights"]}
 
 
-def vs_baseline(result: Mapping, baseline: Mapping) -> float:
-    """A model's test word perplexity relative to the baseline's, minus 1: -0.285 is 28.5% lower."""
-    return result["test"]["word_ppl"] / baseline["test"]["word_ppl"] - 1
+class Scored(NamedTuple):
+    """A test result as the tables compare it: bits per byte and word perplexity (one run's, or a mean over seeds:
+    lmpipe.seeds.Spread has the same two fields)."""
+    bpb: float
+    word_ppl: float
+
+
+def scored(result: Mapping) -> Scored:
+    """An eval.json-shaped result's (`{"test": {"bpb": ..., "word_ppl": ...}}`) test numbers."""
+    return Scored(result["test"]["bpb"], result["test"]["word_ppl"])
+
+
+def gap(model, baseline) -> tuple[float, float]:
+    """A model against the baseline, the one way README, report, `dvc metrics show` and MLflow state it: the
+    difference in test bits per byte (negative: the model is better), and the relative change in word perplexity
+    beside it (-0.285: 28.5% lower). Both from what they are given (`Scored` or a seed spread), so a table that shows
+    seed means gives the gap of the means."""
+    return model.bpb - baseline.bpb, model.word_ppl / baseline.word_ppl - 1
+
+
+def gap_header(label: str) -> str:
+    """The gap column's name, with its unit (`gap_text`)."""
+    return f"vs {label}: bpb (word ppl)"
+
+
+def gap_text(model, baseline) -> str:
+    """'-0.124 (-41.6%)': the bpb difference, then the word perplexity change (`gap_header` names them)."""
+    bpb, word_ppl = gap(model, baseline)
+    return f"{bpb:+.3f} ({100 * word_ppl:+.1f}%)"
 
 
 METRICS = {"word_ppl": "word ppl", "bpb": "bpb"}  # both gate: bpb is what a model learns, word ppl what the report ranks

@@ -12,26 +12,29 @@ import urllib.parse
 from pathlib import Path
 
 
-from lmpipe.compare import BASELINE
+from lmpipe.compare import BASELINE, gap
 from lmpipe.tracking import LABELS, RANKED, run_of_output, tracker
 
 SHARED_VIEW = "mlflow.sharedViewState."  # MLflow's tag prefix for a shared view (its UI reads it back)
 
 
-def labels(name: str, test: dict, baseline: tuple[str, float], n_params: float, train_flops: float | None,
-           sd: float | None = None) -> dict[str, str]:
+SORT_METRIC = "test_bpb_mean"  # a model run's test bpb as every table shows it: the mean over its seeds, else its own
+
+
+def labels(name: str, shown, baseline: tuple[str, object], n_params: float, train_flops: float | None) -> dict[str, str]:
     """A model run's numbers as a person reads them, the views' columns: MLflow shows a metric's every digit, cut to
-    the cell (`1.92056884…`), so the views show these tags and sort by the exact metric. `baseline`: the n-gram's
-    label and test bpb; `sd`: the seed sd of test bpb (the registry card says over how many seeds). Each
+    the cell (`1.92056884…`), so the views show these tags and sort by the exact metric (SORT_METRIC). `shown`: the
+    model's test numbers as the report's tables give them (lmpipe.seeds.Spread: the mean over seeds where they hold,
+    with its sd); `baseline`: the n-gram's label and its numbers, the gap to it in bpb (lmpipe.compare.gap). Each
     fits MLflow's 100-px cell whole (76 px of text: "1.921 ± 0.002" takes 73, "1.75M n-grams" 81, "470k n-grams"
     73). Size: a model's parameters in millions; the n-gram's n-grams (`short_count`)."""
     label, kn = baseline
-    spread = f" ± {sd:.3f}" if sd is not None else ""
-    return {"test bpb": f"{test['bpb']:.3f}{spread}",  # in the order the views show them (MLflow's: the tags')
-            f"vs {label}": "baseline" if name == BASELINE else f"{test['bpb'] - kn:+.3f} bpb",
+    spread = f" ± {shown.bpb_sd:.3f}" if shown.bpb_sd and name != BASELINE else ""
+    return {"test bpb": f"{shown.bpb:.3f}{spread}",  # in the order the views show them (MLflow's: the tags')
+            f"vs {label}": "baseline" if name == BASELINE else f"{gap(shown, kn)[0]:+.3f} bpb",
             "size": f"{short_count(n_params)} n-grams" if name == BASELINE else f"{n_params / 1e6:.2f}M",
             "training FLOPs": f"{train_flops:.2e}" if train_flops else "-",
-            "word ppl": f"{test['word_ppl']:,.0f}"}
+            "word ppl": f"{shown.word_ppl:,.0f}"}
 
 
 def short_count(n: float) -> str:
@@ -55,12 +58,24 @@ def current_runs(experiment: str, folders: list[str | Path]) -> list[str]:
     return sorted(filter(None, (run_of_output(experiment, f) for f in folders if Path(f).is_dir())))
 
 
+def best_first(run_ids: list[str]) -> list[str]:
+    """`run_ids` by their SORT_METRIC (else test bpb), best first: MLflow's compare page shows runs in the order its
+    link names them."""
+    client = tracker().client
+
+    def shown_bpb(run_id: str) -> float:
+        metrics = client.get_run(run_id).data.metrics
+        return metrics.get(SORT_METRIC, metrics.get("test_bpb", float("inf")))
+
+    return sorted(run_ids, key=shown_bpb)
+
+
 def runs_state(baseline_label: str) -> dict:
     """Every model a study's report has evaluated so far, one row each (its training run, not its scoring run too),
     best test bpb first, the labels as columns. Sorted by a metric, the UI lists them flat instead of folded under
     the study runs that hold them (those, and the other stages' runs, are one "Exit shared view" away)."""
     return {"searchFilter": f"tags.`{RANKED}` = 'yes'", "selectedColumns": columns(baseline_label),
-            "orderByKey": column("test_bpb"), "orderByAsc": True}
+            "orderByKey": column(SORT_METRIC), "orderByAsc": True}
 
 
 def leaderboard_state(run_ids: list[str], baseline_label: str) -> dict:
@@ -74,8 +89,9 @@ def chart_state(run_ids: list[str], baseline_label: str) -> dict:
     own compare page opens on whichever metric its runs share first)."""
     section = "lmpipe-test-bpb"
     return {**leaderboard_state(run_ids, baseline_label),
-            "compareRunCharts": [{"type": "BAR", "uuid": f"{section}-chart", "metricKey": "test_bpb", "deleted": False,
-                                  "isGenerated": False, "displayName": "test bits per byte", "metricSectionId": section}],
+            "compareRunCharts": [{"type": "BAR", "uuid": f"{section}-chart", "metricKey": SORT_METRIC, "deleted": False,
+                                  "isGenerated": False, "displayName": "test bits per byte (mean over seeds)",
+                                  "metricSectionId": section}],
             "compareRunSections": [{"uuid": section, "name": "Test bits per byte (lower is better)", "display": True,
                                     "isReordered": False}]}
 

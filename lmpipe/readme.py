@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmpipe.compare import BASELINE, CACHE, baseline_label, best_model, vs_baseline, without_cache
+from lmpipe.compare import BASELINE, CACHE, baseline_label, best_model, gap_header, gap_text, without_cache
 from lmpipe.config import load_params
 from lmpipe.tables import markdown_table
 from lmpipe.report import row_label
@@ -15,27 +15,30 @@ from lmpipe.results import load_results, si
 
 RESULTS_BEGIN = "<!-- results: generated from metrics/ and seeds/seeds.csv by `python -m lmpipe.readme README.md` -->"
 RESULTS_END = "<!-- end of results -->"
+SOURCE_NOTE = ("Test bpb, word perplexity and the gap to the baseline are means over a model's seeds where it has them "
+               "(seeds/seeds.csv), else its one run; the gap is the difference in bpb (negative: better), with the "
+               "change in word perplexity in brackets.")
 
 
 def results_markdown(root: str | Path, study_seed: int, label: str, budget_flops: float | None = None,
                      budget_exceptions: list[str] = ()) -> str:
     """The README's results table, from the committed metrics: each model's test bpb (mean ± sd where seeds
-    hold), word perplexity against the baseline, and its compute (a model off the study's budget marked); then the
-    best combination."""
+    hold), word perplexity and gap to the baseline from the same numbers, and its compute (a model off the study's
+    budget marked); then the best combination."""
     results = load_results(root, None, study_seed, budget_flops, budget_exceptions)
     combined, trained, spreads, unmatched = results.combined, results.trained, results.spreads, results.unmatched
-    models = results.evaluation["models"]
     lines = [f"Every neural model trained {si(budget_flops)} FLOPs (`study.budget`): the families compare at equal "
              "compute" + (f"; not compute-matched: {', '.join(unmatched)}." if unmatched else "."), ""] if budget_flops else []
+    lines += [SOURCE_NOTE, ""]
     rows = []
-    for name in sorted(models, key=lambda n: spreads[n].bpb):
-        r, t, s = models[name], trained.get(name, {}), spreads[name]
+    for name in sorted(spreads, key=lambda n: spreads[n].bpb):
+        t, s = trained.get(name, {}), spreads[name]
         bpb = f"{s.bpb:.3f}" + (f" ± {s.bpb_sd:.3f} ({s.n} seeds)" if s.n > 1 else "")
-        versus = "-" if name == BASELINE else f"{100 * vs_baseline(r, models[BASELINE]):+.1f}%"
+        versus = "-" if name == BASELINE else gap_text(s, spreads[BASELINE])
         compute = ([f"{t['tokens_seen']:,} ({t['epochs']:.1f} ep.)", si(t["train_flops"])] if "train_flops" in t
                    else ["-", "-"])
-        rows.append([row_label(name, unmatched), bpb, f"{r['test']['word_ppl']:,.0f}", versus, *compute])
-    lines += markdown_table(["model", "test bpb", "test word ppl", f"vs {label} (word ppl)", "tokens seen",
+        rows.append([row_label(name, unmatched), bpb, f"{s.word_ppl:,.0f}", versus, *compute])
+    lines += markdown_table(["model", "test bpb", "test word ppl", gap_header(label), "tokens seen",
                              "train FLOPs"], rows)
     if combined and combined["models"]:
         best = best_model(combined["models"])

@@ -18,7 +18,9 @@ import markdown  # noqa: E402
 from lmpipe import paths  # noqa: E402
 from lmpipe import seeds as seed_spread  # noqa: E402
 from lmpipe.compute_curves import against_grid, annealed, section as compute_section  # noqa: E402
-from lmpipe.compare import BASELINE, CACHE, MATCHED, best_model, vs_baseline, without_cache  # noqa: E402
+from lmpipe import figures, summaries  # noqa: E402
+from lmpipe.compare import (BASELINE, CACHE, MATCHED, best_model, best_of, gap, gap_header, gap_text, scored,  # noqa: E402
+                            without_cache)
 from lmpipe.io import atomic_path, csv_records, csv_text, write_text  # noqa: E402
 from lmpipe.tables import markdown_table  # noqa: E402
 from lmpipe.results import load_results, read_json, si  # noqa: E402
@@ -53,7 +55,7 @@ def _times_power_of_ten(x: float, _position=None) -> str:
 def learning_curves_figure(curves: dict, baseline_bpb: float | None, out: Path, label: str) -> None:
     """Validation bpb per model against epochs (left) and against cumulative training FLOPs (right, log):
     the second puts every family on the axis of compute, where equal x means equal work."""
-    fig, (by_epoch, by_flops) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    fig, (by_epoch, by_flops) = plt.subplots(1, 2, figsize=(8.7, 3.8), sharey=True)
     for name, rows in curves.items():
         by_epoch.plot([r["epoch"] for r in rows], [r["valid_bpb"] for r in rows], marker="o", markersize=3, label=name)
         if "flops" in rows[0]:
@@ -68,25 +70,30 @@ def learning_curves_figure(curves: dict, baseline_bpb: float | None, out: Path, 
     by_flops.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     by_flops.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_times_power_of_ten))
     by_flops.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # 1, 2, 5 per decade: more would collide
-    by_flops.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    by_epoch.legend(loc="upper right")  # where the curves have ended: the epochs differ, the FLOPs do not
+    figures.save(fig, out)
 
 
-def bpb_figure(models: dict, out: Path) -> None:
-    """Test bits per byte on a linear axis starting at 0, so bar lengths compare; the baseline in grey."""
-    names = sorted(models, key=lambda n: models[n]["test"]["bpb"])
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(names) + 1.5))
-    values = [models[n]["test"]["bpb"] for n in names]
-    bars = ax.barh([f"{n} (baseline)" if n == BASELINE else n for n in names], values,
-                   color=["gray" if n == BASELINE else "tab:blue" for n in names])
-    ax.bar_label(bars, fmt="%.3f", padding=3, fontsize=8)
-    ax.set(xlabel="test bits per byte (lower is better)", xlim=(0, max(values) * 1.12), title="Test bits per byte")
-    ax.invert_yaxis()
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+def bpb_figure(spreads: dict, out: Path, label: str) -> None:
+    """Test bits per byte per model, best first, as dots with ± one seed sd where seeds give one, on an axis that
+    spans the models (not from 0: the gaps that decide the verdicts are a few hundredths); the baseline a dashed
+    line through the plot."""
+    names = sorted((n for n in spreads if n != BASELINE), key=lambda n: spreads[n].bpb)
+    fig, ax = plt.subplots(figsize=(7, 0.42 * len(names) + 1.4))
+    values = [spreads[n].bpb for n in names]
+    ax.errorbar(values, range(len(names)), xerr=[spreads[n].bpb_sd or 0.0 for n in names], fmt="o", color="tab:blue",
+                capsize=4)
+    for i, n in enumerate(names):
+        ax.annotate(f"{values[i]:.3f}", (values[i], i), textcoords="offset points", xytext=(0, 7), ha="center")
+    if BASELINE in spreads:
+        ax.axvline(spreads[BASELINE].bpb, color="gray", linestyle="--",
+                   label=f"{label} baseline {spreads[BASELINE].bpb:.3f}")
+        ax.legend(loc="best")  # where it hides no model
+    ax.set_yticks(range(len(names)), names)
+    ax.set_ylim(len(names) - 0.5, -0.7)  # best on top, room for its label
+    ax.set(xlabel="test bits per byte (lower is better; bars: ± 1 seed sd)", title="Test bits per byte")
+    ax.grid(axis="x", alpha=0.3)
+    figures.save(fig, out)
 
 
 def _corpus_section(corpus, validation, tokenize) -> list[str]:
@@ -135,41 +142,61 @@ def row_label(name: str, unmatched: Sequence[str] = ()) -> str:
     return f"{name} (not compute-matched)" if name in unmatched else name
 
 
-def _perplexity_section(evaluation, trained: dict, label: str, unmatched: list[str] = ()) -> list[str]:
-    """The results table, each model with the compute it had, and what the numbers support: the winner and its
-    margin over the baseline, and which models the baseline beats."""
+def answer_lines(spreads: dict, combined: dict | None, evaluation: dict | None, label: str,
+                 unmatched: Sequence[str] = ()) -> list[str]:
+    """The report's first lines: the best compute-matched model with its margin over the next and over the baseline
+    (seed means and sds, judged by lmpipe.seeds' rule), and what combining the models adds."""
+    judged = {n: s for n, s in spreads.items() if n not in unmatched}
+    best = best_of({n: s.bpb for n, s in judged.items()})
+    if best is None:
+        return []
+    s, ranked = judged[best], sorted((n for n in judged if n not in (BASELINE, best)), key=lambda n: judged[n].bpb)
+    parts = [f"**Best model: {best}**, test {s.text()} bpb"]
+    if ranked:
+        parts.append(seed_spread.gap_phrase(s, ranked[0], judged[ranked[0]]))
+    if BASELINE in judged:
+        bpb, word_ppl = gap(s, judged[BASELINE])
+        parts.append(seed_spread.gap_phrase(s, f"the {label} baseline", judged[BASELINE])
+                     + f", a word perplexity {100 * abs(word_ppl):.1f}% {'lower' if word_ppl < 0 else 'higher'}")
+    lines = [", ".join(parts[:2]) + ("; " + "; ".join(parts[2:]) if parts[2:] else "") + "."]
+    if combined and combined.get("models") and evaluation:
+        name, single = best_model(combined["models"]), evaluation["models"][best]["test"]["bpb"]
+        c = combined["models"][name]["test"]
+        lines.append(f"**Combined**: interpolating {name} gives {c['bpb']:.3f} test bpb, {single - c['bpb']:.3f} "
+                     f"below {best}'s run alone ({single:.3f}; weights fitted on valid, one run of each model).")
+    return lines
+
+
+def _perplexity_section(evaluation, trained: dict, label: str, unmatched: list[str], spreads: dict) -> list[str]:
+    """The results table: each model with the compute it had, and its test numbers and gap to the baseline from one
+    source, the seed means where seeds hold (`spreads`)."""
     models = evaluation["models"]
-    names = sorted(models, key=lambda n: models[n]["test"]["bpb"])
-    kn = models.get(BASELINE)
     lines = ["## Perplexity", "", "Sorted by test bits per byte. The same total loss normalised per UTF-8 byte (bpb), "
              "per whitespace word and per BPE token, so the n-gram and the neural models compare fairly whatever "
-             "their tokenization. Compute: parameters without embeddings, training tokens seen and training FLOPs "
-             "(analytic, `lmpipe/flops.py`)" + _precision_note(trained) + "; the seconds each took are on the "
-             "model's MLflow run (they differ from run to run, so no tracked file holds them).", ""]
-    rows = []
-    for n in names:
-        r, t = models[n], trained.get(n, {})
-        versus = f"{100 * vs_baseline(r, kn):+.1f}%" if kn and n != BASELINE else "-"
+             "their tokenization. Every bpb, word perplexity and gap here is a mean over the model's seeds (the "
+             "seeds column; seeds/seeds.csv) where it has them, else its one run; the gap to the baseline is the "
+             "difference in bpb (negative: better), the change in word perplexity in brackets. Compute: parameters "
+             "without embeddings, training tokens seen and training FLOPs (analytic, `lmpipe/flops.py`)"
+             + _precision_note(trained) + "; the seconds each took are on the model's MLflow run (they differ from "
+             "run to run, so no tracked file holds them).", ""]
+    rows, kn = [], spreads.get(BASELINE)
+    for n in sorted(models, key=lambda n: spreads[n].bpb):
+        r, t, s = models[n], trained.get(n, {}), spreads[n]
         compute = ([f"{r['n_params']:,} ({t['n_params_non_embedding']:,})", f"{t['tokens_seen']:,} "
                     f"({t['epochs']:.1f} ep.)", si(t["train_flops"])]
                    if "train_flops" in t else [f"{r['n_params']:,}", "-", "-"])
-        rows.append([row_label(n, unmatched), *compute, f"{r['valid']['bpb']:.3f}", f"{r['test']['bpb']:.3f}",
-                     f"{r['test']['word_ppl']:.0f}", versus])
-    lines += markdown_table(["model", "params (non-emb.)", "tokens seen", "train FLOPs", "valid bpb", "test bpb",
-                             "test word ppl", f"vs {label} (word ppl)"], rows)
-    neural = [n for n in names if n != BASELINE and n not in unmatched]
+        sd = f" ± {s.bpb_sd:.3f}" if s.bpb_sd and n != BASELINE else ""
+        valid = "-" if s.valid_bpb is None else f"{s.valid_bpb:.3f}"
+        rows.append([row_label(n, unmatched), *compute, "-" if n == BASELINE else s.n, valid, f"{s.bpb:.3f}{sd}",
+                     f"{s.word_ppl:,.0f}", gap_text(s, kn) if kn and n != BASELINE else "-"])
+    lines += markdown_table(["model", "params (non-emb.)", "tokens seen", "train FLOPs", "seeds", "valid bpb",
+                             "test bpb", "test word ppl", gap_header(label)], rows)
+    neural = [n for n in models if n != BASELINE and n not in unmatched]
     if kn and neural:
-        best = best_model({n: models[n] for n in [BASELINE, *neural]})
-        margin = -vs_baseline(models[best], kn)
-        behind = [n for n in neural if models[n]["test"]["bpb"] >= kn["test"]["bpb"]]
-        lines += ["", f"Best model: **{best}**, test {models[best]['test']['bpb']:.3f} bpb against the {label} "
-                      f"baseline's {kn['test']['bpb']:.3f}: a test word perplexity "
-                      + (f"{100 * margin:.1f}% lower" if margin > 0 else f"{-100 * margin:.1f}% higher")
-                      + " than the baseline's. "
-                      + (f"Behind the baseline in bpb: {', '.join(behind)}." if behind
-                         else "Every neural model is ahead of the baseline in bpb.")
-                      + " This table is one training run per model (seed `train.seed`, the run `models/` holds); "
-                        "which of these gaps are real is in *Seeds and verdicts* below."]
+        behind = [n for n in neural if spreads[n].bpb >= kn.bpb]
+        lines += ["", (f"Behind the baseline in bpb: {', '.join(behind)}." if behind
+                       else "Every neural model is ahead of the baseline in bpb.")
+                  + " Which of these gaps are real is in *Seeds and verdicts* below."]
     if neural:
         lines += ["", "Each neural model is registered in MLflow as `lmpipe-<model>`; `models:/lmpipe-<model>@champion` "
                       "is the version the first study or the last passing retrain made (`lmpipe ui` prints each "
@@ -187,17 +214,17 @@ def _combine_section(combined: dict, evaluation: dict, label: str, unmatched: li
              f"{windows[0]} tokens before it (the window of `combine.cache_windows` with the best valid likelihood), "
              "no training (Kuhn & De Mori 1990).") if windows else ""
     lines = ["## Combined models", "", "Per-token linear interpolation of the models' probabilities (the same BPE "
-             "stream), weights fitted by EM on the valid split only and scored once on test (`lmpipe/combine.py`)."
-             + cache, ""]
+             "stream), weights fitted by EM on the valid split only and scored once on test (`lmpipe/combine.py`): "
+             "the runs `models/` holds, one seed each, so every number here is one run's." + cache, ""]
     table = []
     for name, r in sorted(rows.items(), key=lambda kv: kv[1]["test"]["bpb"]):
         weights = ", ".join(f"{m} {w:.2f}" for m, w in r["weights"].items())
         gain = f"{r['test']['bpb'] - models[single]['test']['bpb']:+.3f}" if single else "-"
-        versus = f"{100 * vs_baseline(r, kn):+.1f}%" if kn else "-"
+        versus = gap_text(scored(r), scored(kn)) if kn else "-"
         table.append([name, weights, f"{r['valid']['bpb']:.3f}", f"{r['test']['bpb']:.3f}",
-                      f"{r['test']['word_ppl']:.0f}", gain, versus])
+                      f"{r['test']['word_ppl']:,.0f}", gain, versus])
     lines += markdown_table(["combination", "weights", "valid bpb", "test bpb", "test word ppl",
-                             "vs best single (bpb)", f"vs {label} (word ppl)"], table)
+                             "vs best single (bpb)", gap_header(label)], table)
     matched = {name: r for name, r in rows.items() if not set(r["weights"]) & set(unmatched)}
     if matched and single:
         best = best_model(matched)
@@ -237,13 +264,7 @@ def _seeds_section(spreads: dict, stale: dict[str, str], label: str, unmatched: 
     lines = ["## Seeds and verdicts", "", "Each neural model trained with `train.seed` and the seeds of `seeds.extra` "
              "(`lmpipe seeds`, seeds/seeds.csv), everything else equal. Two results differ only where their gap "
              f"exceeds {seed_spread.REAL_GAP_SDS:g} times the larger seed sd; otherwise they are within noise. "
-             f"{label} is deterministic (sd 0).", ""]
-    rows = []
-    for name, s in sorted(spreads.items(), key=lambda kv: kv[1].bpb):
-        sd = (lambda v, d: "" if v is None or name == BASELINE else f" ± {v:.{d}f}")
-        rows.append([row_label(name, unmatched), "-" if name == BASELINE else s.n, f"{s.bpb:.3f}{sd(s.bpb_sd, 3)}",
-                     f"{s.word_ppl:.1f}{sd(s.word_ppl_sd, 1)}"])
-    lines += markdown_table(["model", "seeds", "test bpb (mean ± sd)", "test word ppl (mean ± sd)"], rows)
+             f"{label} is deterministic (sd 0). The means are the *Perplexity* table's.", ""]
     single = sorted(n for n, s in spreads.items() if n != BASELINE and s.bpb_sd is None)
     judged = {n: s for n, s in spreads.items() if n not in unmatched}
     lines += [""] + [f"- {v}" for v in seed_spread.verdicts(judged, BASELINE, label)]
@@ -282,34 +303,6 @@ def condensed_samples(text: str) -> list[str]:
             lines += ["", f"**{title.strip()}** ({shown})", ""]
             lines += [ln for ln in by_name[shown].splitlines() if ln.startswith("- ")]
     return lines
-
-
-def model_summaries(evaluation: dict, trained: dict, weat: dict | None,
-                    spreads: dict | None = None) -> dict[str, dict]:
-    """metrics/models/<model>.json: the few numbers a user compares across models and experiments, rounded so that
-    `dvc metrics show` gives one narrow row per model (the full detail stays in metrics/eval.json and the others):
-    test bpb and word perplexity, the change in word perplexity against the baseline, parameters (millions), training
-    compute (TFLOPs), the mean and sd of test bpb over seeds where `lmpipe seeds` measured them, and the
-    mean |effect size| over the WEAT tests the model could run."""
-    models, summaries = evaluation["models"], {}
-    kn = models.get(BASELINE)
-    for name, r in models.items():
-        row = {"test_bpb": round(r["test"]["bpb"], 4), "word_ppl": round(r["test"]["word_ppl"], 1)}
-        if kn:
-            row["vs_baseline"] = round(vs_baseline(r, kn), 4)
-        row["params_m"] = round(r["n_params"] / 1e6, 3)
-        t = trained.get(name) or {}
-        if "train_flops" in t:
-            row["tflop"] = round(t["train_flops"] / 1e12, 1)
-        spread = (spreads or {}).get(name)
-        if spread is not None and spread.n > 1:
-            row |= {"seeds": spread.n, "bpb_mean": round(spread.bpb, 4), "bpb_sd": round(spread.bpb_sd, 4)}
-        effects = [abs(v["effect_size"]) for v in ((weat or {}).get("models", {}).get(name) or {}).values()
-                   if v.get("effect_size") is not None]
-        if effects:  # over the tests the model could run: how many, beside it
-            row |= {"weat_d": round(sum(effects) / len(effects), 3), "weat_tests": len(effects)}
-        summaries[name] = row
-    return summaries
 
 
 def weat_adjusted_p(results: dict) -> dict[str, float]:
@@ -393,8 +386,8 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     marked and left out of the verdicts; `grid_stale` names what the scaling grid was made from that the study no
     longer is (lmpipe.grid_record.changed_since), so the report does not compare with it."""
     root, out_dir = Path(root), Path(out_dir)
-    figures = out_dir / "figures"
-    figures.mkdir(parents=True, exist_ok=True)
+    figure_dir = out_dir / "figures"
+    figure_dir.mkdir(parents=True, exist_ok=True)
     results = load_results(root, models, study_seed, budget_flops, budget_exceptions)
     evaluation, combined, trained, unmatched = results.evaluation, results.combined, results.trained, results.unmatched
     corpus, validation = read_json(root / paths.CORPUS_METRICS), read_json(root / paths.VALIDATION_METRICS)
@@ -406,21 +399,23 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     points = annealed(trained)
     write_text(root / paths.COMPUTE_CURVES, compute_curves_csv(curves, points))
     lines = ["# lmpipe study", ""]
-    if made_from:
-        lines += [f"Made from {made_from}. Each MLflow run of the study names the code's commit.", ""]
     if experiment:
         lines += [f"**Experiment `{experiment}`** (`dvc exp run`): these are its results, not the study's committed "
                   "ones (`dvc exp show` compares them).", ""]
-    if headline := compute_line(trained, budget_flops, unmatched):
-        lines += [headline, ""]
-    lines += _corpus_section(corpus, validation, tokenize) + [""]
+    spreads, stale = results.spreads, results.stale
+    answer = answer_lines(spreads, combined, evaluation, label, unmatched) if evaluation else []
+    for line in answer + [compute_line(trained, budget_flops, unmatched)]:  # the answer first, one paragraph a line
+        lines += [line, ""] if line else []
+    if made_from:
+        lines += [f"Made from {made_from}. Each MLflow run of the study names the code's commit.", ""]
     if evaluation:
-        lines += _perplexity_section(evaluation, trained, label, unmatched) + [""]
-        bpb_figure(evaluation["models"], figures / "bpb.png")
+        lines += _perplexity_section(evaluation, trained, label, unmatched, spreads) + [""]
+        bpb_figure(spreads, figure_dir / "bpb.png", label)
         lines += ["![Test bits per byte](figures/bpb.png)", ""]
         if combined:
             lines += _combine_section(combined, evaluation, label, unmatched) + [""]
-        spreads, stale = results.spreads, results.stale
+    lines += _corpus_section(corpus, validation, tokenize) + [""]
+    if evaluation:
         families = {name: t.get("family", "") for name, t in trained.items()}
         lines += _seeds_section(spreads, stale, label, unmatched, families, results.provenance) + [""]
     if points:
@@ -428,12 +423,12 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
                 if name in results.spreads and results.spreads[name].bpb_sd is not None}  # the seed spread at C
         sds = {name: at_c.get(name, {}) | results.budget_sds.get(name, {}) for name in points}
         ngram = evaluation["models"].get(BASELINE, {}).get("test", {}).get("bpb") if evaluation else None
-        lines += compute_section(points, sds, (label, ngram) if ngram else None, figures / "compute.png") + [""]
+        lines += compute_section(points, sds, (label, ngram) if ngram else None, figure_dir / "compute.png") + [""]
     if grid := against_grid(points, results.scaling, grid_stale):
         lines += grid + [""]
     if curves:
         baseline = evaluation["models"].get(BASELINE, {}).get("valid", {}).get("bpb") if evaluation else None
-        learning_curves_figure(curves, baseline, figures / "learning_curves.png", label)
+        learning_curves_figure(curves, baseline, figure_dir / "learning_curves.png", label)
         lines += ["## Learning curves", "", "Validation bits per byte at every evaluation, against epochs and against "
                   f"the training FLOPs spent so far; the dashed line is the {label} baseline on the same split.", "",
                   "![Learning curves](figures/learning_curves.png)", ""]
@@ -441,16 +436,11 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     if samples.exists():
         lines += condensed_samples(samples.read_text(encoding="utf-8")) + [""]
     lines += _weat_section(weat, weat_words, results.weat_effects if evaluation else None)
-    heatmap = root / paths.WEAT_HEATMAP
-    if weat and heatmap.exists():
-        (figures / "weat.png").write_bytes(heatmap.read_bytes())
-        lines += ["", "![WEAT heatmap](figures/weat.png)"]
     if evaluation:
-        summaries = root / paths.SUMMARIES
-        with atomic_path(summaries) as tmp:
+        with atomic_path(root / paths.SUMMARIES) as tmp:
             tmp.mkdir()
-            for name, row in model_summaries(evaluation, trained, weat, spreads).items():
-                (tmp / f"{name}.json").write_text(json.dumps(row, indent=2) + "\n")
+            for file, row in summaries.rows(spreads, trained, label).items():
+                (tmp / file).write_text(json.dumps(row, indent=2) + "\n")
     text = "\n".join(lines) + "\n"
     (out_dir / "study.md").write_text(text, encoding="utf-8")
     (out_dir / "study.html").write_text(html_page(text, out_dir, "lmpipe study"), encoding="utf-8")

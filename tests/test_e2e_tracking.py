@@ -128,9 +128,8 @@ print(json.dumps({"signature": info.signature.to_dict(), "logits": mlflow.models
     local = run(["lmpipe", "generate", "--model", "lstm", "--prompt", "The history of", "--strategy", "greedy"], copy, env)
     assert local.stdout.rstrip("\n") == "The history of" + out["default"] and out["default"]
     client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
-    for model in MODELS:  # the study's first versions are the champions, and the newest the challengers
-        assert str(client.get_model_version_by_alias(f"lmpipe-{model}", "champion").version) == "1"
-        assert str(client.get_model_version_by_alias(f"lmpipe-{model}", "challenger").version) == "1"
+    for model in MODELS:  # the study's first versions are the champions, and nothing else: one alias a version
+        assert client.get_model_version(f"lmpipe-{model}", "1").aliases == ["champion"]
     by_alias = run(["lmpipe", "generate", "--model", "models:/lmpipe-gru@champion", "--prompt", "The history of",
                     "--max-new-tokens", "5"], copy, env)
     assert by_alias.stdout.startswith("The history of")

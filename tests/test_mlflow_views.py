@@ -10,6 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from lmpipe import mlflow_views as views
 from lmpipe import tracking
+from lmpipe.seeds import Spread
 from tests.helpers import assert_best_first, browser, leaderboard_page
 
 # test bpb of each model folder's run: a model and the n-gram, in an order that is neither the runs' nor the names'
@@ -26,11 +27,12 @@ def make_runs(tmp_path: Path, params: Path, results: dict) -> dict:
         stage = "ngram" if name == "ngram" else f"train@{name}"
         with tracking.runs.open_stage_run(stage, "lmpipe", {}, "h", params_file=params) as run:
             test = {"bpb": bpb, "word_ppl": 2 ** (bpb * 5.6), "ppl": 100 * bpb}
-            tracking.log_metrics({f"test_{k}": v for k, v in test.items()})
+            tracking.log_metrics({f"test_{k}": v for k, v in test.items()} | {views.SORT_METRIC: bpb})
             tracking.mark_output(folder)
             neural = name != "ngram"  # the widest labels a study gives: a seed sd, the n-gram's count of n-grams
-            shown = views.labels(name, test, ("KN-5", 2.0485), 1.84e6 if neural else 1.753e6, 3.0006e13 if neural else
-                                 None, 0.0023 if neural else None)
+            spread = Spread(3 if neural else 1, bpb, 0.0023 if neural else 0.0, test["word_ppl"], None)
+            shown = views.labels(name, spread, ("KN-5", Spread(1, 2.0485, 0.0, 7893.0, 0.0)),
+                                 1.84e6 if neural else 1.753e6, 3.0006e13 if neural else None)
             tracking.set_tags(run.info.run_id, {**shown, views.RANKED: "yes"})  # what the report stage labels
             ids[name] = run.info.run_id
     return ids
@@ -58,15 +60,15 @@ def test_the_leaderboard_view_holds_the_runs_that_made_the_models_the_workspace_
     experiment = MlflowClient().get_experiment_by_name("lmpipe")
     state = json.loads(experiment.tags[views.SHARED_VIEW + key])
     assert state["searchFilter"] == f"attributes.run_id IN ('{runs[0]}', '{runs[1]}')"
-    assert (state["orderByKey"], state["orderByAsc"]) == ("metrics.`test_bpb`", True)
+    assert (state["orderByKey"], state["orderByAsc"]) == ("metrics.`test_bpb_mean`", True)
     assert state["selectedColumns"] == ["tags.`test bpb`", "tags.`vs KN-5`", "tags.`size`", "tags.`training FLOPs`",
                                         "tags.`word ppl`"]
     found = MlflowClient().search_runs([experiment.experiment_id], state["searchFilter"])  # MLflow's own reading
     assert sorted(r.info.run_id for r in found) == runs
     chart = views.SHARED_VIEW + views.share("lmpipe", views.chart_state(runs, "KN-5"))
     chart = json.loads(MlflowClient().get_experiment_by_name("lmpipe").tags[chart])
-    assert chart["searchFilter"] == state["searchFilter"] and chart["orderByKey"] == "metrics.`test_bpb`"
-    assert [c["metricKey"] for c in chart["compareRunCharts"]] == ["test_bpb"]  # one chart: test bpb
+    assert chart["searchFilter"] == state["searchFilter"] and chart["orderByKey"] == "metrics.`test_bpb_mean`"
+    assert [c["metricKey"] for c in chart["compareRunCharts"]] == ["test_bpb_mean"]  # one chart: test bpb
     assert views.chart_url("http://ui", "lmpipe", key).endswith(f"viewStateShareKey={key}&compareRunsMode=CHART")
     url = views.view_url("http://ui", "lmpipe", key)
     assert url == f"http://ui/#/experiments/{experiment.experiment_id}/runs?workflowType=machine_learning" \
@@ -118,17 +120,19 @@ def test_the_report_labels_each_model_run_and_describes_the_version_it_registere
     label_each_model_run(load_params(store), models)
 
     gru, ngram = (client.get_run(ids[n]).data.tags for n in ("gru", "ngram"))
-    assert gru["test bpb"] == "1.959 ± 0.003" and gru["vs KN-5"] == "-0.090 bpb"
-    assert (gru["word ppl"], gru["size"], gru["training FLOPs"]) == ("5,200", "1.84M", "3.00e+13")
+    # every number the mean over the three seeds, as the report's tables give it
+    assert gru["test bpb"] == "1.958 ± 0.003" and gru["vs KN-5"] == "-0.091 bpb"
+    assert (gru["word ppl"], gru["size"], gru["training FLOPs"]) == ("5,187", "1.84M", "3.00e+13")
+    assert client.get_run(ids["gru"]).data.metrics[views.SORT_METRIC] == pytest.approx((1.9589 + 1.96 + 1.954) / 3)
     assert (ngram["test bpb"], ngram["vs KN-5"], ngram["size"]) == ("2.049", "baseline", "3.2M n-grams")
     assert gru[views.RANKED] == ngram[views.RANKED] == "yes"
     described = client.get_model_version("lmpipe-gru", version.version)
-    assert described.description.startswith("**gru**: test 1.959 bpb, word perplexity 5,200; trained on 9.10M tokens")
-    assert "Against KN-5: -0.090 bpb, word perplexity 5,200 against 7,893. Test bpb over the seeds: 1.959 ± 0.003 " \
-           "(sd of 3 seeds). Trained at commit" in described.description
-    assert described.tags["test_bpb"] == "1.9589" and described.tags["test_bpb_sd"] == "0.0032"
+    assert described.description.startswith("**gru**: test 1.958 ± 0.003 (3 seeds) bpb, word perplexity 5,187; "
+                                            "trained on 9.10M tokens")
+    assert "Against KN-5: -0.091 bpb, word perplexity 5,187 against 7,893. Trained at commit" in described.description
+    assert described.tags["test_bpb"] == "1.9576" and described.tags["test_bpb_sd"] == "0.0032"
     assert (described.tags["seeds"], described.tags["vs_KN-5_bpb"], described.tags["train_flops"]) == \
-           ("3", "-0.090", "3.001e+13")
+           ("3", "-0.091", "3.001e+13")
     assert described.tags["params_sha256"] == tracking.runs.study_key(store).params_digest
     assert not client.get_model_version("lmpipe-gru", other.version).description  # another model's files
     found = client.search_runs([client.get_experiment_by_name("lmpipe").experiment_id],

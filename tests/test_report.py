@@ -20,10 +20,12 @@ def test_report_has_every_section(tmp_path):
         assert heading in md
     table = md[md.index("## Perplexity"):md.index("## Learning curves")]
     assert [row[0] for row in table_rows(table)[1:4]] == ["transformer", "ngram (baseline)", "lstm"]
-    assert ["transformer", "5,000,000 (1,000,000)", "1,200,000 (2.0 ep.)", "3.40e13", "1.900", "1.800", "570",
-            "-20.8%"] in table_rows(table)
-    assert "Best model: **transformer**, test 1.800 bpb against the KN-5 baseline's 2.000: a test word perplexity " \
-           "20.8% lower than the baseline's. Behind the baseline in bpb: lstm." in md
+    assert ["transformer", "5,000,000 (1,000,000)", "1,200,000 (2.0 ep.)", "3.40e13", "1", "1.900", "1.800", "570",
+            "-0.200 (-20.8%)"] in table_rows(table)
+    assert "Behind the baseline in bpb: lstm." in table
+    first = md.split("## ")[0]  # the answer comes before any section
+    assert "**Best model: transformer**, test 1.800 (1 seed) bpb, 0.300 bpb below lstm; 0.200 bpb below the KN-5 " \
+           "baseline, a word perplexity 20.8% lower." in first
     assert has_row(md, "flowers_insects: Flowers vs insects", "1.20 (p=0.010, q=0.010)")
     assert has_row(md, "math_arts", "n/a [2/8/20/20]")
     html = (tmp_path / "reports/study.html").read_text()
@@ -45,16 +47,15 @@ def test_report_without_audit_says_so(tmp_path):
     assert "The audit stage has not run yet." in md
 
 
-def test_one_small_metrics_file_per_model(tmp_path):
-    """metrics/models/<model>.json: the numbers `dvc metrics show` lists, one narrow row per model."""
+def test_one_small_metrics_file_per_model_best_first(tmp_path):
+    """metrics/models/<rank>-<model>.json: the rows `dvc metrics show` lists (by path: best first), a few keys."""
     fixture_study(tmp_path)
     build_report(tmp_path, tmp_path / "reports", label="KN-5")
-    rows = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "metrics/models").glob("*.json")}
+    rows = {p.name: json.loads(p.read_text()) for p in sorted((tmp_path / "metrics/models").glob("*.json"))}
     assert rows == {
-        "ngram": {"test_bpb": 2.0, "word_ppl": 720.0, "vs_baseline": 0.0, "params_m": 0.001},
-        "lstm": {"test_bpb": 2.1, "word_ppl": 840.0, "vs_baseline": 0.1667, "params_m": 4.0, "tflop": 34.0, "weat_d": 1.2,
-                 "weat_tests": 1},
-        "transformer": {"test_bpb": 1.8, "word_ppl": 570.0, "vs_baseline": -0.2083, "params_m": 5.0, "tflop": 34.0},
+        "1-transformer.json": {"bpb": 1.8, "vs_kn5": -0.2, "tflop": 34.0},
+        "2-ngram.json": {"bpb": 2.0},
+        "3-lstm.json": {"bpb": 2.1, "vs_kn5": 0.1, "tflop": 34.0},
     }
 
 
@@ -177,17 +178,17 @@ def test_a_model_off_the_study_budget_is_marked_and_left_out_of_the_verdicts(tmp
     assert "**Equal compute**: lstm trained 3.40e13 FLOPs" in md
     assert "Not compute-matched, shown but left out of every verdict: transformer (6.80e13 FLOPs)." in md
     assert has_row(md, "transformer (not compute-matched)", "5,000,000 (1,000,000)", "2,400,000 (4.0 ep.)", "6.80e13")
-    assert "Best model: **lstm**, test 2.100 bpb" in md  # the transformer's 1.800 had twice the compute
+    assert "**Best model: lstm**, test 2.100 (1 seed) bpb" in md  # the transformer's 1.800 had twice the compute
     assert "**transformer**" not in md
     # within 1% is the same budget: a run's FLOPs land on whole steps
     write(tmp_path / "metrics/train/transformer.json", {"n_params_non_embedding": 1_000_000, "tokens_seen": 1_200_000,
                                                         "epochs": 2.0, "train_flops": 3.4e13 * 1.009})
     md = build_report(tmp_path, tmp_path / "reports", label="KN-5", budget_flops=3.4e13).read_text()
-    assert "not compute-matched" not in md and "Best model: **transformer**" in md
+    assert "not compute-matched" not in md and "**Best model: transformer**" in md
     # a budget of its own is the stated exception, even where it lands on the study's
     md = build_report(tmp_path, tmp_path / "reports", label="KN-5", budget_flops=3.4e13,
                       budget_exceptions=["transformer"]).read_text()
-    assert has_row(md, "transformer (not compute-matched)") and "Best model: **lstm**" in md
+    assert has_row(md, "transformer (not compute-matched)") and "**Best model: lstm**" in md
 
 
 def test_the_report_names_settings_and_data_not_the_code_commit(tmp_path, monkeypatch):

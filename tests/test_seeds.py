@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
 from lmpipe import seeds
 from lmpipe.report import build_report
-from tests.helpers import fixture_study, has_row, write
+from tests.helpers import fixture_study, table_rows, write
 
 
 def result(bpb: float, word_ppl: float) -> dict:
@@ -115,6 +116,18 @@ def test_the_family_verdict_sets_the_transformer_against_the_best_recurrent_mode
     assert seeds.family_verdict(spreads, {"gru": "rnn"}) is None  # no transformer: no sentence
 
 
+def results_row(md: str, model: str) -> dict[str, str]:
+    """A model's row of the report's results table (*Perplexity*), by column name."""
+    head, *rows = table_rows(md[md.index("## Perplexity"):md.index("![Test bits per byte]")])
+    return next(dict(zip(head, row)) for row in rows if row[0] == model)
+
+
+def summary_of(root: Path, model: str) -> dict:
+    """A model's row of `dvc metrics show` (metrics/models/<rank>-<model>.json)."""
+    (path,) = (root / "metrics/models").glob(f"*-{model}.json")
+    return json.loads(path.read_text())
+
+
 def test_the_report_gives_mean_and_sd_and_dvc_metrics_carry_them(tmp_path):
     fixture_study(tmp_path)
     evaluation = json.loads((tmp_path / "metrics/eval.json").read_text())
@@ -128,13 +141,13 @@ def test_the_report_gives_mean_and_sd_and_dvc_metrics_carry_them(tmp_path):
     write(tmp_path / "seeds/seeds.csv", seeds.csv_rows(rows + [stale, {**stale, "seed": 1}]))
     md = build_report(tmp_path, tmp_path / "reports", study_seed=1234, label="KN-5").read_text()
     section = md[md.index("## Seeds and verdicts"):]
-    assert has_row(section, "transformer", "3", "1.800 ± 0.020")
-    assert has_row(section, "lstm", "1", "2.100") and "Stale seed runs, not shown: lstm, this run differs" in section
+    assert [results_row(md, "transformer")[k] for k in ("seeds", "test bpb")] == ["3", "1.800 ± 0.020"]
+    assert [results_row(md, "lstm")[k] for k in ("seeds", "test bpb")] == ["1", "2.100"]
+    assert "Stale seed runs, not shown: lstm, this run differs" in section
     assert f"Seed rows made on {ZEN5} (bf16); this run on {ZEN5} (bf16), which reproduces every model's" in section
     assert "- **transformer**: test 1.800 ± 0.020 (3 seeds) bpb, 0.200 bpb below KN-5 (real" in section
-    summary = json.loads((tmp_path / "metrics/models/transformer.json").read_text())
-    assert summary["seeds"] == 3 and summary["bpb_mean"] == 1.8 and summary["bpb_sd"] == 0.02
-    assert "seeds" not in json.loads((tmp_path / "metrics/models/lstm.json").read_text())
+    assert summary_of(tmp_path, "transformer") == {"bpb": 1.8, "sd": 0.02, "vs_kn5": -0.2, "tflop": 34.0}
+    assert "sd" not in summary_of(tmp_path, "lstm")
 
 
 def test_each_budget_gets_the_sd_of_its_seeds_while_the_study_seeds_rows_hold(tmp_path):
@@ -184,19 +197,19 @@ def test_a_foreign_machines_study_keeps_its_verdicts_within_noise_and_says_diffe
             write(path, {**json.loads(path.read_text()), "machine": XEON, "precision": "fp32"})
         write(tmp_path / "metrics/eval.json", evaluation)
         md = build_report(tmp_path, tmp_path / "reports", study_seed=1234, label="KN-5").read_text()
-        return md[md.index("## Seeds and verdicts"):]
+        return md[md.index("## Perplexity"):]  # the means' table, then the verdicts
 
     section = remade({"lstm": 0.015, "transformer": -0.01})  # 1.5 and 0.5 sd
-    assert has_row(section, "lstm", "3", "2.100 ± 0.010") and has_row(section, "transformer", "3", "1.800 ± 0.020")
+    assert [results_row(section, m)["test bpb"] for m in ("lstm", "transformer")] == ["2.100 ± 0.010", "1.800 ± 0.020"]
     assert "- **transformer**: test 1.800 ± 0.020 (3 seeds) bpb, 0.200 bpb below KN-5 (real" in section
     assert (f"Seed rows made on {ZEN5} (bf16); this run on {XEON} (fp32), which against its committed row of the same "
             "seed, in that model's seed sds: lstm within noise, 1.5 sd, transformer within noise, 0.5 sd.") in section
-    assert "Stale" not in section and json.loads((tmp_path / "metrics/models/lstm.json").read_text())["bpb_sd"] == 0.01
+    assert "Stale" not in section and summary_of(tmp_path, "lstm")["sd"] == 0.01
 
     section = remade({"lstm": 0.025})  # 2.5 sd: differs
-    assert has_row(section, "lstm", "1", "2.125") and "lstm, this run differs from its committed row of seed 1234 " \
+    assert results_row(section, "lstm")["test bpb"] == "2.125" and "lstm, this run differs from its committed row of seed 1234 " \
                                                      "by 2.5 seed sds" in section
-    assert "bpb_sd" not in json.loads((tmp_path / "metrics/models/lstm.json").read_text())
+    assert "sd" not in summary_of(tmp_path, "lstm")
 
 
 def test_weat_effect_sizes_over_seeds_say_which_lie_beyond_their_noise(tmp_path):

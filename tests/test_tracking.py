@@ -92,10 +92,12 @@ def test_the_first_version_is_the_champion_and_every_new_one_the_challenger(stor
     tracking.registry.name_aliases(client, "lmpipe-x", "3")
     assert str(client.get_model_version_by_alias("lmpipe-x", "champion").version) == "1"
     assert str(client.get_model_version_by_alias("lmpipe-x", "challenger").version) == "3"
+    assert client.get_model_version("lmpipe-x", "1").aliases == ["champion"]  # one alias a version, never both
     client.set_model_version_tag("lmpipe-x", "3", tracking.EXPERIMENT, "lanky-bass")
     assert tracking.registry.promote_experiment("other-exp") == {}  # another experiment's pass moves nothing here
     assert tracking.registry.promote_experiment("lanky-bass") == {"lmpipe-x": "3"}
     assert str(client.get_model_version_by_alias("lmpipe-x", "champion").version) == "3"
+    assert client.get_model_version("lmpipe-x", "3").aliases == ["champion"]  # the challenger it was is promoted
     assert {m: str(v.version) for m, v in tracking.registry.champion_versions(["x", "missing"]).items()} == {"x": "3"}
 
 

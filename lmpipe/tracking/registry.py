@@ -124,18 +124,18 @@ def describe_versions(registered_name: str, model_dir: str | Path, description: 
 
 
 def name_aliases(client, registered_name: str, version: str) -> None:
-    """Every new version is the `challenger`; the first of the study's own becomes the `champion`, which after that
-    only a passing retrain moves (`promote_experiment`). Users load `models:/<name>@champion` (MLflow aliases
-    replaced stages in 2.9)."""
+    """The first version of the study's own becomes the `champion`, which after that only a passing retrain moves
+    (`promote_experiment`); every other new version is the `challenger`. One version never holds both. Users load
+    `models:/<name>@champion` (MLflow aliases replaced stages in 2.9)."""
     from mlflow.exceptions import MlflowException
 
+    if not experiment_tags():
+        try:
+            client.get_model_version_by_alias(registered_name, CHAMPION)
+        except MlflowException:
+            client.set_registered_model_alias(registered_name, CHAMPION, version)
+            return
     client.set_registered_model_alias(registered_name, CHALLENGER, version)
-    if experiment_tags():
-        return
-    try:
-        client.get_model_version_by_alias(registered_name, CHAMPION)
-    except MlflowException:
-        client.set_registered_model_alias(registered_name, CHAMPION, version)
 
 
 def retire(models) -> list[str]:
@@ -195,6 +195,8 @@ def promote_experiment(name: str) -> dict[str, str]:
     client, moved = tracker().client, {}
     for version in client.search_model_versions(f"tags.`{EXPERIMENT}` = '{name}'"):
         client.set_registered_model_alias(version.name, CHAMPION, str(version.version))
+        if CHALLENGER in version.aliases:  # the challenger it was is now the champion: one alias a version
+            client.delete_registered_model_alias(version.name, CHALLENGER)
         moved[version.name] = str(version.version)
     return moved
 
