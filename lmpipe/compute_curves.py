@@ -290,13 +290,12 @@ def compute_figure(points: dict[str, list[dict]], sds: dict[str, dict[float, flo
     """With the grid's frontier, two panels: each family's best grid size per budget (validation bpb, ± seed sd,
     its curve dashed where its form survives the test), and the study's models stopped early (test bpb, with the
     seed band, the n-gram's level across); without it, the second alone."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from lmpipe import figures
+
     panels = 2 if front else 1
-    fig, axes = plt.subplots(1, panels, figsize=(7.5 * panels, 4.5), squeeze=False)
+    fig, axes = plt.subplots(panels, 1, figsize=(8.6, 4.2 * panels), squeeze=False)  # one above the other: page-wide
     colours = {}
     if front:
         ax = axes[0][0]
@@ -312,8 +311,8 @@ def compute_figure(points: dict[str, list[dict]], sds: dict[str, dict[float, flo
         ax.set(xscale="log", xlabel="training FLOPs (log scale)", ylabel="validation bits per byte (lower is better)",
                title="Each family at its best size (the scaling grid)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    ax = axes[0][-1]
+        ax.legend()
+    ax = axes[-1][0]
     for name, rows in points.items():
         c = np.array([r["train_flops"] for r in rows])
         y = np.array([r["test_bpb"] for r in rows])
@@ -326,10 +325,8 @@ def compute_figure(points: dict[str, list[dict]], sds: dict[str, dict[float, flo
     ax.set(xscale="log", xlabel="training FLOPs (log scale)", ylabel="test bits per byte (lower is better)",
            title="The study's models stopped early (one size each)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    ax.legend()
+    figures.save(fig, out)
 
 
 def section(points: dict[str, list[dict]], sds: dict[str, dict[float, float]], baseline: tuple[str, float] | None,

@@ -423,7 +423,8 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
                 if name in results.spreads and results.spreads[name].bpb_sd is not None}  # the seed spread at C
         sds = {name: at_c.get(name, {}) | results.budget_sds.get(name, {}) for name in points}
         ngram = evaluation["models"].get(BASELINE, {}).get("test", {}).get("bpb") if evaluation else None
-        lines += compute_section(points, sds, (label, ngram) if ngram else None, figure_dir / "compute.png") + [""]
+        lines += compute_section(points, sds, (label, ngram) if ngram else None, figure_dir / "compute.png",
+                                 results.scaling, grid_stale) + [""]
     if grid := against_grid(points, results.scaling, grid_stale):
         lines += grid + [""]
     if curves:

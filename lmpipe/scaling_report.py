@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lmpipe import stats
+from lmpipe import figures, stats
 from lmpipe.report import html_page, plt
 from lmpipe.scaling import MAX_EPOCHS, Law, frontier, power_law
 from lmpipe.tables import markdown_table
@@ -114,9 +114,9 @@ def _by_model(rows: list[dict]) -> dict[str, list[dict]]:
 
 
 def _panels(n: int, width: float, height: float, **shared):
-    """A figure of `n` panels, at most three a row (five families read in two rows, not one 28-inch strip); the
-    unused ones hidden. (figure, the n axes in order)."""
-    cols = min(n, 3)
+    """A figure of `n` panels, at most two a row, so that the page shows it at its own size and its text legible (five
+    families read in three rows, not one 28-inch strip); the unused ones hidden. (figure, the n axes in order)."""
+    cols = min(n, 2)
     rows = -(-n // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, **shared)
     flat = list(axes.flat)
@@ -143,17 +143,15 @@ def loss_vs_compute_figure(rows: list[dict], baseline: tuple[str, float] | None,
     ax.set(xscale="log", xlabel="training FLOPs C (log scale)", ylabel="validation bits per byte (lower is better)",
            title="Loss against compute")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    ax.legend()
+    figures.save(fig, out)
 
 
 def isoflop_figure(rows: list[dict], analysis: dict, out: Path) -> None:
     """Per family, loss against N at each budget with the parabola through the best run and its neighbours, and its
     minimum (IsoFLOP profiles)."""
     models = _by_model(rows)
-    fig, axes = _panels(len(models), 5.5, 4.2, sharey=True)
+    fig, axes = _panels(len(models), 4.3, 3.6, sharey=True)
     for ax, (model, runs) in zip(axes, models.items()):
         budgets = sorted({float(r["budget"]) for r in runs})
         cmap = plt.get_cmap("viridis")
@@ -168,18 +166,16 @@ def isoflop_figure(rows: list[dict], analysis: dict, out: Path) -> None:
             ax.plot(point["n_opt"], point["loss_opt"], "*" if point["bracketed"] else "x", color=colour, markersize=12)
         ax.set(xscale="log", xlabel="parameters N (log scale)", title=f"{model}: IsoFLOP profiles")
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=8)
-    for ax in axes[::3]:
+        ax.legend()
+    for ax in axes[::2]:
         ax.set_ylabel("validation bits per byte")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    figures.save(fig, out)
 
 
 def law_contours_figure(rows: list[dict], analysis: dict, out: Path) -> None:
     """Per family, contours of the fitted L(N, D) over the grid's N and D, the runs, and the compute-optimal line."""
     models = _by_model(rows)
-    fig, axes = _panels(len(models), 5.5, 4.4)
+    fig, axes = _panels(len(models), 4.3, 3.8)
     for ax, (model, runs) in zip(axes, models.items()):
         law = Law(**analysis[model]["law"])
         n, d = np.array([float(r["n_params"]) for r in runs]), np.array([float(r["tokens"]) for r in runs])
@@ -187,7 +183,7 @@ def law_contours_figure(rows: list[dict], analysis: dict, out: Path) -> None:
         ds = np.exp(np.linspace(np.log(d.min() / 2), np.log(d.max() * 2), 80))
         grid_n, grid_d = np.meshgrid(ns, ds)
         contours = ax.contour(grid_n, grid_d, law.loss(grid_n, grid_d), levels=12, cmap="viridis_r")
-        ax.clabel(contours, fontsize=7, fmt="%.2f")
+        ax.clabel(contours, fmt="%.2f")
         ax.scatter(n, d, c="black", s=12, label="runs")
         budgets = np.exp(np.linspace(np.log(6 * ns[0] * ds[0]), np.log(6 * ns[-1] * ds[-1]), 50))
         opt = np.array([law.optimal_n(c) for c in budgets])
@@ -195,10 +191,8 @@ def law_contours_figure(rows: list[dict], analysis: dict, out: Path) -> None:
         ax.plot(opt[keep], budgets[keep] / (6 * opt[keep]), color="tab:red", label="compute-optimal N, D of the fit")
         ax.set(xscale="log", yscale="log", xlabel="parameters N", ylabel="training tokens D",
                title=f"{model}: fitted L(N, D) in bpb")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+        ax.legend()
+    figures.save(fig, out)
 
 
 def _count(span: tuple[int, int]) -> str:
@@ -445,11 +439,11 @@ def scaling_markdown(rows: list[dict], analysis: dict, best: list[dict], baselin
 def write_scaling_report(rows, analysis, best, baseline, meta, out_dir: str | Path) -> Path:
     """reports/scaling.md, reports/scaling.html (figures embedded) and reports/scaling/*.png."""
     out_dir = Path(out_dir)
-    figures = out_dir / "scaling"
-    figures.mkdir(parents=True, exist_ok=True)
-    loss_vs_compute_figure(rows, baseline, figures / "loss_vs_compute.png")
-    isoflop_figure(rows, analysis, figures / "isoflop.png")
-    law_contours_figure(rows, analysis, figures / "law.png")
+    figure_dir = out_dir / "scaling"
+    figure_dir.mkdir(parents=True, exist_ok=True)
+    loss_vs_compute_figure(rows, baseline, figure_dir / "loss_vs_compute.png")
+    isoflop_figure(rows, analysis, figure_dir / "isoflop.png")
+    law_contours_figure(rows, analysis, figure_dir / "law.png")
     text = scaling_markdown(rows, analysis, best, baseline, meta)
     (out_dir / "scaling.md").write_text(text, encoding="utf-8")
     (out_dir / "scaling.html").write_text(html_page(text, out_dir, "lmpipe scaling study"), encoding="utf-8")
