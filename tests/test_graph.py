@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from lmpipe import codebase
+from lmpipe import codebase, stage_deps
 from lmpipe.config import Params
 from tests.helpers import ROOT
 
-PIPELINES = ("dvc.yaml", "scaling/dvc.yaml", "seeds/dvc.yaml")
+PIPELINES = stage_deps.PIPELINES
 # The walk and the plumbing are lmpipe.codebase's, the same that keys checkpoints (code_version); the typed reading
 # of params.yaml (codebase.PARAMS_SCHEMA) is plumbing for DVC, and the walk does not go on through it.
-PLUMBING = codebase.PLUMBING | codebase.PARAMS_SCHEMA
 # Params sections that say where and how a stage runs, not what it computes.
 PLUMBING_PARAMS = {"tracking", "orchestration"}
 module_file = codebase.module_file
@@ -45,18 +44,12 @@ def command_module(stage: dict) -> Path:
     return module_file(match.group(1))
 
 
-def covered(file: str, deps: list[str]) -> bool:
-    return any(file == d or file.startswith(d.rstrip("/") + "/") for d in deps)
-
-
 @pytest.mark.parametrize("pipeline,name,stage", stages(), ids=[f"{p}:{n}" for p, n, _ in stages()])
-def test_every_imported_project_file_is_a_dependency(pipeline, name, stage):
-    base = os.path.normpath(Path(pipeline).parent / stage.get("wdir", "."))  # deps are relative to the stage's wdir
-    deps = [os.path.normpath(os.path.join(base, d if isinstance(d, str) else next(iter(d))))
-            for d in stage.get("deps", [])]
-    files = {p.relative_to(ROOT).as_posix() for p in closure(command_module(stage))}
-    missing = sorted(f for f in files - PLUMBING if not covered(f, deps))
-    assert not missing, f"{pipeline}: stage {name} imports {missing}, not in its deps"
+def test_every_stage_depends_on_exactly_the_project_files_it_imports(pipeline, name, stage):
+    """Every file the stage's command imports (plumbing aside) is in its deps, and no code dep is one it no longer
+    imports: lmpipe.stage_deps writes them."""
+    drift = stage_deps.plan(pipeline, name, stage)
+    assert not drift, f"{drift} (python -m lmpipe.stage_deps writes them)"
 
 
 def params_read(path: Path) -> set[str]:
@@ -94,7 +87,7 @@ def test_the_walk_finds_what_a_stage_imports_and_reads(tmp_path):
     """The checks above can fail: the walk sees function-level and `from package import module` imports."""
     files = {p.relative_to(ROOT).as_posix() for p in closure(ROOT / "flows/word2vec.py")}
     assert "lmpipe/audit.py" in files  # imported inside a task function
-    assert not covered("lmpipe/audit.py", ["flows/word2vec.py", "data/clean/train.txt"])
+    assert not any(stage_deps.covers(d, "lmpipe/audit.py") for d in ["flows/word2vec.py", "data/clean/train.txt"])
     assert {"evaluate", "models"} <= params_read(ROOT / "flows/evaluate.py")
 
 
