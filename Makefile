@@ -5,7 +5,7 @@ VENV := .venv
 READY := $(VENV)/.installed
 export PATH := $(abspath $(VENV)/bin):$(PATH)
 
-.PHONY: study test test-all test-fast lint server stop
+.PHONY: study test test-all test-fast lint deps server stop
 
 study: $(READY) server
 	lmpipe check-params --store
@@ -31,6 +31,10 @@ lint: $(READY)
 
 test-fast: $(READY)
 	python -m pytest -q $(XDIST) -m "not e2e and not slow"
+
+# Each stage's code deps in the pipeline files, from the import walk (tests/test_graph.py fails when they drift).
+deps: $(READY)
+	python -m lmpipe.stage_deps
 
 server: $(READY)
 	lmpipe server
