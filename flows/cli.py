@@ -160,7 +160,11 @@ def _sweep(args) -> int:
 
 
 def _scaling_args(p):
-    """No flags: finished runs are cached by everything that decides them, and `dvc repro` re-fits."""
+    """Finished runs are cached by everything that decides them, and `dvc repro` re-fits: the flags only spread the
+    runs (flows.runners.add_arguments)."""
+    from flows import runners
+
+    runners.add_arguments(p)
 
 
 @command("scaling", _scaling_args, help="run the scaling-law grid and its fits (reports/scaling.md; the study's report compares)",
@@ -170,15 +174,17 @@ def _scaling_args(p):
                      "(scaling/dvc.yaml:grid), then fit it (dvc repro scaling/dvc.yaml). The study's `dvc repro` "
                      "never trains the grid: its report compares with this one, or calls it stale.")
 def _scaling(args) -> int:
-    from flows import frozen
+    from flows import frozen, runners
 
-    return frozen.scaling()
+    return frozen.scaling(runners.flags(args.workers, args.address))
 
 
 def _seeds_args(p):
+    from flows import runners
     from lmpipe.seeds import add_arguments  # its flags, defined once for `lmpipe seeds` and python -m flows.seeds
 
     add_arguments(p)
+    runners.add_arguments(p)
 
 
 @command("seeds", _seeds_args,
@@ -188,9 +194,9 @@ def _seeds_args(p):
                      "write seeds/seeds.csv, whose rows the study's report turns into mean ± sd and verdicts. "
                      "Finished runs are cached: a second call retrains only models whose settings changed.")
 def _seeds(args) -> int:
-    from flows import frozen
+    from flows import frozen, runners
 
-    return frozen.seeds(args.models)
+    return frozen.seeds(args.models, runners.flags(args.workers, args.address))
 
 
 def _check_params_args(p):

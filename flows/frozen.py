@@ -24,9 +24,10 @@ def run_and_commit(flow: str, stage: str, args: Sequence[str] = (), before: Sequ
     return 0
 
 
-def scaling() -> int:
-    """The tokens first (the grid trains on them), the grid, then its fits (dvc repro of the scaling pipeline)."""
-    code = run_and_commit("flows.scaling", f"{paths.SCALING_PIPELINE}:grid",
+def scaling(spread: Sequence[str] = ()) -> int:
+    """The tokens first (the grid trains on them), the grid (its runs spread as `spread`, flows.runners.flags,
+    says), then its fits (dvc repro of the scaling pipeline)."""
+    code = run_and_commit("flows.scaling", f"{paths.SCALING_PIPELINE}:grid", spread,
                           before=[["dvc", "repro", "--quiet", "tokenize"]],
                           after=[["dvc", "repro", paths.SCALING_PIPELINE]])
     if code == 0:
@@ -35,9 +36,10 @@ def scaling() -> int:
     return code
 
 
-def seeds(models: list[str] | None = None) -> int:
-    """Every model's extra seeds (or `models`' alone: the others keep their rows)."""
-    code = run_and_commit("flows.seeds", f"{paths.SEEDS_PIPELINE}:seeds", ["--models", *models] if models else [])
+def seeds(models: list[str] | None = None, spread: Sequence[str] = ()) -> int:
+    """Every model's extra seeds (or `models`' alone: the others keep their rows), spread as `spread` says."""
+    code = run_and_commit("flows.seeds", f"{paths.SEEDS_PIPELINE}:seeds",
+                          [*(["--models", *models] if models else []), *spread])
     if code == 0:
         print(f"runs: {paths.SEEDS}; the report's seed spread and verdicts: dvc repro (re-runs the report only)")
     return code

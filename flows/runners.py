@@ -96,3 +96,31 @@ def results(names: Sequence[str], outcomes: Sequence, what: str) -> list:
         raise LmpipeError(f"{len(failed)} of {len(names)} {what} failed, the first {name}: {error} (the other runs' "
                           "rows are cached: a rerun trains only the failed)")
     return list(outcomes)
+
+
+def add_arguments(parser) -> None:
+    """The flags of `lmpipe scaling` and `lmpipe seeds` that spread their runs for one call, in place of params.yaml's
+    `orchestration` (which a stage's report tracks whole, so editing it re-makes the report)."""
+    parser.add_argument("--workers", type=int, metavar="N",
+                        help="train N runs side by side on a local Dask cluster of N one-thread workers (one a core)")
+    parser.add_argument("--address", metavar="URL", help="train on the workers of a running cluster: a Dask "
+                        "scheduler (tcp://host:8786) or a Ray cluster (ray://host:10001)")
+
+
+def flags(workers: int | None, address: str | None) -> list[str]:
+    """The flags of `add_arguments` for these values, to pass on to a flow's command line."""
+    return [*(["--workers", str(workers)] if workers is not None else []), *(["--address", address] if address else [])]
+
+
+def orchestration_with(settings: OrchestrationParams, workers: int | None = None,
+                       address: str | None = None) -> OrchestrationParams:
+    """`settings` with the flags' values: a cluster at `address` (Ray for ray://, else Dask), or a local Dask one of
+    `workers`; neither: `settings` as they are."""
+    if address:
+        return settings.model_copy(update={"task_runner": "ray" if address.startswith("ray://") else "dask",
+                                           "address": address})
+    if workers is not None:
+        if workers < 1:
+            raise ConfigError(f"--workers {workers}: at least 1")
+        return settings.model_copy(update={"task_runner": "dask", "address": None, "workers": workers})
+    return settings

@@ -22,7 +22,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows._stage import PARAMS_FILE, check_declared, main
-from flows.runners import in_project, results, run_apart
+from flows.runners import in_project, orchestration_with, results, run_apart
 from lmpipe.paths import CACHE_DIR, GRID_MADE_WITH, RUNS, SCALING_PIPELINE
 from lmpipe import tracking
 from lmpipe.config import Params, load_params, params_hash
@@ -160,8 +160,11 @@ def grid_run(params: Params, data: TokenData):
 
 
 @flow(name="scaling-grid")
-def grid() -> str:
+def grid(workers: int | None = None, address: str | None = None) -> str:
+    """The grid, its runs spread as params.yaml's `orchestration` says, or as `workers`/`address` do
+    (flows.runners.add_arguments)."""
     params, data = load_params(PARAMS_FILE), load_tokens()
+    params = params.model_copy(update={"orchestration": orchestration_with(params.orchestration, workers, address)})
     if not params.scaling.models or not params.scaling.budgets:
         raise ConfigError(f"{PARAMS_FILE}: scaling.models and scaling.budgets must list at least one model and budget")
     check_declared(list(params.scaling.models), SCALING_PIPELINE, "grid")
@@ -177,4 +180,11 @@ def grid() -> str:
 
 
 if __name__ == "__main__":
-    main(grid)
+    import argparse
+
+    from flows.runners import add_arguments
+
+    parser = argparse.ArgumentParser(description="train the scaling grid")
+    add_arguments(parser)
+    args = parser.parse_args()
+    main(grid, workers=args.workers, address=args.address)

@@ -27,7 +27,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows._stage import PARAMS_FILE, main
-from flows.runners import in_project, results, run_apart
+from flows.runners import in_project, orchestration_with, results, run_apart
 from flows.train import anneal, branch_budgets, made_by, study_branches
 from lmpipe import checkpoints, paths, tracking
 from lmpipe.checkpoints import code_version
@@ -156,9 +156,11 @@ def kept_rows(path: str, models: list[str], params: Params) -> list[dict]:
 
 
 @flow(name="seeds")
-def seeds(models: list[str] | None = None) -> str:
-    """Retrain `models` (default: all of params.yaml) with each seed of seeds.extra; other models keep their rows."""
+def seeds(models: list[str] | None = None, workers: int | None = None, address: str | None = None) -> str:
+    """Retrain `models` (default: all of params.yaml) with each seed of seeds.extra; other models keep their rows.
+    The runs spread as `orchestration` says, or as `workers`/`address` do (flows.runners.add_arguments)."""
     params, data = load_params(PARAMS_FILE), load_tokens()
+    params = params.model_copy(update={"orchestration": orchestration_with(params.orchestration, workers, address)})
     unknown = [m for m in models or [] if m not in params.models]
     if unknown:
         raise LmpipeError(f"{PARAMS_FILE}: models has no entry {unknown[0]!r} (have: {', '.join(params.models)})")
@@ -194,6 +196,10 @@ if __name__ == "__main__":
 
     from lmpipe.seeds import add_arguments
 
+    from flows import runners
+
     parser = argparse.ArgumentParser(description="retrain models with the seeds of seeds.extra")
     add_arguments(parser)
-    main(seeds, models=parser.parse_args().models or None)
+    runners.add_arguments(parser)
+    args = parser.parse_args()
+    main(seeds, models=args.models or None, workers=args.workers, address=args.address)

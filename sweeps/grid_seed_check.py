@@ -4,16 +4,16 @@ Every grid run has one seed (train.seed), and a size keeps that seed's initial w
 budget: a seed's luck may then be an offset of the size at all budgets, which would move the minima in steps as the
 best size changes, not at random. This retrains, for each family at each budget given, the grid's best size and its
 two neighbours (scaling/runs.csv) with --seed, and prints each run's two losses and each budget's minimum under
-either seed and their mean (lmpipe.scaling.isoflop_minimum). From the checkout's root, one thread a shard:
+either seed and their mean (lmpipe.scaling.isoflop_minimum). From the checkout's root, the runs side by side on
+`orchestration`'s task runner as `lmpipe scaling` trains the grid's (docs/scale-out.md):
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/grid_seed_check.py --shard 0/2 &
-    sleep 40; OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/grid_seed_check.py --shard 1/2 &
-    wait; PYTHONPATH=. python sweeps/grid_seed_check.py --export sweeps/grid_seed1_<date>.csv
+    PYTHONPATH=. python sweeps/grid_seed_check.py
+    PYTHONPATH=. python sweeps/grid_seed_check.py --export sweeps/grid_seed1_<date>.csv
 
-(--budgets: others of the grid's budgets than its three cheapest, the default; --dry-run: list a shard's runs, train
-nothing.)
+(--budgets: others of the grid's budgets than its three cheapest, the default; --dry-run: list the runs to train,
+train nothing.)
 
-Rows are cached beside the grid's (flows.scaling.ROWS, named <point>-seed<seed>): a killed shard resumes. --export
+Rows are cached beside the grid's (flows.scaling.ROWS, named <point>-seed<seed>): a killed run resumes. --export
 trains nothing (it needs every row): it writes the runs as the grid's CSVs hold rows (sweeps/reuse_grid_rows.py
 carries them to changed code like those) and prints each pair.
 """
@@ -28,7 +28,7 @@ import sys
 import pandas as pd
 
 from flows._stage import PARAMS_FILE
-from flows.scaling import COLUMNS, ROWS, prepare_point, row_key, train_point
+from flows.scaling import COLUMNS, ROWS, prepare_point, row_key, train_points
 from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.io import csv_text, write_text
@@ -37,7 +37,6 @@ from lmpipe.scaling import GridPoint, isoflop_minimum, power_law, size_label
 from lmpipe.scaling_report import half_width
 from lmpipe.splits import load_tokens
 from lmpipe.train.job import row_file
-from sweeps.grid_shard import parse_shard
 
 CHEAPEST = [4.6875e11, 6.62913e11, 9.375e11]  # C/64, C/45, C/32: the grid's three cheapest budgets
 
@@ -80,31 +79,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1, help="train.seed of the runs again (default 1)")
     parser.add_argument("--budgets", type=float, nargs="+", default=CHEAPEST)
-    parser.add_argument("--shard", default="0/1", help="k/n: train every n-th point from the k-th")
     parser.add_argument("--export", help="write these runs to this CSV and compare each with the grid's; train nothing")
-    parser.add_argument("--dry-run", action="store_true", help="list the shard's runs to train, train nothing")
+    parser.add_argument("--dry-run", action="store_true", help="list the runs to train, train nothing")
     args = parser.parse_args()
-    k, n = parse_shard(args.shard)
     params, data = load_params(PARAMS_FILE), load_tokens()
     grid = pd.read_csv(RUNS)
     points = [(p, row, prepare_point(p, params, data))
               for p, row in around_minima(grid, params.scaling.models, args.budgets, args.seed)]
-    if not args.export:
-        mine = [(p, job) for i, (p, _, job) in enumerate(points)
-                if i % n == k and not row_file(ROWS, p.name, row_key(job)).exists()]
-        print(f"shard {k}/{n}: {len(mine)} of {len(points)} points to train", flush=True)
-        if args.dry_run:
-            return print("\n".join(p.name for p, _ in mine))
+    if args.dry_run:  # row_key builds each run's trainer: here alone, where no worker trains it after
+        todo = [p for p, _, job in points if not row_file(ROWS, p.name, row_key(job)).exists()]
+        print(f"{len(todo)} of {len(points)} points to train", flush=True)
+        return print("\n".join(p.name for p in todo))
+    if not args.export:  # every point: a cached one gives its row back at once
         with tracking.runs.run(params.tracking.experiment, f"scaling seed {args.seed} check", {"seed": args.seed},
                                tags={"lmpipe.role": "scaling-seed-check"},
                                resume={"lmpipe.scaling_seed_check": str(args.seed)}) as parent:
-            for point, job in mine:
-                train_point.fn(point, job, params, parent.info.run_id)
+            train_points([p for p, _, _ in points], [job for _, _, job in points], params, parent.info.run_id)
         return
     cached = [(p, row, row_file(ROWS, p.name, row_key(job))) for p, row, job in points]
     missing = [p.name for p, _, path in cached if not path.exists()]
     if missing:
-        sys.exit(f"--export: {len(missing)} runs not trained yet, e.g. {missing[0]}: run the shards first")
+        sys.exit(f"--export: {len(missing)} runs not trained yet, e.g. {missing[0]}: train them first (no --export)")
     trained = [{**json.loads(path.read_text()), "cache_file": path.name} for _, _, path in cached]
     write_text(args.export, csv_text(trained, [*COLUMNS, "train_seconds", "wall_seconds", "flops_per_sec", "precision",
                                                "cache_file"]))

@@ -157,7 +157,6 @@ RUNS = {
                                      "--steps", "2", "--backend", "eager"]),
     "study": ("checkout", ["benchmarks/study.py", "--wall-seconds", "1500", "--seeds-seconds", "3000"]),
     "grid_seed_check": ("project", ["sweeps/grid_seed_check.py", "--dry-run", "--budgets", "2e8", "4e8"]),
-    "grid_shard": ("project", ["sweeps/grid_shard.py", "1/2", "--dry-run"]),
     "profile_step": ("project", ["benchmarks/profile_step.py", "--model", "transformer", "--warmup", "1", "--steps",
                                  "2", "--top", "3"]),
     "mfu": ("project", ["benchmarks/mfu.py", "--sizes", "16x1x2", "--steps", "4", "--batch", "2", "--seq-len", "16"]),
@@ -396,20 +395,10 @@ def test_weat_runs_every_test_on_every_embedding(runs):
                                       r"permutations in all: [\d.]+ s", out[0]), out
 
 
-@uses("grid_shard")
-def test_grid_shard_lists_every_second_point_of_the_grid(runs):
-    out = lines(runs["grid_shard"])
-    header = next(i for i, line in enumerate(out) if line.startswith("shard 1/2: "))
-    listed = out[header + 1:]
-    assert out[header] == f"shard 1/2: {len(listed)} points without a cached row" and listed
-    assert all(re.fullmatch(r"gru-emb\d+-C\d\.\de\+08(-seed1)?", name) for name in listed), listed
-
-
 @uses("grid_seed_check")
 def test_grid_seed_check_lists_the_runs_around_each_minimum(runs):
     out = lines(runs["grid_seed_check"])
-    assert out == ["shard 0/1: 6 of 6 points to train"] + [f"gru-emb{e}-C{c:.1e}-seed1" for c in GRID_BUDGETS
-                                                           for e in GRID_SIZES]
+    assert out == ["6 of 6 points to train"] + [f"gru-emb{e}-C{c:.1e}-seed1" for c in GRID_BUDGETS for e in GRID_SIZES]
 
 
 @uses("reuse_grid_rows")
