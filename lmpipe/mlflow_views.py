@@ -32,9 +32,9 @@ def labels(name: str, shown, baseline: tuple[str, object], n_params: float, trai
     spread = f" ± {shown.bpb_sd:.3f}" if shown.bpb_sd and name != BASELINE else ""
     return {"test bpb": f"{shown.bpb:.3f}{spread}",  # in the order the views show them (MLflow's: the tags')
             f"vs {label}": "baseline" if name == BASELINE else f"{gap(shown, kn)[0]:+.3f} bpb",
+            "word ppl": f"{shown.word_ppl:,.0f}",
             "size": f"{short_count(n_params)} n-grams" if name == BASELINE else f"{n_params / 1e6:.2f}M",
-            "training FLOPs": f"{train_flops:.2e}" if train_flops else "-",
-            "word ppl": f"{shown.word_ppl:,.0f}"}
+            "training FLOPs": f"{train_flops:.2e}" if train_flops else "-"}
 
 
 def short_count(n: float) -> str:

@@ -150,9 +150,10 @@ def inspect(url: str, expression: str, ready: str, seconds: int = 60, shot: Path
 def leaderboard_page(project: Path, link_text: str = "workspace holds, best test bpb first", env: dict | None = None,
                      shot: Path | None = None, grid: bool = True) -> str:
     """`lmpipe ui` in `project` (with `env`, default this process's): the page its link after `link_text` opens, as a
-    browser 1600 px wide has it (MLflow 3.17 opens its Assistant panel there, ~360 px, on a first visit), once its
-    grid shows runs. It asserts that test bpb, the gap to KN-5, size and FLOPs are in view, no scroll away (not on a
-    `grid=False` link: a chart), and that no label is cut (shown with an ellipsis: the view's columns are MLflow's 100 px). A screenshot to `shot` when given."""
+    browser 1400 px wide has it (MLflow 3.17 opens its Assistant panel there, ~360 px, on a first visit), once its
+    grid shows runs. It asserts that test bpb and the gap to KN-5 are in view, no scroll away, even with the panel
+    open (not on a `grid=False` link: a chart), and that no label is cut (shown with an ellipsis: the view's columns
+    are MLflow's 100 px). A screenshot to `shot` when given."""
     port = free_port()
     env = {**(os.environ if env is None else env), "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=project, env=env,
@@ -167,10 +168,10 @@ def leaderboard_page(project: Path, link_text: str = "workspace holds, best test
                 break
         link = next((line.split(": ", 1)[1].strip() for line in lines if link_text in line), None)
         assert link, f"lmpipe ui printed no link to the models: {lines}"
-        page, laid_out = inspect(link, LAID_OUT, SHOWN, shot=shot, width=1600)
+        page, laid_out = inspect(link, LAID_OUT, SHOWN, shot=shot, width=1400)
         assert laid_out["cut"] == [], f"cut to the cell's width: {laid_out['cut']}"
-        hidden = [c for c in ("test bpb", "vs KN-5", "size", "training FLOPs") if f"tags.`{c}`" not in laid_out["shown"]]
-        assert not (hidden and grid), f"a scroll away: {hidden}"  # the first screen answers "by how much, at what cost"
+        hidden = [c for c in ("test bpb", "vs KN-5") if f"tags.`{c}`" not in laid_out["shown"]]
+        assert not (hidden and grid), f"a scroll away: {hidden}"  # the first screen answers "which, by how much"
         return page
     finally:
         stuck.cancel()
