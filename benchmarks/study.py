@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 from lmpipe import paths, seeds  # noqa: E402
 from lmpipe.compare import (BASELINE, MATCHED, best_model, best_of, not_compute_matched, vs_baseline,  # noqa: E402
                             without_cache)
-from lmpipe.compute_curves import against_grid, annealed  # noqa: E402
+from lmpipe.as_compute_grows import against_grid  # noqa: E402
+from lmpipe.compute_curves import annealed  # noqa: E402
 from lmpipe.config import load_params  # noqa: E402
 from lmpipe.results import load_results  # noqa: E402
 from lmpipe.scaling_report import EXPONENT_HALF_WIDTH, exponent_known, half_width, isoflop_n_opt  # noqa: E402

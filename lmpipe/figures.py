@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 DPI = 110  # pixels per inch of the saved PNG
-PAGE_PX = 960  # the reports' text column (lmpipe.report.html_page's max-width): a wider PNG is shown scaled down
+PAGE_PX = 960  # the reports' text column (lmpipe.html_page's max-width): a wider PNG is shown scaled down
 MIN_PX = 11  # the smallest text a reader reads without zooming
 
 

@@ -49,7 +49,7 @@ def sequential(task: Callable, arguments: list[tuple]) -> list:
 
 
 @dataclass(frozen=True)
-class Job:
+class BuildSpec:
     """What every task needs to know: plain values, so that a task pickles to a Dask or Ray worker."""
 
     tokens: str  # .npy of the token stream (uint16), read memory-mapped
@@ -71,7 +71,7 @@ class Job:
 
 
 # ---------- 1. map ----------
-def count_shard(job: Job, shard: int, start: int, stop: int) -> None:
+def count_shard(job: BuildSpec, shard: int, start: int, stop: int) -> None:
     """Count the n-grams predicting tokens[start:stop] and spill them, one sorted run per order."""
     tokens = np.load(job.tokens, mmap_mode="r")
     # the stream is a boundary followed by the tokens; a shard also reads the order - 1 tokens before it
@@ -90,7 +90,7 @@ def count_shard(job: Job, shard: int, start: int, stop: int) -> None:
 
 
 # ---------- 2. reduce ----------
-def merge_partition(job: Job, part: int, shards: int, lo: int, hi: int) -> dict:
+def merge_partition(job: BuildSpec, part: int, shards: int, lo: int, hi: int) -> dict:
     """Merge the shards' n-grams whose most recent context token is in [lo, hi) and adjust their counts.
 
     Spills each order's (contexts, words, adjusted counts); returns per order the counts-of-counts, the
@@ -113,7 +113,7 @@ def merge_partition(job: Job, part: int, shards: int, lo: int, hi: int) -> dict:
     return stats
 
 
-def _gather(job: Job, shards: int, k: int, lo: int, hi: int):
+def _gather(job: BuildSpec, shards: int, k: int, lo: int, hi: int):
     """The partition's slice of every shard's run of order k, concatenated."""
     parts = {"contexts": [], "words": [], "counts": []}
     for shard in range(shards):
@@ -126,7 +126,7 @@ def _gather(job: Job, shards: int, k: int, lo: int, hi: int):
 
 
 # ---------- 4. write ----------
-def write_partition(job: Job, part: int, k: int, discounts: list | None, first_row: int, first_context: int) -> None:
+def write_partition(job: BuildSpec, part: int, k: int, discounts: list | None, first_row: int, first_context: int) -> None:
     """Write the partition's rows of the order-k tables into the preallocated memory-mapped files."""
     contexts = np.load(job.part(part, k, "contexts"))
     table = order_table(contexts, np.load(job.part(part, k, "words")), np.load(job.part(part, k, "counts")),
@@ -153,7 +153,7 @@ def build(tokens_path: str | Path, out: str | Path, work: str | Path, order: int
     budget = max(1, memory // max(1, workers))
     shard_tokens = max(MIN_SHARD_TOKENS, budget // MAP_BYTES_PER_TOKEN)
     bounds = list(range(0, len(tokens), shard_tokens)) + [len(tokens)]
-    job = Job(str(tokens_path), str(Path(work) / uuid.uuid4().hex), str(out), order, vocab_size, boundary, method)
+    job = BuildSpec(str(tokens_path), str(Path(work) / uuid.uuid4().hex), str(out), order, vocab_size, boundary, method)
     Path(job.work).mkdir(parents=True)
     Path(out).mkdir(parents=True, exist_ok=True)
     try:
@@ -183,7 +183,7 @@ def build(tokens_path: str | Path, out: str | Path, work: str | Path, order: int
     return {"shards": shards, "shard_tokens": shard_tokens, "partitions": len(ranges), "workers": workers}
 
 
-def plan_partitions(job: Job, shards: int, max_ngrams: int) -> list[tuple[int, int]]:
+def plan_partitions(job: BuildSpec, shards: int, max_ngrams: int) -> list[tuple[int, int]]:
     """Ranges [lo, hi) of most recent tokens whose n-grams (an upper bound: the runs' rows) fit `max_ngrams`.
 
     Merging order k holds order k + 1's n-grams too, so a range's load is the largest over k of both orders' rows.
@@ -202,7 +202,7 @@ def plan_partitions(job: Job, shards: int, max_ngrams: int) -> list[tuple[int, i
     return ranges
 
 
-def _unigram_table(job: Job, model: NGramLM, shards: int, stats: list[dict]):
+def _unigram_table(job: BuildSpec, model: NGramLM, shards: int, stats: list[dict]):
     """Order 1 in the driver: at most vocab_size rows, raw counts summed over shards or continuation counts."""
     words, counts = [], []
     for s in range(shards):
@@ -219,7 +219,7 @@ def _unigram_table(job: Job, model: NGramLM, shards: int, stats: list[dict]):
     return order_table(np.zeros(len(seen), dtype=np.uint64), seen.astype(np.uint64), used, discounts)
 
 
-def _allocate(job: Job, k: int, rows: int, contexts: int) -> None:
+def _allocate(job: BuildSpec, k: int, rows: int, contexts: int) -> None:
     dtypes = {"contexts": np.uint64, "context_total": np.float64, "context_gamma": np.float64,
               "keys": np.uint64, "counts": np.float64}
     for field in TABLE_FIELDS:

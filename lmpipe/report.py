@@ -2,29 +2,22 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 from pathlib import Path
 from typing import Sequence
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
-import markdown  # noqa: E402
-
-from lmpipe import paths  # noqa: E402
-from lmpipe import seeds as seed_spread  # noqa: E402
-from lmpipe.compute_curves import against_grid, annealed, section as compute_section  # noqa: E402
-from lmpipe import figures, summaries  # noqa: E402
-from lmpipe.compare import (BASELINE, CACHE, MATCHED, best_model, best_of, gap, gap_header, gap_text, scored,  # noqa: E402
+from lmpipe import paths, summaries
+from lmpipe import seeds as seed_spread
+from lmpipe.as_compute_grows import against_grid, section as compute_section
+from lmpipe.compute_curves import annealed, grid_fits
+from lmpipe.compare import (BASELINE, CACHE, MATCHED, best_model, best_of, gap, gap_header, gap_text, scored,
                             without_cache)
-from lmpipe.io import atomic_path, csv_records, csv_text, write_text  # noqa: E402
-from lmpipe.tables import markdown_table  # noqa: E402
-from lmpipe.results import load_results, read_json, si  # noqa: E402
-
+from lmpipe.html_page import html_page
+from lmpipe.io import atomic_path, csv_records, csv_text, write_text
+from lmpipe.report_figures import bpb_figure, compute_figure, learning_curves_figure
+from lmpipe.tables import markdown_table
+from lmpipe.results import load_results, read_json, si
 
 
 def _curves(plots_dir: Path) -> dict[str, list[dict]]:
@@ -44,56 +37,6 @@ def compute_curves_csv(curves: dict[str, list[dict]], points: dict[str, list[dic
     rows += [{"model": name, "flops": r["flops"], "valid_bpb": r["valid_bpb"]}
              for name, records in curves.items() if name not in points for r in records if "flops" in r]
     return csv_text(rows) or "model,flops,valid_bpb\n"
-
-
-def _times_power_of_ten(x: float, _position=None) -> str:
-    """A log axis's tick as '2×10¹²': short enough that 1, 2 and 5 per decade fit side by side."""
-    mantissa, exponent = f"{x:.0e}".split("e")
-    return f"{mantissa}×10$^{{{int(exponent)}}}$"
-
-
-def learning_curves_figure(curves: dict, baseline_bpb: float | None, out: Path, label: str) -> None:
-    """Validation bpb per model against epochs (left) and against cumulative training FLOPs (right, log):
-    the second puts every family on the axis of compute, where equal x means equal work."""
-    fig, (by_epoch, by_flops) = plt.subplots(1, 2, figsize=(8.7, 3.8), sharey=True)
-    for name, rows in curves.items():
-        by_epoch.plot([r["epoch"] for r in rows], [r["valid_bpb"] for r in rows], marker="o", markersize=3, label=name)
-        if "flops" in rows[0]:
-            by_flops.plot([r["flops"] for r in rows], [r["valid_bpb"] for r in rows], marker="o", markersize=3,
-                          label=name)
-    for ax in (by_epoch, by_flops):
-        if baseline_bpb:
-            ax.axhline(baseline_bpb, color="gray", linestyle="--", label=f"{label} n-gram (baseline)")
-        ax.grid(alpha=0.3)
-    by_epoch.set(xlabel="epoch", ylabel="validation bits per byte (lower is better)", title="Learning curves")
-    by_flops.set(xlabel="cumulative training FLOPs (log scale)", xscale="log", title="Validation bpb against compute")
-    by_flops.xaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    by_flops.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_times_power_of_ten))
-    by_flops.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # 1, 2, 5 per decade: more would collide
-    by_epoch.legend(loc="upper right")  # where the curves have ended: the epochs differ, the FLOPs do not
-    figures.save(fig, out)
-
-
-def bpb_figure(spreads: dict, out: Path, label: str) -> None:
-    """Test bits per byte per model, best first, as dots with ± one seed sd where seeds give one, on an axis that
-    spans the models (not from 0: the gaps that decide the verdicts are a few hundredths); the baseline a dashed
-    line through the plot."""
-    names = sorted((n for n in spreads if n != BASELINE), key=lambda n: spreads[n].bpb)
-    fig, ax = plt.subplots(figsize=(7, 0.42 * len(names) + 1.4))
-    values = [spreads[n].bpb for n in names]
-    ax.errorbar(values, range(len(names)), xerr=[spreads[n].bpb_sd or 0.0 for n in names], fmt="o", color="tab:blue",
-                capsize=4)
-    for i, n in enumerate(names):
-        ax.annotate(f"{values[i]:.3f}", (values[i], i), textcoords="offset points", xytext=(0, 7), ha="center")
-    if BASELINE in spreads:
-        ax.axvline(spreads[BASELINE].bpb, color="gray", linestyle="--",
-                   label=f"{label} baseline {spreads[BASELINE].bpb:.3f}")
-        ax.legend(loc="best")  # where it hides no model
-    ax.set_yticks(range(len(names)), names)
-    ax.set_ylim(len(names) - 0.5, -0.7)  # best on top, room for its label
-    ax.set(xlabel="test bits per byte (lower is better; bars: ± 1 seed sd)", title="Test bits per byte")
-    ax.grid(axis="x", alpha=0.3)
-    figures.save(fig, out)
 
 
 def _corpus_section(corpus, validation, tokenize) -> list[str]:
@@ -423,8 +366,9 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
                 if name in results.spreads and results.spreads[name].bpb_sd is not None}  # the seed spread at C
         sds = {name: at_c.get(name, {}) | results.budget_sds.get(name, {}) for name in points}
         ngram = evaluation["models"].get(BASELINE, {}).get("test", {}).get("bpb") if evaluation else None
-        lines += compute_section(points, sds, (label, ngram) if ngram else None, figure_dir / "compute.png",
-                                 results.scaling, grid_stale) + [""]
+        fitted = grid_fits(results.scaling, grid_stale)
+        compute_figure(points, sds, (label, ngram) if ngram else None, figure_dir / "compute.png", *fitted)
+        lines += compute_section(points, sds, "compute.png", results.scaling, grid_stale, fitted) + [""]
     if grid := against_grid(points, results.scaling, grid_stale):
         lines += grid + [""]
     if curves:
@@ -446,18 +390,3 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     (out_dir / "study.md").write_text(text, encoding="utf-8")
     (out_dir / "study.html").write_text(html_page(text, out_dir, "lmpipe study"), encoding="utf-8")
     return out_dir / "study.md"
-
-
-def html_page(text: str, out_dir: Path, title: str) -> str:
-    """A report's Markdown as one self-contained HTML page: its PNG figures (paths relative to `out_dir`) inlined."""
-    html = markdown.markdown(text, extensions=["tables"])
-    html = re.sub(r'src="([^":]+\.png)"', lambda m: 'src="data:image/png;base64,'
-                  + base64.b64encode((out_dir / m.group(1)).read_bytes()).decode() + '"', html)
-    # Text in a readable column; a wide table may take the window's width (centred on the column), and its cells wrap,
-    # so every column shows at 1400 px; a scrollbar only where even that is too narrow.
-    style = ("body{font-family:sans-serif;max-width:960px;margin:2em auto}img{max-width:100%;height:auto}"
-             "table{border-collapse:collapse;display:block;overflow-x:auto;width:max-content;"
-             "max-width:min(96vw,1320px);position:relative;left:50%;transform:translateX(-50%)}"
-             "td,th{border:1px solid #ccc;padding:2px 6px;white-space:normal;font-size:0.92em}")
-    return f"<!doctype html><meta charset='utf-8'><title>{title}</title><style>{style}</style>{html}"
-

@@ -108,7 +108,9 @@ def load(uri: str):
 
 
 @dataclass
-class Job:
+class Generation:
+    """One request's prompts waiting for the model, and the future its answer settles."""
+
     prompts: list[str]
     params: dict
     steps: int
@@ -126,7 +128,7 @@ class Worker:
     def __init__(self, predict: Callable[[list[str], dict], list[str]], seconds: float, steps: float):
         """`predict(prompts, params)` the continuations; `seconds` for `steps` of work: the first measured rate."""
         self.predict, self.jobs, self.busy = predict, queue.SimpleQueue(), False
-        self._held: Job | None = None  # a job taken from the queue that could not join the batch: the next one
+        self._held: Generation | None = None  # a job taken from the queue that could not join the batch: the next one
         self._lock = threading.Lock()
         self._queued = 0  # steps of the jobs not started yet
         self._running_until = 0.0  # when the running batch should end (time.monotonic)
@@ -147,10 +149,10 @@ class Worker:
         done = loop.create_future()
         with self._lock:
             self._queued += steps
-        self.jobs.put(Job(prompts, params, steps, loop, done))
+        self.jobs.put(Generation(prompts, params, steps, loop, done))
         return await done
 
-    def _batch(self) -> list[Job]:
+    def _batch(self) -> list[Generation]:
         """The next job, and the jobs queued behind it with the same params, up to one request's work (MAX_WORK)."""
         batch = [self._held or self.jobs.get()]
         self._held = None

@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 
 from lmpipe import seeds
-from lmpipe.compute_curves import (Curve, against_grid, annealed, crossing, crossing_lines, crossings, fit_curve,
-                                   fit_family, frontier_points, measured_flips, ranking, section)
+from lmpipe.as_compute_grows import against_grid, crossing_lines, ranking, section
+from lmpipe.compute_curves import (Curve, annealed, crossing, crossings, fit_curve, fit_family, frontier_points,
+                                   grid_fits, measured_flips)
 from lmpipe.scaling import frontier
 from lmpipe.report import build_report
+from lmpipe.report_figures import compute_figure
 from tests.helpers import fixture_study, table_rows, write
 
 C = 3e13
@@ -115,7 +117,7 @@ def grid_rows() -> list[dict]:
 def test_the_compute_optimal_answer_ranks_in_words_and_says_where_the_grid_stops(tmp_path):
     summary = {"frontier": frontier(grid_rows())}
     assert frontier_points(summary)["gru"][0]["sd"] == 0.002
-    lines = section(points(), {}, None, tmp_path / "compute.png", summary)
+    lines = section(points(), {}, "compute.png", summary)
     text = "\n".join(lines)
     assert "The grid stops at C/2 (1.50e+13 FLOPs), below the study's budget C = 3.00e+13 FLOPs" in text
     assert ("- C/64 (4.69e+11 FLOPs): transformer 2.600 ± 0.002, then gru 2.750 ± 0.002 (a real gap), then lstm "
@@ -125,9 +127,11 @@ def test_the_compute_optimal_answer_ranks_in_words_and_says_where_the_grid_stops
     assert "### The study's models stopped early: a learning curve at fixed size" in lines
     assert "<" not in text and "≈" not in text and "wsd" not in text and "stable phase" not in text
     assert "- lstm and gru" not in text and "nowhere" in text  # lstm stays behind gru beyond noise: no flip
+    compute_figure(points(), {}, None, tmp_path / "compute.png", *grid_fits(summary))
     assert (tmp_path / "compute.png").stat().st_size > 1000
     assert "The scaling grid was trained from other data/tokens" in "\n".join(
-        section(points(), {}, None, tmp_path / "compute.png", summary, ["data/tokens"]))
+        section(points(), {}, "compute.png", summary, ["data/tokens"]))
+    assert grid_fits(summary, ["data/tokens"]) == ({}, {})
 
 
 def test_the_ranking_of_the_stopped_early_models_judges_each_gap_in_words():

@@ -82,7 +82,7 @@ def test_failed_build_leaves_no_spill_files(tmp_path):
 
 def test_partitions_respect_the_bound_and_cover_every_token(tmp_path):
     tokens = synthetic_stream(3000)
-    job = ngram_build.Job(str(tmp_path / "t.npy"), str(tmp_path), str(tmp_path), 3, V, B, "kneser_ney")
+    job = ngram_build.BuildSpec(str(tmp_path / "t.npy"), str(tmp_path), str(tmp_path), 3, V, B, "kneser_ney")
     np.save(job.tokens, tokens)
     ngram_build.count_shard(job, 0, 0, len(tokens))
     for bound in (1, 50, 400, 10**9):
