@@ -195,8 +195,8 @@ def promote_experiment(name: str) -> dict[str, str]:
     client, moved = tracker().client, {}
     for version in client.search_model_versions(f"tags.`{EXPERIMENT}` = '{name}'"):
         client.set_registered_model_alias(version.name, CHAMPION, str(version.version))
-        if CHALLENGER in version.aliases:  # the challenger it was is now the champion: one alias a version
-            client.delete_registered_model_alias(version.name, CHALLENGER)
+        if CHALLENGER in client.get_model_version(version.name, version.version).aliases:  # (a search omits them)
+            client.delete_registered_model_alias(version.name, CHALLENGER)  # it is the champion now: one alias
         moved[version.name] = str(version.version)
     return moved
 
