@@ -41,7 +41,7 @@ def test_after_the_study_its_mlflow_views_and_registry_say_by_how_much(project, 
     assert sorted(r.info.run_name for r in ranked) == sorted(["ngram", *(f"train@{m}" for m in MODELS)])
     for model in MODELS:
         version = client.get_model_version_by_alias(f"lmpipe-{model}", "champion")
-        assert f"test {results[model]:.3f} bpb" in version.description and "Against KN-5: " in version.description
+        assert f"test {results[model]:.3f} (1 seed) bpb" in version.description and "Against KN-5: " in version.description
         assert version.tags["test_bpb"] == f"{results[model]:.4f}" and version.tags["params_sha256"]
 
 
