@@ -75,7 +75,7 @@ def label_each_model_run(params, models: dict) -> None:
         size = t.get("n_params", result.get("n_params", 0))
         shown = views.labels(name, spread, (label, baseline), size, t.get("train_flops"))
         note = describe(name, spread, t)
-        tracking.record_results(run_id, {**result["test"], "bpb_mean": spread.bpb},  # SORT_METRIC: the views' order
+        tracking.record_results(run_id, {**result["test"], views.SORT_METRIC.removeprefix("test_"): spread.bpb},
                                 {tracking.NOTE: note, **shown, views.RANKED: "yes"})
         commit = tracking.tracker().client.get_run(run_id).data.tags.get("mlflow.source.git.commit", "")
         versus = shown[f"vs {label}"]

@@ -16,7 +16,6 @@ budget (one row per model, seed and budget), so each point of the report's "As c
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,10 +222,9 @@ def provenance(rows: list[dict], evaluation: dict, study_seed: int, trained: dic
 
 
 def spread(rows: list[dict]) -> Spread:
-    bpb, ppl = [r["test_bpb"] for r in rows], [r["test_word_ppl"] for r in rows]
-    sd = (lambda xs: statistics.stdev(xs)) if len(rows) > 1 else (lambda xs: None)
-    valid = statistics.fmean([r["valid_bpb"] for r in rows]) if all("valid_bpb" in r for r in rows) else None
-    return Spread(len(rows), statistics.fmean(bpb), sd(bpb), statistics.fmean(ppl), sd(ppl), valid)
+    bpb, ppl = mean_sd(r["test_bpb"] for r in rows), mean_sd(r["test_word_ppl"] for r in rows)
+    valid = mean_sd(r["valid_bpb"] for r in rows)[0] if all("valid_bpb" in r for r in rows) else None
+    return Spread(len(rows), *bpb, *ppl, valid)
 
 
 def spreads(evaluation: dict, by_model: dict[str, list[dict]], baseline: str) -> dict[str, Spread]:
