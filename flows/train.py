@@ -76,14 +76,15 @@ def fit(job: Job, run_id: str, branches: list[Job] = ()):
 
 @task(cache_policy=NO_CACHE)
 def anneal(job: Job, result: TrainResult, branches: list[Job], run_id: str) -> list[dict]:
-    """Each branch's decay from the state the run saved for it, then every budget's annealed model scored: a record
-    (budget, FLOPs, valid and test bpb) per budget, the run itself last. Test as the score stage scores it (valid:
-    the run's own last evaluation). Logs the branches' cost two ways: `branch_train_seconds`, their decays' training
-    steps (beside the run's `seconds`), and `branch_seconds`, wall time with their validation and test passes."""
+    """Each branch's decay from the state the run saved for it (validated at its end only), then every budget's
+    annealed model scored: a record (budget, FLOPs, valid and test bpb) per budget, the run itself last. Test as the
+    score stage scores it (valid: the run's own last evaluation). Logs the branches' cost two ways:
+    `branch_train_seconds`, their decays' training steps (beside the run's `seconds`), and `branch_seconds`, wall
+    time with their validation and test passes."""
     logger, records, decays, steps = get_run_logger(), [], 0.0, 0.0
     for branch, budget in [*((b, b.settings.budget.flops) for b in branches), (None, job.settings.budget.flops)]:
         started = time.perf_counter()
-        done = branch.trainer.run() if branch is not None else result
+        done = branch.trainer.run(curve=False) if branch is not None else result  # its last point is its result
         took = time.perf_counter() - started
         test = evaluate_lm(done.model.eval(), job.data, job.common.eval_chunk, splits=("test",))["test"]
         if branch is not None:  # its test pass in

@@ -439,16 +439,18 @@ def test_every_run_outside_the_stages_is_set_up_by_one_function():
 
 def test_a_decay_branch_is_the_standalone_run_of_its_budget_bit_for_bit(tmp_path):
     """Under wsd the run at budget B is the run at C up to B's decay start: a branch resumes a copy of C's state
-    there and decays to B. Its weights and curve equal B's run from scratch, and the run at C is unchanged by it."""
+    there and decays to B. Its weights and last point equal B's run from scratch, and the run at C is unchanged by
+    it. The branch validates once in its decay, at its end (`curve=False`): the points between cost time only."""
     from lmpipe.model_params import Budget
 
     wsd = {**ADAMW, "name": "muon", "lr": 3e-3, "warmup_steps": 5, "schedule": "wsd", "decay_fraction": 0.25}
     big, small = (revised(SETTINGS["modern"], budget={"tokens": n}, optim=wsd) for n in (9000, 3000))
-    main = Trainer("modern", big, COMMON, synthetic_data(), tmp_path / "main", setup_process(COMMON), progress_bar=False)
+    often = COMMON.model_copy(update={"evals_per_epoch": 12})  # points inside the small run's decay
+    main = Trainer("modern", big, often, synthetic_data(), tmp_path / "main", setup_process(often), progress_bar=False)
     start = main.decay_start(Budget(tokens=3000))
     assert 5 < start < main.total_steps // 3
     branched = main.run(branches={start: tmp_path / "branch"})
-    every_step = COMMON.model_copy(update={"checkpoint_every": 1})  # where it is saved changes no number
+    every_step = often.model_copy(update={"checkpoint_every": 1})  # where it is saved changes no number
 
     def branch_trainer():
         return Trainer("modern", small, every_step, synthetic_data(), tmp_path / "branch", setup_process(every_step),
@@ -456,19 +458,25 @@ def test_a_decay_branch_is_the_standalone_run_of_its_budget_bit_for_bit(tmp_path
 
     first, killed = [], branch_trainer()
     with pytest.raises(KeyboardInterrupt):  # killed once it has a checkpoint of its own
-        killed.run(on_step=lambda step: (first.append(step), kill_at(start + 1)(step)))
+        killed.run(on_step=lambda step: (first.append(step), kill_at(start + 1)(step)), curve=False)
     assert first == [start + 1]  # it trained its decay alone
     trainer, steps = branch_trainer(), []
-    branch = trainer.run(on_step=steps.append)
+    branch = trainer.run(on_step=steps.append, curve=False)
     assert steps[0] == start + 2  # resumed from its own checkpoint, which kept the parent's seconds at the branch point
     assert 0 < trainer.progress.branched_seconds == killed.progress.branched_seconds < branch.metrics["seconds"]
     assert main.progress.branched_seconds == 0.0  # the parent is no branch
-    alone = train(tmp_path / "alone", "modern", settings=small)
-    unbranched = train(tmp_path / "unbranched", "modern", settings=big)
+    alone = train(tmp_path / "alone", "modern", settings=small, common=often)
+    unbranched = train(tmp_path / "unbranched", "modern", settings=big, common=often)
+    decaying = [r for r in alone.history if r["step"] > start]
+    assert len(decaying) >= 2  # the standalone run validates within its decay as well as at its end
+    assert drop_timings(branch.history[:-1]) == drop_timings(alone.history[:-len(decaying)])  # the parent's points
+    valid = [k for k in alone.history[-1] if k.startswith("valid_")] + ["step", "tokens", "flops", "epoch", "lr"]
+    assert {k: branch.history[-1][k] for k in valid} == {k: alone.history[-1][k] for k in valid}  # its one point
+    assert drop_timings(branched.history) == drop_timings(unbranched.history)
     for (ours, theirs) in ((branch, alone), (branched, unbranched)):
-        assert drop_timings(ours.history) == drop_timings(theirs.history)
         for (key, a), (_, b) in zip(ours.model.state_dict().items(), theirs.model.state_dict().items()):
             assert torch.equal(a, b), key
+    assert branch.metrics["valid_bpb"] == alone.metrics["valid_bpb"]
     assert branch.metrics["tokens_seen"] == alone.metrics["tokens_seen"] >= 3000
 
 

@@ -422,13 +422,17 @@ class Trainer:
 
     # ---------- the loop, in the order it runs ----------
     def run(self, on_eval: Callable[[dict], None] | None = None,
-            on_step: Callable[[int], None] | None = None, branches: dict[int, Path] | None = None) -> TrainResult:
+            on_step: Callable[[int], None] | None = None, branches: dict[int, Path] | None = None,
+            curve: bool = True) -> TrainResult:
         """Resume, then train to the budget (or the epochs' end, or early stopping), an epoch at a time.
         `on_eval(record)` gets each learning-curve point (main process only); `on_step(step)` is called after every
         optimiser step (tests interrupt a run from there). `branches` maps a step count to a checkpoint folder: once
         that many steps are done (and what is due after the step), the run's whole state is saved there as a
-        checkpoint, from which the run of a smaller budget whose decay starts there resumes (`decay_start`)."""
+        checkpoint, from which the run of a smaller budget whose decay starts there resumes (`decay_start`).
+        `curve=False` validates at the budget's end only: a decay branch, whose result is its last point (its
+        validation falls all through a decay), spends no time on the points between."""
         self.on_eval, self.on_step = on_eval or (lambda record: None), on_step or (lambda step: None)
+        self.curve = curve or self.settings.budget is None  # a run of epochs needs its curve to stop early
         self.branches = dict(branches or {})
         self._resume()
         with _StopRequest(active=self.ranks.world == 1) as stop:
@@ -580,9 +584,10 @@ class Trainer:
         return due
 
     def _eval_due(self, plan_length: int) -> bool:
-        """After evals_per_epoch evenly spaced steps of each epoch (its last step one), and at the budget's end."""
+        """After evals_per_epoch evenly spaced steps of each epoch (its last step one), and at the budget's end
+        (there alone without a `curve`)."""
         p, n = self.progress, self.common.evals_per_epoch
-        return (p.index in {round(plan_length * k / n) for k in range(1, n + 1)}
+        return (self.curve and p.index in {round(plan_length * k / n) for k in range(1, n + 1)}
                 or self.settings.budget is not None and p.step >= self.total_steps)
 
     # ---------- evaluation and checkpoints ----------
