@@ -39,7 +39,7 @@ def scaling(spread: Sequence[str] = ()) -> int:
 def seeds(models: list[str] | None = None, spread: Sequence[str] = ()) -> int:
     """Every model's extra seeds (or `models`' alone: the others keep their rows), spread as `spread` says."""
     code = run_and_commit("flows.seeds", f"{paths.SEEDS_PIPELINE}:seeds",
-                          [*(["--models", *models] if models else []), *spread])
+                          [*(flag for m in models or [] for flag in ("--models", m)), *spread])
     if code == 0:
         print(f"runs: {paths.SEEDS}; the report's seed spread and verdicts: dvc repro (re-runs the report only)")
     return code

@@ -9,6 +9,7 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 
+import click
 from prefect import flow
 from prefect.futures import as_completed
 
@@ -98,17 +99,18 @@ def results(names: Sequence[str], outcomes: Sequence, what: str) -> list:
     return list(outcomes)
 
 
-def add_arguments(parser) -> None:
-    """The flags of `lmpipe scaling` and `lmpipe seeds` that spread their runs for one call, in place of params.yaml's
-    `orchestration` (which a stage's report tracks whole, so editing it re-makes the report)."""
-    parser.add_argument("--workers", type=int, metavar="N",
-                        help="train N runs side by side on a local Dask cluster of N one-thread workers (one a core)")
-    parser.add_argument("--address", metavar="URL", help="train on the workers of a running cluster: a Dask "
-                        "scheduler (tcp://host:8786) or a Ray cluster (ray://host:10001)")
+def spread_options(function):
+    """The flags of `lmpipe scaling` and `lmpipe seeds` (and of their flows run as scripts) that spread their runs for
+    one call, in place of params.yaml's `orchestration` (which a stage's report tracks whole, so editing it re-makes
+    the report)."""
+    function = click.option("--address", metavar="URL", help="train on the workers of a running cluster: a Dask "
+                            "scheduler (tcp://host:8786) or a Ray cluster (ray://host:10001)")(function)
+    return click.option("--workers", type=click.IntRange(min=1), metavar="N", help="train N runs side by side on a "
+                        "local Dask cluster of N one-thread workers (one a core)")(function)
 
 
 def flags(workers: int | None, address: str | None) -> list[str]:
-    """The flags of `add_arguments` for these values, to pass on to a flow's command line."""
+    """The flags of `spread_options` for these values, to pass on to a flow's command line."""
     return [*(["--workers", str(workers)] if workers is not None else []), *(["--address", address] if address else [])]
 
 

@@ -162,7 +162,7 @@ def grid_run(params: Params, data: TokenData):
 @flow(name="scaling-grid")
 def grid(workers: int | None = None, address: str | None = None) -> str:
     """The grid, its runs spread as params.yaml's `orchestration` says, or as `workers`/`address` do
-    (flows.runners.add_arguments)."""
+    (flows.runners.spread_options)."""
     params, data = load_params(PARAMS_FILE), load_tokens()
     params = params.model_copy(update={"orchestration": orchestration_with(params.orchestration, workers, address)})
     if not params.scaling.models or not params.scaling.budgets:
@@ -180,11 +180,13 @@ def grid(workers: int | None = None, address: str | None = None) -> str:
 
 
 if __name__ == "__main__":
-    import argparse
+    import click
 
-    from flows.runners import add_arguments
+    from flows.runners import spread_options
 
-    parser = argparse.ArgumentParser(description="train the scaling grid")
-    add_arguments(parser)
-    args = parser.parse_args()
-    main(grid, workers=args.workers, address=args.address)
+    @click.command(help="Train the scaling grid (lmpipe scaling runs this, commits it, then fits it).")
+    @spread_options
+    def run(workers: int | None, address: str | None) -> None:
+        main(grid, workers=workers, address=address)
+
+    run()

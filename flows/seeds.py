@@ -158,7 +158,7 @@ def kept_rows(path: str, models: list[str], params: Params) -> list[dict]:
 @flow(name="seeds")
 def seeds(models: list[str] | None = None, workers: int | None = None, address: str | None = None) -> str:
     """Retrain `models` (default: all of params.yaml) with each seed of seeds.extra; other models keep their rows.
-    The runs spread as `orchestration` says, or as `workers`/`address` do (flows.runners.add_arguments)."""
+    The runs spread as `orchestration` says, or as `workers`/`address` do (flows.runners.spread_options)."""
     params, data = load_params(PARAMS_FILE), load_tokens()
     params = params.model_copy(update={"orchestration": orchestration_with(params.orchestration, workers, address)})
     unknown = [m for m in models or [] if m not in params.models]
@@ -192,14 +192,15 @@ def seeds(models: list[str] | None = None, workers: int | None = None, address: 
 
 
 if __name__ == "__main__":
-    import argparse
+    import click
 
-    from lmpipe.seeds import add_arguments
+    from flows.runners import spread_options
+    from lmpipe.seeds import models_option
 
-    from flows import runners
+    @click.command(help="Retrain models with the seeds of seeds.extra (lmpipe seeds runs this, then commits it).")
+    @models_option
+    @spread_options
+    def run(models: tuple[str, ...], workers: int | None, address: str | None) -> None:
+        main(seeds, models=list(models) or None, workers=workers, address=address)
 
-    parser = argparse.ArgumentParser(description="retrain models with the seeds of seeds.extra")
-    add_arguments(parser)
-    runners.add_arguments(parser)
-    args = parser.parse_args()
-    main(seeds, models=args.models or None, workers=args.workers, address=args.address)
+    run()

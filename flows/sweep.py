@@ -14,7 +14,6 @@ sweep continues; a changed space, budget, corpus or model starts a new study in 
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import shutil
 from pathlib import Path
@@ -136,9 +135,13 @@ def sweep(model: str, trials: int = 20, seeds: int = 3, space_file: str = sw.SPA
 
 
 if __name__ == "__main__":
-    from lmpipe.sweep import add_arguments  # `lmpipe sweep`'s flags, defined once
+    import click
 
-    parser = argparse.ArgumentParser(description="tune one model of params.yaml with Optuna")
-    add_arguments(parser)
-    args = parser.parse_args()
-    main(sweep, model=args.model, trials=args.trials, seeds=args.seeds, space_file=args.space)
+    from lmpipe.sweep import sweep_options  # `lmpipe sweep`'s flags, defined once
+
+    @click.command(help="Tune one model of params.yaml with Optuna (as lmpipe sweep).")
+    @sweep_options
+    def run(model: str, trials: int, seeds: int, space: str) -> None:
+        main(sweep, model=model, trials=trials, seeds=seeds, space_file=space)
+
+    run()

@@ -19,15 +19,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
+
 from lmpipe.compare import best_of
 from lmpipe.io import csv_records, csv_text
 from lmpipe.stats import REAL_GAP_SDS, beyond_noise, gap_is_real, mean_sd
 
 
-def add_arguments(parser) -> None:
-    """The flags of `lmpipe seeds` (and of `python -m flows.seeds`, which it runs)."""
-    parser.add_argument("--models", nargs="+", metavar="MODEL",
-                        help="retrain only these models' seeds; the other models keep their rows of seeds/seeds.csv")
+def models_option(function):
+    """The flag of `lmpipe seeds` (and of `python -m flows.seeds`, which it runs) that picks models."""
+    return click.option("--models", "models", multiple=True, metavar="MODEL", help="retrain only this model's seeds "
+                        "(repeatable); the other models keep their rows of seeds/seeds.csv")(function)
 
 COLUMNS = ("model", "seed", "valid_bpb", "test_bpb", "test_word_ppl", "precision", "identity", "machine")
 TEXT_COLUMNS = ("model", "precision", "identity", "machine", "test")

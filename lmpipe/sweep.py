@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import click
 import yaml
 
 from lmpipe.config import params_hash, yaml_error_place
@@ -45,12 +46,18 @@ RANDOM_TRIALS = 6  # TPE samples at random until this many trials exist (fixed, 
 
 
 
-def add_arguments(parser) -> None:
+def sweep_options(function):
     """The flags of `lmpipe sweep` (and of `python -m flows.sweep`, which it runs)."""
-    parser.add_argument("--model", required=True, help="an entry of params.yaml's `models`")
-    parser.add_argument("--trials", type=int, default=20, help="finished trials the sweep should hold (it resumes)")
-    parser.add_argument("--seeds", type=int, default=3, help="retrain the winner with this many other seeds")
-    parser.add_argument("--space", default=SPACE_FILE, metavar="FILE", help="a YAML file of search spaces, one per model")
+    for name, kwargs in reversed({
+            "--model": {"required": True, "help": "an entry of params.yaml's `models`"},
+            "--trials": {"type": click.IntRange(min=1), "default": 20,
+                         "help": "finished trials the sweep should hold (it resumes)"},
+            "--seeds": {"type": click.IntRange(min=0), "default": 3,
+                        "help": "retrain the winner with this many other seeds"},
+            "--space": {"default": SPACE_FILE, "metavar": "FILE", "help": "a YAML file of search spaces, one per model"},
+    }.items()):
+        function = click.option(name, **kwargs)(function)
+    return function
 
 @dataclass(frozen=True)
 class Space:
