@@ -27,7 +27,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flows.server import running_server  # noqa: E402
+from flows._prefect import running_server  # noqa: E402
 from lmpipe.overrides import apply_overrides  # noqa: E402
 
 

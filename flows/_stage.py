@@ -17,7 +17,7 @@ from typing import Callable, Iterator, NoReturn
 import prefect
 from prefect import runtime
 
-from flows.server import on_running_server
+from flows._prefect import on_running_server
 from lmpipe import dvc_files, tracking
 from lmpipe.config import Params, load_params, params_hash
 from lmpipe.paths import BASELINE
@@ -46,7 +46,7 @@ def is_transient(task, task_run, state) -> bool:
 
 def git_tracked_outputs(stage: str, pipeline: str = "dvc.yaml") -> list[str]:
     """The outputs of `stage` when git holds every one of them (`cache: false`), else []: in a fresh clone DVC skips
-    such a stage whose deps reproduce, so its MLflow run has to be made another way (flows/record.py)."""
+    such a stage whose deps reproduce, so its MLflow run has to be made another way (lmpipe_cli/record.py)."""
     entry = dvc_files.pipeline_stages(pipeline).get(stage) or {}
     listed = [item for kind in ("outs", "metrics", "plots") for item in entry.get(kind) or []]
     cached = [not isinstance(item, dict) or (next(iter(item.values())) or {}).get("cache", True) for item in listed]
@@ -132,12 +132,12 @@ def fail(line: str, restorable: bool = True) -> NoReturn:
 
 
 def would_restore(stage: str) -> bool:
-    """Whether `lmpipe restore <stage>` would bring its outputs back, asked of `python -m flows.restore` (the same
+    """Whether `lmpipe restore <stage>` would bring its outputs back, asked of `python -m lmpipe_cli.restore` (the same
     decision, in a process of its own, as the harness imports nothing of the restore); False where it cannot tell."""
     import subprocess
 
     try:
-        done = subprocess.run([sys.executable, "-m", "flows.restore", stage], cwd=os.environ.get("DVC_ROOT", "."),
+        done = subprocess.run([sys.executable, "-m", "lmpipe_cli.restore", stage], cwd=os.environ.get("DVC_ROOT", "."),
                               capture_output=True, timeout=120)
     except (OSError, subprocess.SubprocessError):
         return False

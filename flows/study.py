@@ -1,4 +1,4 @@
-"""The flow that drives the whole pipeline: `study` (dvc repro / dvc exp run -S ...); flows/retrain.py builds on it.
+"""The flow that drives the whole pipeline: `study` (dvc repro / dvc exp run -S ...); lmpipe_cli/retrain.py builds on it.
 
 It creates the study's MLflow parent run itself and hands it to every stage (LMPIPE_PARENT_RUN_ID),
 and points the stages at this flow's Prefect server (PREFECT_API_URL), so one execution is one study.

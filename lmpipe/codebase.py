@@ -12,7 +12,7 @@ import hashlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("lmpipe", "flows")
+PACKAGES = ("lmpipe", "flows", "lmpipe_cli")
 # Plumbing that cannot change any output, declared once: where runs are recorded, how errors read, the stage harness,
 # the Prefect server probe, where tasks run (local threads or a cluster: the same results), the packages'
 # import-time setup and telemetry switch, the process's memory settings (speed, never numbers), the harness's reading
@@ -20,7 +20,7 @@ PACKAGES = ("lmpipe", "flows")
 PLUMBING = frozenset({
     "lmpipe/tracking/__init__.py", "lmpipe/tracking/store.py", "lmpipe/tracking/runs.py",
     "lmpipe/tracking/registry.py", "lmpipe/errors.py", "lmpipe/__init__.py", "flows/__init__.py",
-    "flows/_stage.py", "flows/server.py", "flows/runners.py", "lmpipe/process.py", "lmpipe/telemetry.py",
+    "flows/_stage.py", "flows/_prefect.py", "flows/runners.py", "lmpipe/process.py", "lmpipe/telemetry.py",
     "lmpipe/dvc_files.py", "lmpipe/set_param.py"})
 # Modules whose function-level imports build MLflow side outputs only (tracking.registry.log_lm: the registered model's
 # serving code; tracking.runs.git_commit: the commit a run is tagged with), which DVC does not version: only their

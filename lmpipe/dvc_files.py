@@ -1,8 +1,8 @@
 """dvc.yaml and dvc.lock as the project's own code reads them, in one place: a pipeline's stages as written, and the
 runs a lock file records. What DVC decides from them (the graph, what re-runs) is asked of DVC itself (`dvc.repo.Repo`:
-flows/progress.py, flows/restore.py, flows/retrain.py), and what is written back goes through DVC's round-trip writer
-(`dvc.utils.serialize.modify_yaml`), which keeps a file's form; reading is the C YAML loader's (a lock of ~25 stages
-in milliseconds, where DVC's round-trip reader takes seconds)."""
+lmpipe_cli/progress.py, lmpipe_cli/restore.py, lmpipe_cli/retrain.py), and what is written back goes through DVC's
+round-trip writer (`dvc.utils.serialize.modify_yaml`), which keeps a file's form; reading is the C YAML loader's (a
+lock of ~25 stages in milliseconds, where DVC's round-trip reader takes seconds)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import os
 # Outside DVC's outputs (DVC deletes those before a stage runs), git-ignored. CACHE: the checkout's own state (the
 # study's lock, the Prefect server's pid and log, the n-gram's shards). CACHE_DIR: resumable runs (downloads,
 # checkpoints, cached rows); a retrain's stages run in a temporary copy and are given the checkout's own
-# (flows/retrain.py), so an interrupted retrain keeps its training.
+# (lmpipe_cli/retrain.py), so an interrupted retrain keeps its training.
 CACHE = ".cache/lmpipe"
 CACHE_DIR = os.environ.get("LMPIPE_CACHE_DIR", CACHE)
 

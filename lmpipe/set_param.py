@@ -1,7 +1,7 @@
 """`-S KEY=VALUE` (`--set-param`): the one way every command that takes settings takes them, as `dvc exp run -S`
 does. The flag of `python -m lmpipe.train` and the flows run as scripts (`python -m flows.study`, `python -m
-flows.retrain`) is defined here, and the refusal every one of them shares, `lmpipe plan` and `lmpipe retrain` too
-(flows.cli.TakesSettings): a setting given another way (a bare `key=value`, `--set`) is one line naming `-S`, not a
+lmpipe_cli.retrain`) is defined here, and the refusal every one of them shares, `lmpipe plan` and `lmpipe retrain` too
+(lmpipe_cli.main.TakesSettings): a setting given another way (a bare `key=value`, `--set`) is one line naming `-S`, not a
 usage dump."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ if WORKERS > 1:
 import numpy as np
 import pytest
 
-from flows.server import use_project_home
+from flows._prefect import use_project_home
 from lmpipe.telemetry import switch_off
 from tests.helpers import PARAMS, ROOT, TINY, free_port, override, run
 
@@ -61,7 +61,7 @@ def mlflow_store(tmp_path, monkeypatch) -> str:
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory):
     """One `prefect server` for the whole suite (an ephemeral server per stage process costs ~12 s)."""
-    from flows import server
+    from lmpipe_cli import server
 
     home = tmp_path_factory.mktemp("prefect-home")
     saved = dict(os.environ)

@@ -156,7 +156,7 @@ def leaderboard_page(project: Path, link_text: str = "workspace holds, best test
     are MLflow's 100 px). A screenshot to `shot` when given."""
     port = free_port()
     env = {**(os.environ if env is None else env), "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=project, env=env,
+    ui = subprocess.Popen([sys.executable, "-m", "lmpipe_cli", "ui", "--port", str(port)], cwd=project, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     stuck = threading.Timer(300, os.killpg, (ui.pid, 9))  # a UI that never answers ends the read below
     stuck.start()

@@ -10,7 +10,7 @@ import sys
 import click
 import pytest
 
-from flows.cli import lmpipe, main
+from lmpipe_cli.main import lmpipe, main
 from tests.helpers import ROOT
 
 
@@ -38,7 +38,7 @@ def test_every_option_has_help_and_there_is_a_version(capsys):
                                                   "max_new_tokens must be a whole number from 1 to 1024")])
 def test_an_out_of_range_sampling_value_is_one_line_before_any_model_loads(flag, value, reason):
     """The same rule as params.yaml's `evaluate` and a served request's (lmpipe.decode_rules.check_decoding)."""
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "generate", "--model", "no-such-model", flag, value],
+    done = subprocess.run([sys.executable, "-m", "lmpipe_cli", "generate", "--model", "no-such-model", flag, value],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [f"error: {flag} {value}: {reason}"]
@@ -46,7 +46,7 @@ def test_an_out_of_range_sampling_value_is_one_line_before_any_model_loads(flag,
 
 def test_generate_outside_a_project_says_so_in_one_line(tmp_path):
     """No params.yaml here: its own error, not a flag's (the flags are checked against params.yaml's `evaluate`)."""
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "generate", "--model", "gru", "--top-k", "5"],
+    done = subprocess.run([sys.executable, "-m", "lmpipe_cli", "generate", "--model", "gru", "--top-k", "5"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 1
@@ -55,7 +55,7 @@ def test_generate_outside_a_project_says_so_in_one_line(tmp_path):
 
 
 def test_a_bad_cron_is_one_line_and_starts_no_server():
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "schedule", "--cron", "bad cron"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "lmpipe_cli", "schedule", "--cron", "bad cron"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
@@ -65,7 +65,7 @@ def test_a_bad_cron_is_one_line_and_starts_no_server():
 
 def test_server_stop_leaves_a_process_it_did_not_start_alone(tmp_path):
     """A copied checkout carries its original's pid file: `lmpipe server --stop` there must not kill that pid."""
-    from flows import server
+    from lmpipe_cli import server
 
     other = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
@@ -86,7 +86,7 @@ def test_ui_on_a_taken_port_is_one_line():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=ROOT,
+        done = subprocess.run([sys.executable, "-m", "lmpipe_cli", "ui", "--port", str(port)], cwd=ROOT,
                               capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines() == [
@@ -98,7 +98,7 @@ def test_a_port_whose_last_server_just_stopped_is_free():
     `lmpipe server` and `lmpipe ui` must not take such a port for one in use."""
     import socket
 
-    from flows.server import HOST, port_free
+    from lmpipe_cli.server import HOST, port_free
 
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -124,7 +124,7 @@ def started_ui(tmp_path, until: str) -> tuple[subprocess.Popen, int, list[str]]:
 
     port = free_port()
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port)], cwd=tmp_path, env=env,
+    ui = subprocess.Popen([sys.executable, "-m", "lmpipe_cli", "ui", "--port", str(port)], cwd=tmp_path, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                           preexec_fn=as_in_a_terminal)
     lines, deadline = [], time.monotonic() + 180
@@ -160,7 +160,7 @@ def test_the_mlflow_ui_stops_its_server_when_told(tmp_path, params_file, signum)
     import signal
     import time
 
-    from flows.server import port_free
+    from lmpipe_cli.server import port_free
 
     ui, port, lines = started_ui(tmp_path, "champions")
     try:
@@ -177,7 +177,7 @@ def test_the_mlflow_ui_stops_its_server_when_told(tmp_path, params_file, signum)
         ui.communicate(timeout=30)
 
 
-@pytest.mark.parametrize("module", ["flows.study", "flows.retrain", "flows.audit", "flows.word2vec", "flows.train",
+@pytest.mark.parametrize("module", ["flows.study", "lmpipe_cli.retrain", "flows.audit", "flows.word2vec", "flows.train",
                                     "flows.seeds", "flows.report"])
 def test_every_stage_module_prints_help_and_starts_nothing(module, tmp_path):
     """`python -m flows.<stage> --help` in a folder with no params.yaml and no Prefect server reachable: the help, exit
@@ -241,7 +241,7 @@ def test_a_command_run_from_the_venv_without_activating_it_starts_the_venv_s_too
 def test_a_frozen_stage_is_committed_only_after_its_flow_succeeds(tmp_path, monkeypatch):
     """`lmpipe scaling` / `lmpipe seeds`: the steps run in order, and the first that fails stops the rest (no
     `dvc commit` of a half-made grid), its exit code returned."""
-    from flows import frozen
+    from lmpipe_cli import frozen
 
     monkeypatch.chdir(tmp_path)
     mark = [sys.executable, "-c", "import sys; open(sys.argv[1], 'w')"]
@@ -263,13 +263,13 @@ def test_a_frozen_stage_is_committed_only_after_its_flow_succeeds(tmp_path, monk
 
 def test_every_command_that_takes_settings_takes_them_with_S(monkeypatch):
     """`-S KEY=VALUE` (`--set-param`), repeatable, as `dvc exp run -S` and `lmpipe plan` take it: `lmpipe retrain`
-    hands them to the flow, `lmpipe plan` to the plan, `python -m flows.study` / `flows.retrain` to their flow."""
+    hands them to the flow, `lmpipe plan` to the plan, `python -m flows.study` / `lmpipe_cli.retrain` to their flow."""
     import flows._stage
-    import flows.plan
+    import lmpipe_cli.plan
 
     ran, planned = [], []
     monkeypatch.setattr(flows._stage, "main", lambda flow, **kwargs: ran.append(kwargs))
-    monkeypatch.setattr(flows.plan, "plan", lambda overrides: planned.append(overrides) or "a plan")
+    monkeypatch.setattr(lmpipe_cli.plan, "plan", lambda overrides: planned.append(overrides) or "a plan")
     assert main(["retrain", "-S", "models.gru.optim.lr=0.003", "--set-param", "+models.gru.epochs=3"]) == 0
     assert ran == [{"overrides": ["models.gru.optim.lr=0.003", "+models.gru.epochs=3"]}]
     assert main(["retrain"]) == 0 and ran[-1] == {"overrides": None}
@@ -281,11 +281,11 @@ def test_every_command_that_takes_settings_takes_them_with_S(monkeypatch):
 
 
 @pytest.mark.parametrize("command, prog", [
-    (["flows.cli", "retrain", "models.gru.optim.lr=0.003"], "lmpipe retrain"),
-    (["flows.cli", "retrain", "--set", "models.gru.optim.lr=0.003"], "lmpipe retrain"),
-    (["flows.cli", "plan", "-S", "models.gru.arch.layers=2", "models.gru.optim.lr=0.003"], "lmpipe plan"),
+    (["lmpipe_cli", "retrain", "models.gru.optim.lr=0.003"], "lmpipe retrain"),
+    (["lmpipe_cli", "retrain", "--set", "models.gru.optim.lr=0.003"], "lmpipe retrain"),
+    (["lmpipe_cli", "plan", "-S", "models.gru.arch.layers=2", "models.gru.optim.lr=0.003"], "lmpipe plan"),
     (["flows.study", "models.gru.optim.lr=0.003"], "python -m flows.study"),
-    (["flows.retrain", "--set", "models.gru.optim.lr=0.003"], "python -m flows.retrain"),
+    (["lmpipe_cli.retrain", "--set", "models.gru.optim.lr=0.003"], "python -m lmpipe_cli.retrain"),
 ])
 def test_a_setting_given_another_way_than_S_is_one_line_naming_S(command, prog, tmp_path):
     """A bare key=value or --set (the syntaxes these commands once took) starts nothing: one line naming -S."""
@@ -318,7 +318,7 @@ def test_lmpipe_help_describes_every_command_group(capsys):
 def test_generate_help_gives_each_decoding_default_as_its_value_from_params_yaml(tmp_path, monkeypatch):
     """The defaults of `generate`'s decoding flags are params.yaml's `evaluate` here, shown as values; with no
     readable params.yaml the help says where they come from."""
-    from flows.cli import DECODE_FLAGS
+    from lmpipe_cli.main import DECODE_FLAGS
 
     def help_text() -> str:
         with click.Context(lmpipe.commands["generate"], info_name="generate", terminal_width=200) as ctx:
@@ -343,7 +343,7 @@ def test_server_with_a_port_starts_there_whatever_prefect_api_url_says(tmp_path)
     starts nothing (tests/test_team.py)."""
     import time
 
-    from flows.server import api_url, healthy
+    from lmpipe_cli.server import api_url, healthy
     from tests.helpers import free_port
 
     port = free_port()
@@ -352,7 +352,7 @@ def test_server_with_a_port_starts_there_whatever_prefect_api_url_says(tmp_path)
            "PREFECT_UI_ENABLED": "false", "PREFECT_API_URL": url}
 
     def lmpipe(*argv, **extra):
-        return subprocess.run([sys.executable, "-m", "flows.cli", "server", *argv], cwd=tmp_path,
+        return subprocess.run([sys.executable, "-m", "lmpipe_cli", "server", *argv], cwd=tmp_path,
                               env={**env, **extra}, capture_output=True, text=True, timeout=240)
 
     try:

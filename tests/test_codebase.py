@@ -72,17 +72,33 @@ def test_the_train_stage_depends_on_every_file_of_the_training_code():
     assert not missing, f"dvc.yaml train@: {missing} key checkpoints but are not deps"
 
 
-def test_no_two_project_modules_import_each_other_round_a_circle():
-    """The house has no import circle: following every import (function-level ones too) from any module of lmpipe
-    or flows never leads back to it."""
+def import_graph():
+    """Every project module's imports (function-level ones too), a package's own setup aside, as a directed graph."""
     import networkx as nx
 
-    from lmpipe.codebase import ROOT, imports_of
+    from lmpipe.codebase import PACKAGES, ROOT, imports_of
 
     graph = nx.DiGraph()
-    for package in ("lmpipe", "flows"):
+    for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
             for imported in imports_of(path):
-                if imported != path and "__init__.py" not in (path.name, imported.name):  # a package's own setup
+                if imported != path and "__init__.py" not in (path.name, imported.name):
                     graph.add_edge(path.relative_to(ROOT).as_posix(), imported.relative_to(ROOT).as_posix())
-    assert list(nx.simple_cycles(graph)) == []
+    return graph
+
+
+def test_no_two_project_modules_import_each_other_round_a_circle():
+    """The house has no import circle: following every import from any module of lmpipe, flows or lmpipe_cli never
+    leads back to it."""
+    import networkx as nx
+
+    assert list(nx.simple_cycles(import_graph())) == []
+
+
+def test_the_house_has_three_floors_the_command_line_above_the_flows_above_the_library():
+    """lmpipe_cli drives flows and lmpipe; flows drive lmpipe; neither lower floor imports a higher one."""
+    edges = list(import_graph().edges)
+    assert any(a.startswith("lmpipe_cli/") and b.startswith("flows/") for a, b in edges)  # the walk sees the floors
+    upward = [(a, b) for a, b in edges if a.split("/")[0] in ("lmpipe", "flows") and b.startswith("lmpipe_cli/")
+              or a.startswith("lmpipe/") and b.startswith("flows/")]
+    assert upward == []

@@ -80,7 +80,7 @@ def test_params_hash_is_stable_and_sensitive():
 
 def test_cli_reports_bad_params_without_traceback(tmp_path):
     path = write(tmp_path, "corpus: {source: nonsense}")
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "check-params", str(path)],
+    done = subprocess.run([sys.executable, "-m", "lmpipe_cli", "check-params", str(path)],
                           capture_output=True, text=True)
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
@@ -90,7 +90,7 @@ def test_cli_reports_bad_params_without_traceback(tmp_path):
 def test_gpu_profile_is_valid_params_and_becomes_dvc_overrides(tmp_path, capsys):
     import shlex
 
-    from flows.cli import main
+    from lmpipe_cli.main import main
     from lmpipe.overrides import profile_overrides
 
     profile = yaml.safe_load((ROOT / "profiles/wikitext2-gpu.yaml").read_text())
@@ -200,7 +200,7 @@ connect = socket.socket.connect
 socket.socket.connect = lambda self, address: (opened.append(address), connect(self, address))[1]
 import flows, flows.train, flows.evaluate, flows.report, flows.seeds, flows.study
 print(opened, flush=True)
-import flows.server as server
+import flows._prefect as server
 server.api_url = lambda port=None: sys.argv[1]
 from prefect import flow
 from prefect.client.orchestration import get_client

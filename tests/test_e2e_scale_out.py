@@ -106,7 +106,7 @@ def test_a_team_shares_one_mlflow_and_prefect_on_postgresql_and_one_dvc_remote(c
         run(["lmpipe", "check-params", "--store"], a, team)
         studied = run(["dvc", "repro", "--force", "--single-item", *STAGES], a, team, timeout=1800)  # A's study, on
         assert ran_stages(studied.stdout) == set(STAGES)                                  # the team's servers
-        assert ran_stages(run([sys.executable, "-m", "flows.record"], a, team).stdout) == set()  # all on the server
+        assert ran_stages(run([sys.executable, "-m", "lmpipe_cli.record"], a, team).stdout) == set()  # all on the server
         assert run(["git", "status", "--porcelain"], a, team).stdout == ""  # bit for bit, as before
         champion = {m: server.get_model_version_by_alias(f"lmpipe-{m}", "champion") for m in MODELS}
         assert all(v.tags["lmpipe.output_sha256"] == sha256_tree(a / f"models/{m}") for m, v in champion.items())
@@ -122,7 +122,7 @@ def test_a_team_shares_one_mlflow_and_prefect_on_postgresql_and_one_dvc_remote(c
         run(["dvc", "pull"], b, team)
         assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], b, team).stdout) == {}
         assert ran_stages(run(["dvc", "repro"], b, team).stdout) == set()  # nothing trained, nothing run
-        assert ran_stages(run([sys.executable, "-m", "flows.record"], b, team).stdout) == set()  # A recorded them
+        assert ran_stages(run([sys.executable, "-m", "lmpipe_cli.record"], b, team).stdout) == set()  # A recorded them
         assert all(sha256_tree(b / f"models/{m}") == sha256_tree(a / f"models/{m}") for m in MODELS)
 
         serving, url, log = start_serving(b, team)  # the champion, from the team's registry
@@ -147,7 +147,7 @@ def test_a_team_shares_one_mlflow_and_prefect_on_postgresql_and_one_dvc_remote(c
     finally:
         down = run(["lmpipe", "team", "down", "--dir", str(folder / "team")], a, env, check=False)
     assert down.returncode == 0 and down.stdout.startswith("stopped: prefect, mlflow, postgres"), down.stderr
-    from flows.server import port_free
+    from lmpipe_cli.server import port_free
 
     assert all(port_free(p) for p in ports.values())
     left = run(["pgrep", "-f", str(folder)], a, env, check=False).stdout

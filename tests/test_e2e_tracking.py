@@ -217,7 +217,7 @@ def test_a_model_retrained_bit_for_bit_keeps_its_test_results_in_mlflow(project,
 @pytest.mark.slow
 def test_a_store_without_the_runs_of_skipped_stages_gets_them_and_nothing_else_changes(committed):
     """A fresh clone: DVC skips evaluate, combine and report (git holds their outputs), so `make study`'s last step
-    (flows/record.py) runs them again for MLflow; the same bytes come out, and a second time nothing runs."""
+    (lmpipe_cli/record.py) runs them again for MLflow; the same bytes come out, and a second time nothing runs."""
     copy, env = committed
     client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("lmpipe").experiment_id
@@ -229,10 +229,10 @@ def test_a_store_without_the_runs_of_skipped_stages_gets_them_and_nothing_else_c
                              order_by=["attributes.start_time DESC"])[0]
     client.delete_tag(gru.info.run_id, "mlflow.note.content")
     before = workspace(copy)
-    said = run([sys.executable, "-m", "flows.record"], copy, env).stdout
+    said = run([sys.executable, "-m", "lmpipe_cli.record"], copy, env).stdout
     assert [line.split(":")[0] for line in said.splitlines() if "DVC skipped it" in line] == list(skipped)
     assert workspace(copy) == before and run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout.strip() == "{}"
     for stage in skipped:
         assert len(client.search_runs([experiment], f"tags.`lmpipe.stage` = '{stage}'")) == 1, stage
     assert "test" in client.get_run(gru.info.run_id).data.tags["mlflow.note.content"]  # the report's description
-    assert "DVC skipped it" not in run([sys.executable, "-m", "flows.record"], copy, env).stdout
+    assert "DVC skipped it" not in run([sys.executable, "-m", "lmpipe_cli.record"], copy, env).stdout

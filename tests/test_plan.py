@@ -56,7 +56,7 @@ def reproduced(tmp_path, monkeypatch):
 
 
 def test_an_override_plans_the_stages_that_track_it_and_those_below(reproduced):
-    from flows.plan import planned_stages
+    from lmpipe_cli.plan import planned_stages
 
     assert planned_stages() == []
     assert sorted(planned_stages(changes={"models.gru.optim.lr": 0.003})) == ["fits/dvc.yaml:fit", "gru", "join"]
@@ -70,7 +70,7 @@ def test_an_override_plans_the_stages_that_track_it_and_those_below(reproduced):
 def test_only_an_override_that_changes_a_value_moves_it():
     import yaml
 
-    from flows.plan import moved
+    from lmpipe_cli.plan import moved
 
     params = ROOT / "params.yaml"
     lr = yaml.safe_load(params.read_text())["models"]["gru"]["optim"]["lr"]
@@ -81,7 +81,7 @@ def test_only_an_override_that_changes_a_value_moves_it():
 def test_the_plan_says_the_training_it_holds_and_the_rate_it_assumes(mlflow_store):  # a store with no runs
     """The FLOPs are the model's budget and its decay branches' decays; the assumed rate is the bf16 machine's, or
     fp32's (FP32_SLOWER times lower) where this machine trains in fp32."""
-    from flows.plan import DEFAULT_FLOPS_PER_S, FP32_SLOWER, summary
+    from lmpipe_cli.plan import DEFAULT_FLOPS_PER_S, FP32_SLOWER, summary
     from lmpipe.config import load_params
     from lmpipe.train import autocast_dtype, pick_device
 
@@ -106,7 +106,7 @@ def test_a_change_to_one_models_setting_leaves_the_scaling_fits_alone():
     whether the scaling grid is still the study's), never the grid's fits, whose bootstraps take ~40 min on 2 cores."""
     from dvc.repo import Repo
 
-    from flows.plan import tracks
+    from lmpipe_cli.plan import tracks
 
     with Repo(str(ROOT)) as repo:
         moving = {s.addressing for s in repo.index.stages if tracks(s, {"models.gru.optim.lr": 0.003})}
@@ -118,7 +118,7 @@ def test_a_change_to_one_models_setting_leaves_the_scaling_fits_alone():
 
 def test_the_plan_refuses_a_local_corpus_file_it_cannot_read_in_one_line(tmp_path, params_file, monkeypatch):
     """`lmpipe plan -S corpus.source=local ...` names the missing file as check-params does, before any stage."""
-    from flows.plan import plan
+    from lmpipe_cli.plan import plan
     from lmpipe.errors import ConfigError
 
     (tmp_path / "train.txt").write_text("a b c\n")

@@ -126,7 +126,7 @@ def test_each_checkout_has_its_own_prefect_home(tmp_path, monkeypatch):
     """Prefect keeps a server's runs, deployments and schedules in its home, ~/.prefect by default: one for every
     checkout on the machine. A checkout's stages, `lmpipe` and its server use the checkout's own, in its ignored cache
     folder; a home the user chose stays theirs."""
-    from flows import server
+    from lmpipe_cli import server
 
     checkouts = [tmp_path / "a", tmp_path / "b"]
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_HOME"} | {"PYTHONPATH": str(ROOT)}

@@ -36,7 +36,7 @@ def test_check_params_refuses_a_missing_local_file_in_one_line_before_dvc_runs(t
     tree["corpus"] = {**tree["corpus"], "source": "local",
                       "files": {s: str(tmp_path / f"{s}.txt") for s in ("train", "valid", "test")}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(tree))
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "check-params"], cwd=tmp_path, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "lmpipe_cli", "check-params"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "corpus.files.train" in done.stderr and "no such file or directory" in done.stderr

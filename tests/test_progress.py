@@ -1,4 +1,4 @@
-"""The study's progress line (flows/progress.py): stage k of n from DVC's output, training minutes left from FLOPs."""
+"""The study's progress line (lmpipe_cli/progress.py): stage k of n from DVC's output, training minutes left from FLOPs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from flows.progress import Progress
+from lmpipe_cli.progress import Progress
 from tests.helpers import ROOT, as_in_a_terminal
 
 PLANNED = ["ngram", "train@nplm", "train@gru", "score@nplm", "report"]
@@ -66,7 +66,7 @@ def test_dvcs_output_passes_through_byte_for_byte_with_a_progress_line_after_eac
                         "printf \"Running stage 'ngram':\\nbar 1/2\\rbar 2/2\\n\"\n"
                         "printf \"Running stage 'report':\\n\"\n"
                         "exit 3\n")
-    done = subprocess.run([sys.executable, "-m", "flows.progress"], cwd=tmp_path, env=env, capture_output=True)
+    done = subprocess.run([sys.executable, "-m", "lmpipe_cli.progress"], cwd=tmp_path, env=env, capture_output=True)
     assert done.returncode == 3  # DVC's exit status
     said = done.stdout.decode()
     assert said.startswith("[study] no plan of the stages (")  # not a DVC project: counted as they start
@@ -82,7 +82,7 @@ def test_the_plan_holds_every_changed_stage_and_all_below_it(tmp_path, monkeypat
     both (b's input is about to change, though `dvc status` cannot see it yet); a changed command of b b alone."""
     import yaml
 
-    from flows.plan import planned_stages
+    from lmpipe_cli.plan import planned_stages
 
     monkeypatch.chdir(tmp_path)
     subprocess.run(["dvc", "init", "--no-scm", "-q"], check=True)
@@ -109,7 +109,7 @@ def test_ctrl_c_twice_passes_on_dvcs_last_lines_and_its_exit_status_without_a_tr
                         "trap 'trap \"\" INT; sleep 1; echo \"train@gru: interrupted; dvc repro resumes it\"; exit 130' INT\n"
                         "printf \"Running stage 'train@gru':\\n\"\n"
                         "while true; do sleep 0.1; done\n")
-    study = subprocess.Popen([sys.executable, "-m", "flows.progress"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+    study = subprocess.Popen([sys.executable, "-m", "lmpipe_cli.progress"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True, preexec_fn=as_in_a_terminal)
     while b"stage 1 of 1: train@gru" not in study.stdout.readline():  # the stage runs (a line per line of DVC's)
         assert study.poll() is None, study.stderr.read().decode()

@@ -65,7 +65,7 @@ def test_bit_for_bit_then_within_noise_on_another_machine_then_differs(tmp_path)
 def test_the_command_prints_the_table_and_exits_nonzero_where_a_model_differs(tmp_path):
     committed_study(tmp_path)
     study(tmp_path, {"ngram": 2.05, "gru": 1.99, "lstm": 1.99}, XEON, "fp32")  # gru 5 sd off
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "reproduced"], cwd=tmp_path, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "lmpipe_cli", "reproduced"], cwd=tmp_path, capture_output=True,
                           text=True, env={"PYTHONPATH": str(Path(__file__).resolve().parent.parent),
                                           "PATH": "/usr/bin:/bin"})
     assert done.returncode == 1, done.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.restore import HEAD, LOCK, WORKSPACE, _decide
+from lmpipe_cli.restore import HEAD, LOCK, WORKSPACE, _decide
 
 MODEL, METRICS = "models/gru", "metrics/train/gru.json"
 

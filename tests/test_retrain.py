@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.retrain import experiment_ref, refusal, reproduction_outputs
+from lmpipe_cli.retrain import experiment_ref, refusal, reproduction_outputs
 from tests.helpers import ROOT
 
 
@@ -34,7 +34,7 @@ def test_changes_that_a_reproduction_wrote_get_the_command_that_fixes_them(monke
 
 
 def test_what_a_killed_retrain_left_is_removed_and_named(tmp_path, monkeypatch):
-    from flows.retrain import remove_leftovers
+    from lmpipe_cli.retrain import remove_leftovers
 
     monkeypatch.chdir(tmp_path)
     copy = tmp_path / ".dvc/tmp/exps/standalone/tmpk1ll3d"
@@ -61,8 +61,8 @@ def tiny_project(tmp_path, params_file, monkeypatch):
     models.gru.optim.lr and writes a metrics/eval.json the gate reads: a real `dvc exp run` of it takes seconds. The
     retrain's outside world (the corpus source, MLflow, Prefect's logger and artifacts) is stubbed; its tags are
     kept in the returned dict."""
-    import flows.plan
-    import flows.retrain as retrain
+    import lmpipe_cli.plan
+    import lmpipe_cli.retrain as retrain
 
     monkeypatch.chdir(tmp_path)
     Path("README.md").write_text("# a project\n")
@@ -86,7 +86,7 @@ def tiny_project(tmp_path, params_file, monkeypatch):
     monkeypatch.setattr(retrain, "corpus_sha256", lambda folder: "the same corpus")
     monkeypatch.setattr(retrain, "stage_env", lambda parent: dict(os.environ))
     monkeypatch.setattr(retrain, "dvc", getattr(retrain.dvc, "fn", retrain.dvc))  # a Prefect task: its function
-    monkeypatch.setattr(flows.plan, "plan", lambda sets: "a plan")
+    monkeypatch.setattr(lmpipe_cli.plan, "plan", lambda sets: "a plan")
     monkeypatch.setattr(retrain.tracking, "set_tags", lambda run, values: tags.update(values))
     monkeypatch.setattr(retrain.tracking.registry, "champion_metrics", lambda models: {})
     monkeypatch.setattr(retrain.tracking.registry, "promote_experiment", lambda name: {"lmpipe-gru": "2"})
@@ -94,7 +94,7 @@ def tiny_project(tmp_path, params_file, monkeypatch):
 
 
 def gated(overrides: list[str]) -> dict:
-    from flows.retrain import gated_retrain, workspace_now
+    from lmpipe_cli.retrain import gated_retrain, workspace_now
     from lmpipe.config import load_params
 
     return gated_retrain(load_params("params.yaml"), "parent", overrides, workspace_now())
@@ -129,7 +129,7 @@ def test_a_retrain_that_passes_while_the_user_edits_applies_nothing_and_says_how
                                                                                               monkeypatch):
     """README.md and params.yaml edited while the experiment runs: applying would write over them, so nothing is
     applied, the edits stay exactly as made (no stash), the experiment stays, and one line says how to apply it."""
-    import flows.retrain as retrain
+    import lmpipe_cli.retrain as retrain
 
     real = retrain.run_experiment
     readme = Path("README.md").read_text() + "A note of the user's.\n"
@@ -157,7 +157,7 @@ def test_a_retrain_that_passes_while_the_user_edits_applies_nothing_and_says_how
 def test_what_applying_would_take_is_named_and_nothing_else(tiny_project):
     """A moved HEAD, an edited tracked file, a new file where the experiment writes stop the apply; a new file
     elsewhere or an ignored one does not."""
-    from flows.retrain import workspace_changes, workspace_now
+    from lmpipe_cli.retrain import workspace_changes, workspace_now
 
     start = workspace_now()
     Path("notes.txt").write_text("mine, elsewhere")
@@ -213,7 +213,7 @@ def test_a_refusal_of_many_files_is_one_short_line_that_counts_them(monkeypatch)
 
 REFUSED_FIRINGS = """
 from prefect import flow
-from flows.retrain import paused_firing, refused, reproduction_outputs
+from lmpipe_cli.retrain import paused_firing, refused, reproduction_outputs
 
 dirty = sorted(reproduction_outputs())[:30]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows import team
+from lmpipe_cli import team
 from lmpipe.errors import LmpipeError
 from tests.helpers import taken_port
 
@@ -35,7 +35,7 @@ def test_down_without_a_team_stops_nothing(tmp_path):
 def test_with_a_team_server_set_lmpipe_server_starts_no_local_one(tmp_path, monkeypatch, capsys):
     """`make study` runs `lmpipe server`: with PREFECT_API_URL set (a team's), the stages report there, and a local
     server would be one more process for nothing."""
-    from flows import cli, server
+    from lmpipe_cli import main as cli, server
 
     started = []
     monkeypatch.setattr(server, "start", lambda *a, **k: started.append(a))

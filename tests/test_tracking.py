@@ -70,7 +70,7 @@ def test_default_uri_follows_dvc_root(monkeypatch, tmp_path):
 
 
 def test_a_taken_port_is_one_line_not_a_server_that_never_answers():
-    from flows import server
+    from lmpipe_cli import server
     from lmpipe.errors import LmpipeError
     from tests.helpers import taken_port
 

@@ -1,6 +1,6 @@
 """After `dvc repro`: MLflow runs for the stages DVC skipped because git already held their outputs.
 
-    python -m flows.record          (the last step of `make study`)
+    python -m lmpipe_cli.record          (the last step of `make study`)
 
 A fresh clone has every `cache: false` output in git (metrics/eval.json, metrics/combine.json, the report). When the
 models reproduce bit for bit, DVC finds those stages up to date and skips them, so the clone's MLflow store would

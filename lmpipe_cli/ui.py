@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 
-from flows import server
+from lmpipe_cli import server
 from lmpipe import paths
 from lmpipe.errors import LmpipeError, first_line
 

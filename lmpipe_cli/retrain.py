@@ -31,9 +31,9 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from lmpipe import paths
-from flows import server
+from lmpipe_cli import server
 from flows._stage import PARAMS_FILE, main, settings_argv, sigterm_as_ctrl_c, signals_held
-from flows.progress import STARTED  # DVC's line as it starts a stage
+from lmpipe_cli.progress import STARTED  # DVC's line as it starts a stage
 from flows.study import stage_env, dvc, one_study
 from lmpipe import tracking
 from lmpipe.compare import changed, compare_eval, comparison_markdown, describe, metrics_of
@@ -343,7 +343,7 @@ def gated_retrain(params, parent: str, sets: list[str], start: Workspace) -> dic
     tracking.set_tags(parent, {EXPERIMENT: name})
     log.info("retrain %s: dvc exp run --temp %s", name, " ".join(f"-S {s}" for s in sets))
     try:  # the plan first, as `lmpipe plan` gives it; no plan is no reason to stop
-        from flows.plan import plan
+        from lmpipe_cli.plan import plan
 
         log.info("retrain %s: %s", name, plan(sets).replace("\n", "; "))
     except Exception as exc:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-from flows import server
+from lmpipe_cli import server
 from lmpipe import paths
 
 

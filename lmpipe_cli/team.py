@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flows import server
+from lmpipe_cli import server
 from lmpipe.errors import LmpipeError
 
 ROOT = Path(".team")

@@ -1,6 +1,6 @@
 """`dvc repro` with a progress line between its own: stage k of n, and the training minutes left.
 
-    python -m flows.progress [target ...]          (what `make study` runs; targets as for `dvc repro`)
+    python -m lmpipe_cli.progress [target ...]          (what `make study` runs; targets as for `dvc repro`)
 
 First DVC's status and graph name the stages that may run (n; given targets, n grows as they start; n shrinks as DVC
 skips a planned stage whose inputs came out as recorded). As DVC starts each, one line says where the study is. Once
@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 from flows._stage import PARAMS_FILE
-from flows.plan import budgets, planned_stages, summary
+from lmpipe_cli.plan import budgets, planned_stages, summary
 from lmpipe.config import load_params
 from lmpipe.errors import first_line
 

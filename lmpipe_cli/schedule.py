@@ -7,7 +7,7 @@ import asyncio
 import os
 import signal
 
-from flows import server
+from lmpipe_cli import server
 from lmpipe.errors import LmpipeError
 
 
@@ -40,7 +40,7 @@ def serve_schedule(name: str, cron: str | None = None, interval: float | None = 
     from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.runner import Runner
 
-    from flows.retrain import retrain
+    from lmpipe_cli.retrain import retrain
     from lmpipe.config import load_params
 
     timeout = load_params().retrain.timeout

@@ -2,7 +2,7 @@
 
 It decides first and changes nothing unless the whole restore can be done: a restore that rewrote dvc.lock to a run
 whose files this machine does not have would leave the stage with no outputs at all, and one that replaced an output
-no cache or commit holds would lose it. `python -m flows.restore <stage>` says what it would do and changes nothing
+no cache or commit holds would lose it. `python -m lmpipe_cli.restore <stage>` says what it would do and changes nothing
 (exit 0 only where it would bring outputs back): a failing stage asks it before it recommends `lmpipe restore`.
 """
 
@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flows.server import this_environment
+from lmpipe_cli.server import this_environment
 from lmpipe import dvc_files
 from lmpipe.errors import LmpipeError, first_line
 from lmpipe.git import git, git_or_empty

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from flows import server
+from lmpipe_cli import server
 from lmpipe import paths
 from lmpipe import __version__
 from lmpipe.decode_rules import STRATEGIES, DecodingParams, decoding_rule
@@ -189,7 +189,7 @@ def decoding_options(function):
 @click.option("--tokenizer", default=paths.TOKENIZER, help="the study's tokenizer, for models under models/ (a "
                                                            "registered model carries its own)")
 def _generate(model: str, prompt: str, strategy: str, tokenizer: str, **decoding) -> int:
-    from flows.generate import generate
+    from lmpipe_cli.generate import generate
 
     print(generate(model, prompt, strategy, {k: v for k, v in decoding.items() if v is not None}, tokenizer))
     return 0
@@ -199,7 +199,7 @@ def _generate(model: str, prompt: str, strategy: str, tokenizer: str, **decoding
 @click.option("--port", type=int, default=5000, help="port on 127.0.0.1")
 @click.option("--access-log", is_flag=True, help="print the web server's line per request (default: off)")
 def _ui(port: int, access_log: bool) -> int:
-    from flows.ui import open_ui
+    from lmpipe_cli.ui import open_ui
 
     return open_ui(port, access_log)
 
@@ -208,7 +208,7 @@ def _ui(port: int, access_log: bool) -> int:
                  "this machine", cls=TakesSettings)
 @settings_option("a setting as `dvc exp run -S` takes it (repeatable); none: what `dvc repro` would run")
 def _plan(overrides: tuple[str, ...]) -> int:
-    from flows.plan import plan
+    from lmpipe_cli.plan import plan
 
     try:
         print(plan(list(overrides)))
@@ -263,7 +263,7 @@ def _serve(model: str, alias: str, port: int) -> int:
                  "(repeatable)")
 def _retrain(overrides: tuple[str, ...]) -> int:
     from flows._stage import main as run_flow
-    from flows.retrain import retrain
+    from lmpipe_cli.retrain import retrain
 
     run_flow(retrain, overrides=list(overrides) or None)
     return 0
@@ -285,7 +285,7 @@ def positive_seconds(text: str) -> float:
               help="or every SECONDS seconds from now (e.g. 86400: daily)")
 @click.option("--name", default="lmpipe-retrain", help="deployment name")
 def _schedule(cron: str | None, interval: float | None, name: str) -> int:
-    from flows.schedule import serve_schedule
+    from lmpipe_cli.schedule import serve_schedule
 
     if (cron is None) == (interval is None):
         raise click.UsageError("give one of --cron or --interval")
@@ -300,7 +300,8 @@ def _schedule(cron: str | None, interval: float | None, name: str) -> int:
 @models_option
 @spread_options
 def _seeds(models: tuple[str, ...], workers: int | None, address: str | None) -> int:
-    from flows import frozen, runners
+    from flows import runners
+    from lmpipe_cli import frozen
 
     return frozen.seeds(list(models) or None, runners.flags(workers, address))
 
@@ -323,7 +324,8 @@ def _sweep(model: str, trials: int, seeds: int, space: str) -> int:
          "calls it stale.")
 @spread_options
 def _scaling(workers: int | None, address: str | None) -> int:
-    from flows import frozen, runners
+    from flows import runners
+    from lmpipe_cli import frozen
 
     return frozen.scaling(runners.flags(workers, address))
 
@@ -347,7 +349,7 @@ def _profile(file: str, write: str | None) -> int:
          "removed before a run that failed (from DVC's cache, and git for metrics and plots).")
 @click.argument("stage")
 def _restore(stage: str) -> int:
-    from flows.restore import restore
+    from lmpipe_cli.restore import restore
 
     print(restore(stage))
     return 0
@@ -380,7 +382,7 @@ def team_dir(function):
 
 
 def team_ports(function):
-    from flows.team import PORTS
+    from lmpipe_cli.team import PORTS
 
     for name, port in reversed(PORTS.items()):
         function = click.option(f"--{name}-port", f"{name}_port", type=int, default=port,
@@ -393,7 +395,7 @@ def team_ports(function):
 @team_dir
 @team_ports
 def _team_up(folder: Path, **ports) -> int:
-    from flows import team as servers
+    from lmpipe_cli import team as servers
 
     started = servers.up(folder, {name: ports[f"{name}_port"] for name in servers.PORTS})
     print(f"up: PostgreSQL on {servers.HOST}:{started.ports['postgres']}, MLflow {started.mlflow_url}, "
@@ -407,7 +409,7 @@ def _team_up(folder: Path, **ports) -> int:
 @command("down", "stop the servers `lmpipe team up` started (their data stays)", group=team)
 @team_dir
 def _team_down(folder: Path) -> int:
-    from flows import team as servers
+    from lmpipe_cli import team as servers
 
     stopped = servers.down(folder)
     print(f"stopped: {', '.join(stopped)}" if stopped else f"no team servers running from {folder}/")
@@ -435,6 +437,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     return code if isinstance(code, int) else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
