@@ -32,8 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lmpipe import paths, seeds  # noqa: E402
-from lmpipe.compare import (BASELINE, MATCHED, best_model, best_of, gap, not_compute_matched, scored,  # noqa: E402
+from lmpipe.compare import (MATCHED, best_model, best_of, gap, not_compute_matched, scored,  # noqa: E402
                             without_cache)
+from lmpipe.paths import BASELINE  # noqa: E402
 from lmpipe.as_compute_grows import against_grid  # noqa: E402
 from lmpipe.compute_curves import annealed  # noqa: E402
 from lmpipe.config import load_params  # noqa: E402

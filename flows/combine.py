@@ -13,7 +13,7 @@ from prefect.artifacts import create_table_artifact
 from lmpipe import paths
 from flows._stage import PARAMS_FILE, drop_removed, main, score_stage, stage_run
 from lmpipe import tracking
-from lmpipe.compare import BASELINE
+from lmpipe.paths import BASELINE
 from lmpipe.combine import combinations
 from lmpipe.config import load_params
 from lmpipe.errors import LmpipeError

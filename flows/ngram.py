@@ -15,7 +15,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from lmpipe import paths
 from flows._stage import PARAMS_FILE, main, stage_run
 from lmpipe import ngram_build, tracking
-from lmpipe.compare import BASELINE
+from lmpipe.paths import BASELINE
 from lmpipe.config import load_params
 from lmpipe.io import atomic_path, without_timings, write_json
 from lmpipe.ngram import NGramLM, perplexity

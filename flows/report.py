@@ -9,7 +9,8 @@ from prefect import flow, task
 from lmpipe import paths
 from flows._stage import PARAMS_FILE, drop_removed, main, stage_run
 from lmpipe import grid_record, tracking
-from lmpipe.compare import BASELINE, baseline_label, best_model, gap, not_compute_matched, scored
+from lmpipe.compare import baseline_label, best_model, gap, not_compute_matched, scored
+from lmpipe.paths import BASELINE
 from lmpipe.config import load_params
 from lmpipe.errors import LmpipeError
 from lmpipe.io import write_text

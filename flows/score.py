@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from lmpipe import paths
 from flows._stage import PARAMS_FILE, main, score_stage, stage_run
 from lmpipe import tracking
-from lmpipe.compare import BASELINE
+from lmpipe.paths import BASELINE
 from lmpipe.config import load_params
 from lmpipe.decode import DecodeSettings
 from lmpipe.evaluate import evaluate_lm, load_lm

@@ -21,7 +21,8 @@ from typing import Mapping
 import numpy as np
 from scipy.special import logsumexp
 
-from lmpipe.compare import BASELINE, CACHE
+from lmpipe.compare import CACHE
+from lmpipe.paths import BASELINE
 from lmpipe.perplexity import perplexities
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, NamedTuple, Sequence
 
-from lmpipe.paths import BASELINE  # noqa: F401  (the baseline's name, re-exported: compare's callers use it)
+from lmpipe.paths import BASELINE
 from lmpipe.tables import markdown_table
 
 def baseline_label(ngram) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmpipe import paths, summaries
-from lmpipe.compare import BASELINE
+from lmpipe.paths import BASELINE
 from lmpipe.errors import LmpipeError
 from lmpipe.git import git_or_empty
 from lmpipe.tables import markdown_table

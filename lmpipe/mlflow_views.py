@@ -12,7 +12,8 @@ import urllib.parse
 from pathlib import Path
 
 
-from lmpipe.compare import BASELINE, gap
+from lmpipe.compare import gap
+from lmpipe.paths import BASELINE
 from lmpipe.tracking import LABELS, RANKED, run_of_output, tracker
 
 SHARED_VIEW = "mlflow.sharedViewState."  # MLflow's tag prefix for a shared view (its UI reads it back)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmpipe.compare import BASELINE, CACHE, baseline_label, best_model, gap_header, gap_text, without_cache
+from lmpipe.compare import CACHE, baseline_label, best_model, gap_header, gap_text, without_cache
+from lmpipe.paths import BASELINE
 from lmpipe.config import load_params
 from lmpipe.tables import markdown_table
 from lmpipe.report import row_label

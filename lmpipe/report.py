@@ -11,8 +11,9 @@ from lmpipe import paths, summaries
 from lmpipe import seeds as seed_spread
 from lmpipe.as_compute_grows import against_grid, section as compute_section
 from lmpipe.compute_curves import annealed, grid_fits
-from lmpipe.compare import (BASELINE, CACHE, MATCHED, best_model, best_of, gap, gap_header, gap_text, scored,
+from lmpipe.compare import (CACHE, MATCHED, best_model, best_of, gap, gap_header, gap_text, scored,
                             without_cache)
+from lmpipe.paths import BASELINE
 from lmpipe.html_page import html_page
 from lmpipe.io import atomic_path, csv_records, csv_text, write_text
 from lmpipe.report_figures import bpb_figure, compute_figure, learning_curves_figure

@@ -14,7 +14,7 @@ import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 from lmpipe import figures, stats  # noqa: E402
-from lmpipe.compare import BASELINE  # noqa: E402
+from lmpipe.paths import BASELINE  # noqa: E402
 from lmpipe.compute_curves import FamilyFit, sd_at  # noqa: E402
 
 

@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 
 from lmpipe import paths
-from lmpipe.compare import BASELINE
+from lmpipe.paths import BASELINE
 from lmpipe.git import git_or_empty
 from lmpipe.seeds import BIT_FOR_BIT, DIFFERS, reproduction
 from lmpipe.tables import markdown_table

@@ -9,7 +9,8 @@ from typing import Sequence
 
 from lmpipe import paths
 from lmpipe import seeds as seed_spread
-from lmpipe.compare import BASELINE, not_compute_matched
+from lmpipe.compare import not_compute_matched
+from lmpipe.paths import BASELINE
 from lmpipe.compute_curves import annealed
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import re
 
-from lmpipe.compare import BASELINE, gap
+from lmpipe.compare import gap
+from lmpipe.paths import BASELINE
 
 
 def gap_key(label: str) -> str:
