@@ -2,11 +2,7 @@
 the retrain and its schedule, the plan and progress of a run, restore, the MLflow UI, sampling, and the frozen
 stages' commits. It runs the flows (flows/) and the library (lmpipe/); neither imports it.
 
-Importing it switches telemetry off and gives Prefect this checkout's own home before Prefect and MLflow load their
-settings, as importing `flows` does."""
+Importing it imports `flows`, whose own import switches telemetry off and gives Prefect this checkout's home before
+Prefect and MLflow load their settings: the same setup, done in one place."""
 
-from lmpipe.telemetry import switch_off
-from flows._prefect import use_project_home
-
-switch_off()
-use_project_home()
+import flows  # noqa: F401

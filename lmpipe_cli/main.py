@@ -92,12 +92,12 @@ def settings_option(help: str):
     return click.option("-S", "--set-param", "overrides", multiple=True, metavar="KEY=VALUE", help=help)
 
 
-@command("check-params", "validate params.yaml and say what is wrong in one line")
+@command("check-params", "validate params.yaml and say what is wrong in one line",
+         "Validate FILE, the params file (default: params.yaml), and say what is wrong in one line.")
 @click.argument("file", default="params.yaml")
 @click.option("--store", is_flag=True, help="also reach the MLflow tracking store (make study runs this before dvc "
                                              "repro: a stage never fails on either after DVC removed its outputs)")
 def _check_params(file: str, store: bool) -> int:
-    """FILE: the params file (default: params.yaml)."""
     from lmpipe.preflight import check
 
     print(check(file, store=store))
