@@ -2,7 +2,8 @@
 
     lmpipe scaling          (the grid: frozen in DVC, so `dvc repro` never trains it; lmpipe scaling commits it)
 
-grid: every size in params.yaml's `scaling.models` at every budget in `scaling.budgets`, less the runs that would
+grid: every size in params.yaml's `scaling.models` at every budget in `scaling.budgets` (and at each budget of
+`scaling.around_best`, past those, the sizes it lists around each family's best), less the runs that would
 read the training tokens more than lmpipe.scaling.MAX_EPOCHS times, trained by the library's Trainer on the default
 pipeline's data/tokens until its FLOP budget is spent; one MLflow child run each under one `scaling` run. Writes
 scaling/runs.csv. A finished run's row is kept in .cache/lmpipe/scaling/runs/, keyed by everything that decides it,
@@ -30,7 +31,7 @@ from lmpipe.errors import ConfigError
 from lmpipe.io import csv_text, write_json, write_text
 from lmpipe.flops import ANALYTIC, train_flops_per_token
 from lmpipe.models import arch_with_defaults
-from lmpipe.grid_record import made_with
+from lmpipe.grid_record import grid_settings, made_with
 from lmpipe.scaling import MAX_EPOCHS, GridPoint, grid_points, size_label
 from lmpipe.splits import TokenData, load_tokens
 from lmpipe.checkpoints import KEEP, code_version
@@ -70,7 +71,8 @@ def plan(params: Params, data: TokenData) -> tuple[list[GridPoint], list[Job]]:
     less the runs that would read the training tokens more than MAX_EPOCHS times, each named as it is left out."""
     points, jobs = [], []
     seeds = params.scaling.seeds
-    for point in grid_points(params.scaling.models, params.scaling.budgets, seeds.extra, seeds.budgets):
+    around_best = [(a.budget, a.models) for a in params.scaling.around_best]
+    for point in grid_points(params.scaling.models, params.scaling.budgets, seeds.extra, seeds.budgets, around_best):
         job = prepare_point(point, params, data)
         epochs = planned_epochs(job.settings, point.budget, data.vocab_size, len(data.splits["train"].tokens))
         if epochs is not None and epochs > MAX_EPOCHS:
@@ -151,11 +153,10 @@ def train_points(points: list[GridPoint], jobs: list[Job], params: Params, paren
 
 def grid_run(params: Params, data: TokenData):
     """The grid's MLflow run, resumed by what decides the grid (an interrupted grid continues in the same run)."""
-    section = params.section("scaling")
-    key = params_hash({"scaling": {k: v for k, v in section.items() if k != "fit"}, "train": params.section("train"),
+    key = params_hash({"scaling": grid_settings(params), "train": params.section("train"),
                        "models": {m: params.models[m].model_dump(mode="json") for m in params.scaling.models},
                        "code": code_version(), "data": data.fingerprint})
-    return tracking.runs.run(params.tracking.experiment, f"scaling {key[:8]}", {"scaling": section},
+    return tracking.runs.run(params.tracking.experiment, f"scaling {key[:8]}", {"scaling": params.section("scaling")},
                              tags={"lmpipe.role": "scaling"}, resume={"lmpipe.scaling": key})
 
 

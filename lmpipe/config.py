@@ -181,8 +181,18 @@ class ScalingSeedsParams(SeedsParams):
                                  "seed")
 
 
+class AroundBest(Section):
+    """A budget past the full grid, where each family trains only the sizes around its best: the best size there
+    and its neighbours (a full grid at the largest budgets would spend most of its compute far from any minimum)."""
+
+    budget: float = Field(gt=0, description="training FLOPs of each run")
+    models: dict[str, list[dict]] = Field(description="a family of scaling.models -> the sizes it runs at this "
+                                          "budget, each a dict of arch overrides")
+
+
 class ScalingParams(Section):
-    """The scaling-law grid (scaling/dvc.yaml): every size of each listed model at every compute budget."""
+    """The scaling-law grid (scaling/dvc.yaml): every size of each listed model at every compute budget, and at the
+    budgets of `around_best` the sizes each lists."""
 
     models: dict[str, list[dict]] = Field(description="an entry of `models` -> its sizes, each a dict of arch "
                                           "overrides")
@@ -194,15 +204,33 @@ class ScalingParams(Section):
         "different machines belong to one grid (auto: each machine's own, as train.precision)")
     seeds: ScalingSeedsParams
     fit: ScalingFitParams
+    around_best: list[AroundBest] = Field(default=[], description="budgets where each family runs only the sizes "
+                                          "listed: its best size there and its neighbours")
 
     @model_validator(mode="after")
-    def _budgets_positive(self):
+    def _budgets_of_the_grid(self):
+        """Positive budgets, each either the full grid's or around_best's; families and seeded budgets of the grid."""
         if any(b <= 0 for b in self.budgets):
             raise ValueError("budgets must be positive FLOP counts")
-        if stray := [b for b in self.seeds.budgets if b not in self.budgets]:
+        focused = [a.budget for a in self.around_best]
+        if twice := sorted({b for b in focused if b in self.budgets or focused.count(b) > 1}):
+            raise ValueError(f"around_best budget {', '.join(f'{b:g}' for b in twice)}: already a budget of the grid "
+                             "(a budget is either in budgets, every size, or once in around_best)")
+        if strays := sorted({m for a in self.around_best for m in a.models if m not in self.models}):
+            raise ValueError(f"around_best names {', '.join(strays)}, not a family of scaling.models (add it there)")
+        if stray := [b for b in self.seeds.budgets if b not in self.budgets + focused]:
             raise ValueError(f"seeds.budgets {', '.join(f'{b:g}' for b in stray)}: not in budgets (name budgets of "
                              "the grid)")
         return self
+
+    def all_sizes(self) -> dict[str, list[dict]]:
+        """Every size the grid runs of each family, at any budget: its sizes, then those only around_best names."""
+        sizes = {model: list(listed) for model, listed in self.models.items()}
+        for entry in self.around_best:
+            for model, listed in entry.models.items():
+                sizes[model] += [size for size in listed if size not in sizes[model]]
+        return sizes
+
 
 
 class StudyParams(Section):

@@ -16,7 +16,14 @@ def made_with(params, data) -> dict:
     of each family it starts from and its own `scaling` section (the fits' settings aside)."""
     return {"data": data.fingerprint, "train": params.section("train"),
             "models": {m: params.models[m].model_dump(mode="json", exclude_none=True) for m in params.scaling.models},
-            "scaling": {k: v for k, v in params.section("scaling").items() if k != "fit"}}
+            "scaling": grid_settings(params)}
+
+
+def grid_settings(params) -> dict:
+    """The `scaling` section as it decides the grid's runs: the fits' settings aside, and `around_best` only where it
+    lists a budget (an empty one adds no run, so a grid made before it existed is still the grid)."""
+    section = params.section("scaling")
+    return {k: v for k, v in section.items() if k != "fit" and (k != "around_best" or v)}
 
 
 def changed_since(recorded: dict | None, now: dict) -> list[str]:

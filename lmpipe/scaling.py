@@ -53,11 +53,13 @@ class GridPoint:
 
 
 def grid_points(sizes_by_model: dict[str, list[dict]], budgets: list[float], extra_seeds: list[int] = (),
-                seeded_budgets: list[float] = ()) -> list[GridPoint]:
-    """Every size of every model at every budget, smallest budgets first (a short grid reads early); at each of
-    `seeded_budgets` every size again with each of `extra_seeds`."""
+                seeded_budgets: list[float] = (), around_best: list[tuple[float, dict]] = ()) -> list[GridPoint]:
+    """Every size of every model at every budget, and at each budget of `around_best` the sizes it lists, smallest
+    budgets first (a short grid reads early); at each of `seeded_budgets` every size again with each of
+    `extra_seeds`."""
+    plan = sorted([(b, sizes_by_model) for b in budgets] + list(around_best), key=lambda entry: entry[0])
     return [GridPoint(model, dict(size), float(budget), seed)
-            for budget, (model, sizes) in itertools.product(sorted(budgets), sizes_by_model.items())
+            for budget, sizes_of in plan for model, sizes in sizes_of.items()
             for size in sizes for seed in [None, *(extra_seeds if budget in seeded_budgets else [])]]
 
 

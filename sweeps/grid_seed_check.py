@@ -85,7 +85,7 @@ def main() -> None:
     params, data = load_params(PARAMS_FILE), load_tokens()
     grid = pd.read_csv(RUNS)
     points = [(p, row, prepare_point(p, params, data))
-              for p, row in around_minima(grid, params.scaling.models, args.budgets, args.seed)]
+              for p, row in around_minima(grid, params.scaling.all_sizes(), args.budgets, args.seed)]
     if args.dry_run:  # row_key builds each run's trainer: here alone, where no worker trains it after
         todo = [p for p, _, job in points if not row_file(ROWS, p.name, row_key(job)).exists()]
         print(f"{len(todo)} of {len(points)} points to train", flush=True)

@@ -78,7 +78,7 @@ HOSTILE = [  # (what, the request's keyword arguments, the status it must get)
 
 
 def test_every_hostile_request_is_a_4xx_of_one_line_within_a_second_and_the_server_stays_small(served):
-    """The operator's table (issue #37): each bad request is refused in one line that does not quote it, within
+    """The operator's table: each bad request is refused in one line that does not quote it, within
     1 s, before any model work; the server's peak memory stays under 2 GB and it answers good requests after."""
     import time
 

@@ -190,6 +190,32 @@ def test_extra_seeds_run_every_size_at_their_budgets_and_a_point_is_its_runs_mea
         parse_params(project_params(scaling={"models": {}, "budgets": [1e12], "seeds": {"extra": [1], "budgets": [3e12]}}))
 
 
+def test_around_best_budgets_train_only_their_listed_sizes_in_budget_order_with_their_seeds():
+    from flows.scaling import plan
+    from lmpipe.grid_record import grid_settings
+
+    sizes = {"lstm": [{"emb": 8, "hidden": 8}, {"emb": 16, "hidden": 16}], "gru": [{"emb": 8}]}
+    around = [{"budget": 4e8, "models": {"lstm": [{"emb": 16, "hidden": 16}, {"emb": 32, "hidden": 32}]}},
+              {"budget": 3e8, "models": {"gru": [{"emb": 16}]}}]
+    # budgets to fit the synthetic data's few tokens (lmpipe.scaling.MAX_EPOCHS)
+    params = parse_params(project_params(scaling={"models": sizes, "budgets": [1e8], "around_best": around,
+                                                  "seeds": {"extra": [1], "budgets": [4e8]}}))
+    points, jobs = plan(params, synthetic_data())
+    assert [p.name for p in points] == [
+        "lstm-emb8-hidden8-C1.0e+08", "lstm-emb16-hidden16-C1.0e+08", "gru-emb8-C1.0e+08", "gru-emb16-C3.0e+08",
+        "lstm-emb16-hidden16-C4.0e+08", "lstm-emb16-hidden16-C4.0e+08-seed1",
+        "lstm-emb32-hidden32-C4.0e+08", "lstm-emb32-hidden32-C4.0e+08-seed1"]
+    assert jobs[-1].settings.arch["hidden"] == 32 and jobs[-1].settings.budget.flops == 4e8
+    assert params.scaling.all_sizes()["lstm"][-1] == {"emb": 32, "hidden": 32}
+    # a grid made before around_best existed keeps its record (and its MLflow run) while the list is empty
+    empty = parse_params(project_params(scaling={"models": sizes, "budgets": [1e8]}))
+    assert "around_best" not in grid_settings(empty) and grid_settings(params)["around_best"][0]["budget"] == 4e8
+    for bad, message in (([{"budget": 1e8, "models": {}}], r"around_best budget 1e\+08: already a budget of the grid"),
+                         ([{"budget": 2e8, "models": {"rnn": [{"emb": 8}]}}], "around_best names rnn, not a family")):
+        with pytest.raises(ConfigError, match=message):
+            parse_params(project_params(scaling={"models": sizes, "budgets": [1e8], "around_best": bad}))
+
+
 def test_each_grid_point_trains_its_size_to_its_flop_budget():
     import torch
 
