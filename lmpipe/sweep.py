@@ -289,6 +289,45 @@ def grid_summary(outcomes: list[tuple[Path, Path]], space_file: Path) -> list[st
         ["model", "setting", "value tried: valid bpb (best in bold)", "training FLOPs per trial"], rows), ""]
 
 
+def effort_markdown(outcomes: list[tuple[Path, Path]], ablations: list[Path]) -> list[str]:
+    """How much tuning each family's settings came from: the runs of its sweeps and (the transformer's) ablations,
+    their training FLOPs and the settings they varied. Reruns of a winner with other seeds are not counted: they
+    measure noise, they choose nothing."""
+    effort: dict[str, dict] = {}
+
+    def add(model: str, source: str, runs: int, flops: float, settings: list[str]) -> None:
+        entry = effort.setdefault(model, {"runs": 0, "flops": 0.0, "settings": {}, "sources": []})
+        entry["runs"] += runs
+        entry["flops"] += flops
+        entry["settings"].update(dict.fromkeys(settings))
+        entry["sources"].append(f"{source} ({runs})")
+
+    for folder, _ in outcomes:
+        trials = csv_records(folder / "trials.csv")
+        varied = [k for k in (trials[0] if trials else {}) if "." in k or k == "batch_size"]
+        add(folder.name, folder.as_posix(), len(trials), sum(float(r["train_flops"] or 0) for r in trials), varied)
+    for path in ablations:
+        rows = csv_records(path)
+        budgets = [float(m[1]) for r in rows if (m := re.match(r"budget=\{flops: ([^}]+)\}", r["settings"]))]
+        varied = list(dict.fromkeys(k for r in rows for k in _recipe(r["settings"])))
+        add("transformer", path.as_posix(), len(rows), sum(budgets), varied)
+    if not effort:
+        return []
+    table = [[model, str(e["runs"]), f"{e['flops']:.2e}", ", ".join(f"`{k}`" for k in e["settings"]),
+              ", ".join(e["sources"])] for model, e in sorted(effort.items(), key=lambda item: -item[1]["runs"])]
+    fewest = min(e["runs"] for e in effort.values())
+    return ["## Tuning effort per family", "",
+            "The runs each family's settings were chosen from (every sweep trial and ablation row, pruned trials "
+            "included; reruns of a winner with other seeds measure noise and are not counted), their training FLOPs "
+            "and the settings they varied. Every family also has the scaling grid's sizes at every budget "
+            "(`lmpipe scaling`), which tries widths alike for all. "
+            + ("The effort is equal." if all(e["runs"] == fewest for e in effort.values()) else
+               f"The effort is not equal: from {fewest} to {max(e['runs'] for e in effort.values())} runs. A family "
+               "tuned over more settings may owe part of its lead to them: a gap no larger than what one of those "
+               "settings moved its own loss is about tuning as much as about the family."), "",
+            *markdown_table(["family", "runs", "training FLOPs", "settings varied", "from (runs)"], table), ""]
+
+
 def _number_or_text(value: str) -> tuple:
     """A CSV cell as a sort key: numbers by value, before any text."""
     try:
@@ -321,6 +360,8 @@ def tuning_markdown(sweeps_dir: str | Path) -> str:
              "an annealed point below C is an upper bound on that family's best loss at that budget; the scaling "
              "grid (`lmpipe scaling`), which sizes each run for its budget, gives the other side.", ""]
     outcomes = sweep_outcomes(sweeps_dir)
+    ablations = sorted(Path(ABLATIONS).parent.glob(Path(ABLATIONS).name))
+    lines += effort_markdown(outcomes, ablations)
     for space_file in dict.fromkeys(file for _, file in outcomes):
         spaces = yaml.safe_load(space_file.read_text()) or {} if space_file.exists() else {}
         lines += [f"## Sweeps of [{space_file.as_posix()}](../{space_file.as_posix()})", ""]
@@ -328,7 +369,7 @@ def tuning_markdown(sweeps_dir: str | Path) -> str:
         lines += grid_summary(outcomes, space_file)
         for folder, _ in (o for o in outcomes if o[1] == space_file):
             lines += _sweep_section(folder, spaces.get(folder.name, {}))
-    lines += ablation_markdown(sorted(Path(ABLATIONS).parent.glob(Path(ABLATIONS).name)))
+    lines += ablation_markdown(ablations)
     if (sweeps_dir / "notes.md").exists():  # hand-kept, dated: linked, never copied (a copy goes stale)
         lines += ["## Probes outside the sweeps", "", "Single runs outside the sweeps, ablations, and why each default "
                   f"is what it is: the dated log [{sweeps_dir.name}/notes.md](../{sweeps_dir.name}/notes.md).", ""]

@@ -259,3 +259,30 @@ def test_the_ablation_tables_of_the_tuning_doc_are_written_from_their_csvs(tmp_p
     assert ["base", "(none)", "2.3000", "+0.0000", "2.0800", "600"] in table_rows(lines)
     assert ["+ muon", "`optim.name=muon`", "2.2000", "-0.1000", "1.9900", "650"] in table_rows(lines)
     assert sw.ablation_markdown([]) == []
+
+
+def test_the_tuning_effort_table_counts_each_familys_runs_flops_and_settings_and_says_when_they_differ(tmp_path):
+    """docs/tuning.md's effort table: every trial and ablation row of a family (pruned ones too; a winner's seed
+    reruns not), their FLOPs and the settings varied, most runs first; unequal effort is said, with its range."""
+    def sweep(folder: str, header: str, *rows: str) -> Path:
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "trials.csv").write_text("\n".join([header, *rows]) + "\n")
+        (tmp_path / folder / "seeds.csv").write_text("seed,valid_bpb\n1,2.5\n2,2.6\n")
+        return tmp_path / folder
+
+    header = "number,state,valid_bpb,optim.lr,evaluations,tokens_seen,train_flops,seconds"
+    gru = sweep("equal/gru", header, "0,COMPLETE,2.2,0.002,7,1,3e13,1", "1,PRUNED,2.3,0.004,2,1,1e13,1")
+    nplm = sweep("nplm", "number,state,valid_bpb,arch.emb,batch_size,train_flops", "0,COMPLETE,2.7,64,32,1.2e13")
+    ablation = tmp_path / "transformer_ablation.csv"
+    ablation.write_text("row,settings,valid_bpb,test_bpb,test_word_ppl,train_seconds\n"
+                        "base,budget={flops: 2e+13} arch.mlp=gelu optim.name=adamw,2.30,2.08,9000,600\n"
+                        "+ muon,budget={flops: 2e+13} arch.mlp=gelu optim.name=muon,2.20,1.99,6000,650\n")
+    lines = sw.effort_markdown([(gru, tmp_path / "equal.yaml"), (nplm, tmp_path / "space.yaml")], [ablation])
+    rows = table_rows(lines)[1:]  # the header aside
+    assert [r[:3] for r in rows] == [["gru", "2", "4.00e+13"], ["transformer", "2", "4.00e+13"], ["nplm", "1", "1.20e+13"]]
+    assert rows[0][3] == "`optim.lr`" and rows[1][3] == "`arch.mlp`, `optim.name`"
+    assert rows[2][3] == "`arch.emb`, `batch_size`" and rows[2][4].endswith("nplm (1)")
+    assert "not equal: from 1 to 2 runs" in lines[2]
+    even = sw.effort_markdown([(gru, tmp_path / "equal.yaml")], [])
+    assert "The effort is equal." in even[2]
+    assert sw.effort_markdown([], []) == []
