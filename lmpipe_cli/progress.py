@@ -6,7 +6,8 @@ First DVC's status and graph name the stages that may run (n; given targets, n g
 skips a planned stage whose inputs came out as recorded). As DVC starts each, one line says where the study is. Once
 a model has trained, the minutes left follow from the FLOPs the training stages still to run will spend (each
 model's budget, `study.budget`) at the FLOP/s the finished ones measured (their log line '..., 3.00e13 FLOPs, 176 s').
-Everything DVC and the stages print passes through unchanged; the exit status is DVC's.
+Everything DVC and the stages print passes through unchanged; the exit status is DVC's. A study that ran to its end
+gets one more line: where its stages' wall time went on this machine, by kind of stage, most first.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 from flows._stage import PARAMS_FILE
 from lmpipe_cli.plan import budgets, planned_stages, summary
@@ -32,10 +34,11 @@ class Progress:
     def __init__(self, planned: list[str], budgets: dict[str, float]):
         self.planned, self.budgets = planned, budgets  # stages that will run; training FLOPs per model
         self.started: list[str] = []
+        self.start_times: list[float] = []  # when each of `started` started (time.monotonic)
         self.skipped: set[str] = set()  # planned, but DVC found their inputs unchanged once the stages above had run
         self.flops = self.seconds = 0.0  # spent by the trainings finished so far
 
-    def see(self, line: str) -> str | None:
+    def see(self, line: str, now: float | None = None) -> str | None:
         if trained := TRAINED.search(line):
             self.flops += float(trained[2])
             self.seconds += float(trained[3])
@@ -47,6 +50,7 @@ class Progress:
             return None
         stage = started[1]
         self.started.append(stage)
+        self.start_times.append(time.monotonic() if now is None else now)
         k, n = len(self.started), max(len(self.to_run()), len(self.started))
         return f"[study] stage {k} of {n}: {stage}" + self.time_left()
 
@@ -65,6 +69,21 @@ class Progress:
         rate = self.flops / self.seconds
         return (f"; about {flops / rate / 60:.0f} min of training left ({len(left)} model(s), {flops:.2g} FLOPs at "
                 f"the {rate / 1e9:.0f} GFLOP/s measured so far)")
+
+
+    def time_shares(self, end: float) -> str:
+        """Where the stages' wall time went, from each start to the next (the last to `end`): each kind of stage
+        (train@<model> and score@<model> summed over the models) with its minutes and share, most first."""
+        if not self.started:
+            return ""
+        spans: dict[str, float] = {}
+        for stage, start, stop in zip(self.started, self.start_times, [*self.start_times[1:], end]):
+            kind = f"{stage.split('@')[0]}@*" if "@" in stage else stage
+            spans[kind] = spans.get(kind, 0.0) + stop - start
+        total = sum(spans.values())
+        return (f"[study] the stages' wall time, {total / 60:.1f} min: " + ", ".join(
+            f"{kind} {seconds / 60:.1f} min ({100 * seconds / total:.0f}%)"
+            for kind, seconds in sorted(spans.items(), key=lambda item: -item[1])))
 
 
 def main(targets: list[str]) -> int:
@@ -90,7 +109,9 @@ def main(targets: list[str]) -> int:
             out.write(rest)
             pending += rest
             out.flush()
-        return process.wait()
+        if (status := process.wait()) == 0 and (shares := progress.time_shares(time.monotonic())):
+            print(shares, flush=True)
+        return status
     except KeyboardInterrupt:  # the terminal's Ctrl-C reached DVC too: it stops its stage and says so
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C reaches DVC as well; this one waits for it
         out.write(process.stdout.read())  # DVC's last lines, the stage's own line on how it stopped among them

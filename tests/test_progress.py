@@ -49,6 +49,17 @@ def test_a_stage_dvc_runs_beyond_the_dry_runs_list_still_counts():
     assert progress.see("Running stage 'evaluate':") == "[study] stage 1 of 1: evaluate"
 
 
+def test_a_finished_study_says_where_its_stages_wall_time_went_by_kind_most_first():
+    progress = Progress(PLANNED, {})
+    for line, now in (("Running stage 'ngram':", 0.0), ("Running stage 'train@nplm':", 60.0),
+                      ("Running stage 'train@gru':", 660.0), ("Running stage 'score@nplm':", 1260.0),
+                      ("Running stage 'report':", 1290.0)):
+        progress.see(line, now)
+    assert progress.time_shares(1320.0) == ("[study] the stages' wall time, 22.0 min: train@* 20.0 min (91%), "
+                                           "ngram 1.0 min (5%), score@* 0.5 min (2%), report 0.5 min (2%)")
+    assert Progress([], {}).time_shares(5.0) == ""
+
+
 def with_fake_dvc(tmp_path, script: str) -> dict:
     """An environment whose `dvc` is a shell script of `script`, in `tmp_path` (beside the test's `params_file`)."""
     fake = tmp_path / "dvc"
@@ -75,6 +86,13 @@ def test_dvcs_output_passes_through_byte_for_byte_with_a_progress_line_after_eac
                                       "bar 1/2\rbar 2/2\n"
                                       "Running stage 'report':\n"
                                       "[study] stage 2 of 2: report\n")
+
+
+def test_a_study_that_ran_to_its_end_ends_with_its_time_shares(tmp_path, params_file):
+    env = with_fake_dvc(tmp_path, "[ \"$2\" = --dry ] && exit 0\nprintf \"Running stage 'ngram':\\n\"\nexit 0\n")
+    done = subprocess.run([sys.executable, "-m", "lmpipe_cli.progress"], cwd=tmp_path, env=env, capture_output=True)
+    assert done.returncode == 0
+    assert done.stdout.decode().splitlines()[-1].startswith("[study] the stages' wall time, 0.0 min: ngram 0.0 min (100%)")
 
 
 def test_the_plan_holds_every_changed_stage_and_all_below_it(tmp_path, monkeypatch):
