@@ -8,8 +8,10 @@ The window is the longest of --window, every model's seq_len and the transformer
 whole block is on the curve. With --seeds, DIR/<model>-seed<k>/model.pt are more seeds of <model>: its row per
 position is then the mean over its seeds with their sd (the band); without, one run and no sd.
 
-Not a stage of the study (dvc.yaml is the committed study's map): run by hand once the models exist
-(docs/operations.md). Its output path is spelled here until it becomes a stage; then it belongs in lmpipe/paths.py.
+Not a stage of the study (it would add an evaluation pass per model to every `dvc repro`): run by hand once the
+models exist, like `lmpipe seeds` (docs/operations.md). Each row names the identity of the training that made its
+model and the machine that scored it; the report shows the curves of the study's models as they are, and names the
+models whose curve is of another training (stale: run it again).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from pathlib import Path
 
 from lmpipe import paths
 
-POSITION_CURVES = (Path(paths.CURVES).parent / "position.csv").as_posix()  # beside the other plots' CSVs
-COLUMNS = ("model", "position", "nats", "sd", "seeds")
+POSITION_CURVES = paths.POSITION_CURVES
+COLUMNS = ("model", "position", "nats", "sd", "seeds", "identity", "trained_on")  # what made the model scored (its
+# metrics/train/<model>.json): the report shows a curve only while it is of the study's model, and says where it ran
 PARAMS_FILE = "params.yaml"
 
 
@@ -46,13 +49,27 @@ def seed_dirs(root: str | None, name: str) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def curve_rows(name: str, curves: list) -> list[dict]:
-    """One row per position: the mean over the seeds' curves and their sd (empty with one seed)."""
+def curve_rows(name: str, curves: list, identity: str = "", trained_on: str = "") -> list[dict]:
+    """One row per position: the mean over the seeds' curves and their sd (empty with one seed), with what made the
+    model: its training's identity and the machine and precision it trained in."""
     from lmpipe.position import seed_bands
 
     mean, sd = seed_bands(curves)
     return [{"model": name, "position": p, "nats": round(float(m), 6), "sd": None if s != s else round(float(s), 6),
-             "seeds": len(curves)} for p, (m, s) in enumerate(zip(mean, sd))]
+             "seeds": len(curves), "identity": identity, "trained_on": trained_on}
+            for p, (m, s) in enumerate(zip(mean, sd))]
+
+
+def made_by(name: str) -> tuple[str, str]:
+    """What made models/<name>, as its metrics/train summary records it: the training's identity, and the machine
+    and precision it trained in ('' for the n-gram, which has no summary and rounds alike everywhere)."""
+    import json
+
+    summary = Path(paths.train_metrics(name))
+    if not summary.exists():
+        return "", ""
+    made = json.loads(summary.read_text())
+    return made.get("identity", ""), ", ".join(made[k] for k in ("machine", "precision") if made.get(k))
 
 
 def position_curves(args: argparse.Namespace) -> list[dict]:
@@ -76,7 +93,7 @@ def position_curves(args: argparse.Namespace) -> list[dict]:
     for name, runs in models.items():
         curves = [loss_by_position(m if not hasattr(m, "to") else m.to(device), test, window, device, chunk)
                   for m in runs]
-        rows += curve_rows(name, curves)
+        rows += curve_rows(name, curves, *made_by(name))
         print(f"{name}: {len(runs)} seed(s), {len(test) // window} windows of {window}: position 0 "
               f"{rows[-window]['nats']:.3f} nats, position {window - 1} {rows[-1]['nats']:.3f}", flush=True)
     return rows

@@ -46,6 +46,7 @@ STUDY_REPORT, STUDY_PAGE, FIGURES = f"{REPORTS}/study.md", f"{REPORTS}/study.htm
 PLOTS_TEMPLATE = f"{REPORTS}/plots_template.html"  # .dvc/config points `dvc plots show` at it
 COMPUTE_CURVES = "plots/compute.csv"  # every model's valid bpb against training FLOPs: one DVC plot (report)
 SUMMARIES = "metrics/models"  # <model>.json: what `dvc metrics show` lists
+POSITION_CURVES = "plots/position.csv"  # loss by context position (python -m flows.position; the report shows it)
 
 SCALING_PIPELINE = "scaling/dvc.yaml"  # the scaling-law experiment, apart from the study
 RUNS = "scaling/runs.csv"  # the scaling grid's rows: written by `grid`, fitted by `fit`

@@ -11,12 +11,13 @@ from lmpipe import paths, summaries
 from lmpipe import seeds as seed_spread
 from lmpipe.as_compute_grows import against_grid, section as compute_section
 from lmpipe.compute_curves import annealed, grid_fits
+from lmpipe.context_use import LEVEL_NATS, RUNNING, current, read_curves
 from lmpipe.compare import (CACHE, MATCHED, best_model, best_of, gap, gap_header, gap_text, scored,
                             without_cache)
 from lmpipe.paths import BASELINE
 from lmpipe.html_page import html_page
 from lmpipe.io import atomic_path, csv_records, csv_text, write_text
-from lmpipe.report_figures import bpb_figure, compute_figure, learning_curves_figure
+from lmpipe.report_figures import bpb_figure, compute_figure, learning_curves_figure, position_figure
 from lmpipe.tables import markdown_table
 from lmpipe.results import load_results, read_json, si
 
@@ -249,6 +250,33 @@ def condensed_samples(text: str) -> list[str]:
     return lines
 
 
+def _position_section(curves: dict, stale: list[str], label: str) -> list[str]:
+    """Loss by context position: how it was measured, where each model levels off and what the window's second half
+    still gains (one sentence), the figure, and the models whose curve is not of their training now."""
+    lines = ["## Loss by context position", ""]
+    if curves:
+        window, machines = len(next(iter(curves.values())).nats), sorted({c.trained_on for c in curves.values()} - {""})
+        seeds = sorted({c.seeds for c in curves.values()})
+        bands = ("one seed a model, so no band yet (`python -m flows.position --seeds DIR` with the seeds' models "
+                 "gives each its band)" if seeds == [1] else "bands: ± one sd over each model's seeds")
+        order = sorted(curves.values(), key=lambda c: (-c.levels_off_at, c.model))
+        named = lambda c: f"{label} n-gram" if c.model == BASELINE else c.model  # noqa: E731
+        lines += [f"Test loss in nats per token at each position of a {window}-token window, every window read from "
+                  "an empty context (a zero state, a fresh window, the n-gram's history cut at the window's start; "
+                  "Kaplan et al. 2020, Fig. 7): how much each model gains from the tokens it has already read; "
+                  f"{bands}. Scored by `python -m flows.position`"
+                  + (f", of models trained on {'; '.join(machines)}" if machines else "") + ".", "",
+                  f"Where each model levels off (its {RUNNING}-position running mean stays within {LEVEL_NATS} nats "
+                  "of its loss over the window's last quarter), and how much lower its loss is in the window's last "
+                  "quarter than in its second: "
+                  + ", ".join(f"{named(c)} at position {c.levels_off_at} ({c.late_gain:.3f} nats lower)" for c in order)
+                  + ".", "", "![Loss by context position](figures/position.png)", ""]
+    if stale:
+        lines += [f"Not shown: {', '.join(stale)}: no curve of the training that made the model now "
+                  "(`python -m flows.position` scores them).", ""]
+    return lines
+
+
 def weat_adjusted_p(results: dict) -> dict[str, float]:
     """Benjamini-Hochberg adjusted p-values (scipy) over the tests a model could run: {test: q}."""
     from scipy.stats import false_discovery_control
@@ -378,6 +406,12 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
         lines += ["## Learning curves", "", "Validation bits per byte at every evaluation, against epochs and against "
                   f"the training FLOPs spent so far; the dashed line is the {label} baseline on the same split.", "",
                   "![Learning curves](figures/learning_curves.png)", ""]
+    if (root / paths.POSITION_CURVES).exists():
+        identities = {name: t.get("identity", "") for name, t in trained.items()}
+        shown, missing = current(read_curves(root / paths.POSITION_CURVES), identities)
+        if shown:
+            position_figure(shown, figure_dir / "position.png", label)
+        lines += _position_section(shown, missing, label)
     samples = root / paths.SAMPLES
     if samples.exists():
         lines += condensed_samples(samples.read_text(encoding="utf-8")) + [""]

@@ -107,3 +107,22 @@ def compute_figure(points: dict[str, list[dict]], sds: dict[str, dict[float, flo
     ax.grid(alpha=0.3)
     ax.legend()
     figures.save(fig, out)
+
+
+def position_figure(curves: dict, out: Path, label: str) -> None:
+    """Test loss against the position in the window (log x, as Kaplan et al. Fig. 7), one line per model (the
+    n-gram dashed), with a band of ± one seed sd where seeds give one (lmpipe.context_use.Curve)."""
+    fig, ax = plt.subplots(figsize=(7.0, 3.9))
+    for name, curve in curves.items():
+        x = np.arange(1, len(curve.nats) + 1)
+        baseline = name == BASELINE
+        (line,) = ax.plot(x, curve.nats, label=f"{label} n-gram" if baseline else name,
+                          linestyle="--" if baseline else "-", color="gray" if baseline else None)
+        if curve.sd is not None:
+            ax.fill_between(x, curve.nats - curve.sd, curve.nats + curve.sd, color=line.get_color(), alpha=0.2)
+    ax.set_xscale("log")
+    ax.set(xlabel="position in the window (1: no token read before it)", ylabel="test loss (nats per token)",
+           title="Loss by context position")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    figures.save(fig, out)

@@ -164,6 +164,8 @@ def test_the_command_writes_every_models_curve_with_its_seed_band(tmp_path, monk
     from lmpipe.io import csv_records
 
     data = project(tmp_path)
+    (tmp_path / "metrics/train").mkdir(parents=True)  # what made the GRU, as its training summary says
+    (tmp_path / "metrics/train/gru.json").write_text('{"identity": "abc", "machine": "AMD family 26", "precision": "bf16"}')
     monkeypatch.chdir(tmp_path)
     main(["--seeds", "more", "--device", "cpu"])
     rows = csv_records(tmp_path / "plots/position.csv")
@@ -175,6 +177,8 @@ def test_the_command_writes_every_models_curve_with_its_seed_band(tmp_path, monk
     np.testing.assert_allclose([float(r["nats"]) for r in gru], mean, atol=1e-6)
     np.testing.assert_allclose([float(r["sd"]) for r in gru], sd, atol=1e-6)
     assert {r["seeds"] for r in gru} == {"3"}
+    assert {(r["identity"], r["trained_on"]) for r in gru} == {("abc", "AMD family 26, bf16")}
+    assert {(r["identity"], r["trained_on"]) for r in rows if r["model"] != "gru"} == {("", "")}  # no summary
     assert {r["sd"] for r in rows if r["model"] == "transformer"} == {""}
 
 
@@ -191,3 +195,56 @@ def test_the_command_names_a_missing_model_in_one_line(tmp_path, monkeypatch, ca
     assert str(stopped.value).startswith("error: models/transformer: no trained model there")
     assert "\n" not in str(stopped.value)
     assert not (tmp_path / "plots/position.csv").exists()
+
+
+# ---------------- the report's reading ----------------
+
+def position_csv(path, curves: dict) -> None:
+    """plots/position.csv as flows.position writes it: {model: (nats per position, identity)}, one seed each."""
+    from flows.position import COLUMNS
+
+    lines = [",".join(COLUMNS)]
+    for model, (nats, identity) in curves.items():
+        trained_on = '"AMD family 23, AVX2, fp32"' if identity else ""
+        lines += [f"{model},{p},{v},,1,{identity},{trained_on}" for p, v in enumerate(nats)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_curve_levels_off_where_its_running_mean_stays_near_its_end_and_gains_what_its_second_half_adds():
+    from lmpipe.context_use import Curve
+
+    step = Curve("ngram", np.array([5.0] * 3 + [4.0] * 61), None, 1, "", "")
+    assert step.end_level == 4.0 and step.levels_off_at == 3 and step.late_gain == 0.0
+    falling = Curve("transformer", np.linspace(5.0, 3.0, 64), None, 1, "t", "")
+    assert falling.levels_off_at == 57  # still falling at the window's end: it keeps using its context
+    assert falling.late_gain == pytest.approx(2.0 / 63 * 32)
+
+
+def test_the_report_shows_the_curves_of_the_models_as_they_are_and_names_the_others(tmp_path):
+    import json
+
+    from lmpipe.paths import POSITION_CURVES
+    from lmpipe.report import build_report
+    from tests.helpers import fixture_study
+
+    fixture_study(tmp_path)
+    for name, identity in (("lstm", "lstm-now"), ("transformer", "tr-now")):
+        summary = tmp_path / f"metrics/train/{name}.json"
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), "identity": identity}))
+    before = build_report(tmp_path, tmp_path / "reports", label="KN-5").read_text()
+    assert "## Loss by context position" not in before  # no curves made: no section
+    position_csv(tmp_path / POSITION_CURVES, {
+        "ngram": ([5.0] * 3 + [4.0] * 61, ""), "transformer": (list(np.linspace(5.0, 3.0, 64)), "tr-now"),
+        "lstm": ([4.0] * 64, "lstm-before"),  # made from an earlier training of the LSTM: stale
+        "gru": ([4.0] * 64, "gone")})  # a model no longer in the study
+    md = build_report(tmp_path, tmp_path / "reports", label="KN-5").read_text()
+    section = md[md.index("## Loss by context position"):md.index("## Decoding samples")]
+    assert "of a 64-token window" in section and "one seed a model, so no band yet" in section
+    assert "of models trained on AMD family 23, AVX2, fp32." in section
+    assert ("transformer at position 57 (1.016 nats lower), KN-5 n-gram at position 3 (0.000 nats lower)."
+            in section)
+    assert "Not shown: lstm: no curve of the training that made the model now" in section
+    assert "gru" not in section
+    assert (tmp_path / "reports/figures/position.png").stat().st_size > 1000
+    assert (tmp_path / "reports/study.html").read_text().count("data:image/png;base64,") == 3
