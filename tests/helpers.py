@@ -341,6 +341,7 @@ TINY = {  # the study the end-to-end tests share (tests/conftest.py's `project`)
         "precision": "fp32",  # as the committed grid, on any CPU
         "seeds": {"extra": [1], "budgets": [2e8]},  # every size again with seed 1 at the smallest budget
         "fit": {"bootstrap": 5, "seed": 0, "huber_delta": 0.001},
+        "around_best": [],  # a whole section replaces the committed one: every key DVC tracks must be here
     },
 }
 
