@@ -9,8 +9,8 @@ whole block is on the curve. With --seeds, DIR/<model>-seed<k>/model.pt are more
 position is then the mean over its seeds with their sd (the band); without, one run and no sd.
 
 Not a stage of the study (it would add an evaluation pass per model to every `dvc repro`): run by hand once the
-models exist, like `lmpipe seeds` (docs/operations.md). Each row names the identity of the training that made its
-model and the machine that scored it; the report shows the curves of the study's models as they are, and names the
+models exist, like `lmpipe seeds` (docs/operations.md). Each row names what made its model: the training's identity
+and the machine and precision it trained in; the report shows the curves of the study's models as they are, and names the
 models whose curve is of another training (stale: run it again).
 """
 
@@ -60,7 +60,7 @@ def curve_rows(name: str, curves: list, identity: str = "", trained_on: str = ""
             for p, (m, s) in enumerate(zip(mean, sd))]
 
 
-def made_by(name: str) -> tuple[str, str]:
+def trained_from(name: str) -> tuple[str, str]:
     """What made models/<name>, as its metrics/train summary records it: the training's identity, and the machine
     and precision it trained in ('' for the n-gram, which has no summary and rounds alike everywhere)."""
     import json
@@ -93,7 +93,7 @@ def position_curves(args: argparse.Namespace) -> list[dict]:
     for name, runs in models.items():
         curves = [loss_by_position(m if not hasattr(m, "to") else m.to(device), test, window, device, chunk)
                   for m in runs]
-        rows += curve_rows(name, curves, *made_by(name))
+        rows += curve_rows(name, curves, *trained_from(name))
         print(f"{name}: {len(runs)} seed(s), {len(test) // window} windows of {window}: position 0 "
               f"{rows[-window]['nats']:.3f} nats, position {window - 1} {rows[-1]['nats']:.3f}", flush=True)
     return rows

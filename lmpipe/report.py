@@ -406,9 +406,8 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
         lines += ["## Learning curves", "", "Validation bits per byte at every evaluation, against epochs and against "
                   f"the training FLOPs spent so far; the dashed line is the {label} baseline on the same split.", "",
                   "![Learning curves](figures/learning_curves.png)", ""]
-    if (root / paths.POSITION_CURVES).exists():
-        identities = {name: t.get("identity", "") for name, t in trained.items()}
-        shown, missing = current(read_curves(root / paths.POSITION_CURVES), identities)
+    if position := read_curves(root / paths.POSITION_CURVES):
+        shown, missing = current(position, {name: t.get("identity", "") for name, t in trained.items()})
         if shown:
             position_figure(shown, figure_dir / "position.png", label)
         lines += _position_section(shown, missing, label)

@@ -216,6 +216,12 @@ def trials_figure(rows: list[dict], model: str, out: str | Path) -> None:
     plt.close(fig)
 
 
+def _ablation_flops(settings: str) -> float | None:
+    """An ablation row's training FLOPs, from the budget that opens its settings column."""
+    budget = re.match(r"budget=\{flops: ([^}]+)\}", settings)
+    return float(budget[1]) if budget else None
+
+
 def _recipe(settings: str) -> dict:
     """An ablation row's settings column as {key: value}, the budget left out; a later value of a key wins."""
     return dict(item.split("=", 1) for item in re.sub(r"^budget=\{[^}]*\}\s*", "", settings).split())
@@ -235,7 +241,6 @@ def ablation_markdown(tables: list[Path]) -> list[str]:
         rows = csv_records(path)
         if not rows:
             continue
-        budget = re.match(r"budget=\{flops: ([^}]+)\}", rows[0]["settings"])
         first = float(rows[0]["valid_bpb"])
         base = _recipe(rows[0]["settings"])
         table = []
@@ -243,7 +248,8 @@ def ablation_markdown(tables: list[Path]) -> list[str]:
             settings = " ".join(f"`{k}={v}`" for k, v in _recipe(r["settings"]).items() if base.get(k) != v) or "(none)"
             table.append([r["row"], settings, f"{float(r['valid_bpb']):.4f}", f"{float(r['valid_bpb']) - first:+.4f}",
                           f"{float(r['test_bpb']):.4f}", f"{float(r['train_seconds']):.0f}"])
-        lines += [f"### {float(budget[1]):.1e} training FLOPs ([{path.name}](../{path.as_posix()}))", ""]
+        flops = _ablation_flops(rows[0]["settings"])
+        lines += [f"### {flops:.1e} training FLOPs ([{path.name}](../{path.as_posix()}))", ""]
         lines += markdown_table(["row", "settings other than the first row's", "valid bpb", "vs first row",
                                  "test bpb", "train s"], table) + [""]
     return lines
@@ -308,9 +314,8 @@ def effort_markdown(outcomes: list[tuple[Path, Path]], ablations: list[Path]) ->
         add(folder.name, folder.as_posix(), len(trials), sum(float(r["train_flops"] or 0) for r in trials), varied)
     for path in ablations:
         rows = csv_records(path)
-        budgets = [float(m[1]) for r in rows if (m := re.match(r"budget=\{flops: ([^}]+)\}", r["settings"]))]
         varied = list(dict.fromkeys(k for r in rows for k in _recipe(r["settings"])))
-        add("transformer", path.as_posix(), len(rows), sum(budgets), varied)
+        add("transformer", path.as_posix(), len(rows), sum(_ablation_flops(r["settings"]) or 0.0 for r in rows), varied)
     if not effort:
         return []
     table = [[model, str(e["runs"]), f"{e['flops']:.2e}", ", ".join(f"`{k}`" for k in e["settings"]),
