@@ -53,9 +53,8 @@ def score(model: str) -> dict:
         tracking.log_metrics({f"{split}_{key}": scores[split][key] for split in ("valid", "test")
                               for key in scores[split]})
         run_id = tracking.run_of_output(params.tracking.experiment, paths.model_dir(model))
-        if run_id:  # the model's own run carries its test numbers too
+        if run_id:  # the model's own run carries its test numbers too (its size it logged itself)
             tracking.record_results(run_id, scores["test"])
-            tracking.log_metrics({"n_params": scores["n_params"]}, run_id=run_id)
         if model != BASELINE:
             tracking.registry.log_lm(paths.model_dir(model), paths.TOKENIZER, tracking.registry.registered_name(model),
                                      data.vocab_size, DecodeSettings.from_params(params.evaluate))
