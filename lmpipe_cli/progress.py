@@ -20,6 +20,7 @@ import time
 
 from flows._stage import PARAMS_FILE
 from lmpipe_cli.plan import budgets, planned_stages, summary
+from lmpipe import tracking
 from lmpipe.config import load_params
 from lmpipe.errors import first_line
 
@@ -87,6 +88,8 @@ class Progress:
 
 
 def main(targets: list[str]) -> int:
+    if said := tracking.runs.end_ghost_runs(load_params(PARAMS_FILE).tracking.experiment, "make study"):
+        print(f"[study] {said}", flush=True)
     try:
         planned = planned_stages()
     except Exception as exc:  # no plan is no reason to stop the study: the count then grows as stages start

@@ -295,6 +295,8 @@ def retrain(overrides: list[str] | None = None) -> dict:
         if dirty:
             return refused(dirty)
         start = workspace_now()  # applied only onto this: a user's work done meanwhile is never overwritten
+        if said := tracking.runs.end_ghost_runs(params.tracking.experiment, "lmpipe retrain"):
+            get_run_logger().info(said)
         parent = tracking.runs.start_study_run(params.tracking.experiment, PARAMS_FILE, "retrain")
         try:
             outcome = gated_retrain(params, parent, list(overrides or []), start)

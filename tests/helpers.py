@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -415,3 +416,12 @@ def newest_flow_run_state(prefect_api: str, flow_name: str) -> str:
         "flows": {"name": {"any_": [flow_name]}}, "sort": "START_TIME_DESC", "limit": 1,
         "flow_runs": {"start_time": {"is_null_": False}}}).json()
     return runs[0]["state_type"]
+
+
+def with_fake_dvc(tmp_path, script: str) -> dict:
+    """An environment whose `dvc` is a shell script of `script`, in `tmp_path` (beside the test's `params_file`)."""
+    fake = tmp_path / "dvc"
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    return {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}

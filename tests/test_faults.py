@@ -86,39 +86,52 @@ def test_truncated_token_stream_names_the_file_and_the_fix(tmp_path):
 GHOST = """
 import os, signal, sys
 from lmpipe import tracking
-with tracking.runs.open_stage_run("train@gru", "exp", {"x": {"y": 1}}, "h", params_file=sys.argv[1]):
+with tracking.runs.open_stage_run("train@gru", sys.argv[3], {"x": {"y": 1}}, "h", params_file=sys.argv[1]):
     if sys.argv[2] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)  # dies without a word: its run stays RUNNING
     raise KeyboardInterrupt
 """
 
 
-def test_runs_of_dead_stages_never_stay_running(tmp_path, params_file, monkeypatch):
-    """SIGKILL leaves a RUNNING run behind: the next stage ends it FAILED. Ctrl-C ends its own run KILLED.
-    A run whose process lives (this one) is left alone."""
+def test_a_dead_stages_run_is_ended_by_the_studys_driver_never_by_another_stage(tmp_path, params_file, monkeypatch):
+    """SIGKILL leaves a RUNNING run behind. The next stage leaves it alone: a stage ends its own run only (Ctrl-C:
+    KILLED). `make study`'s driver ends it FAILED before its first stage and says so; a run whose process lives stays
+    RUNNING."""
     from mlflow.tracking import MlflowClient
 
+    from lmpipe.config import load_params
+    from tests.helpers import with_fake_dvc
+
+    experiment = load_params(params_file).tracking.experiment
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    env = {**with_fake_dvc(tmp_path, "exit 0\n"), "MLFLOW_TRACKING_URI": uri}
     env.pop("LMPIPE_PARENT_RUN_ID", None)
     client = MlflowClient(uri)
 
     def stages():
-        experiment = client.get_experiment_by_name("exp").experiment_id
-        return sorted(r.info.status for r in client.search_runs([experiment], "tags.`lmpipe.role` = 'stage'"))
+        found = client.search_runs([client.get_experiment_by_name(experiment).experiment_id],
+                                   "tags.`lmpipe.role` = 'stage'")
+        return sorted(r.info.status for r in found)
 
     def stage(how):
-        subprocess.run([sys.executable, "-c", GHOST, str(tmp_path / "params.yaml"), how], env=env, cwd=ROOT,
+        subprocess.run([sys.executable, "-c", GHOST, str(params_file), how, experiment], env=env, cwd=ROOT,
                        capture_output=True, timeout=300)
         return stages()
 
     assert stage("kill") == ["RUNNING"]
+    assert stage("interrupt") == ["KILLED", "RUNNING"]  # the next stage ended its own run, not the ghost
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    with tracking.runs.run("exp", "alive") as alive:  # any run's start ends the ghost...
-        assert stages() == ["FAILED"]
-        assert tracking.runs.end_ghost_runs("exp") == []  # ...but not a run whose process lives
+    with tracking.runs.run(experiment, "alive") as alive:
+        study = subprocess.run([sys.executable, "-m", "lmpipe_cli.progress"], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=300)
+        assert study.returncode == 0, study.stderr[-2000:]
+        assert study.stdout.splitlines()[0] == ("[study] ended FAILED 1 MLflow run(s) left RUNNING by a process that "
+                                                "died: train@gru")
+        assert stages() == ["FAILED", "KILLED"]
+        ended = [r for r in client.search_runs([alive.info.experiment_id], "attributes.status = 'FAILED'")]
+        assert [r.data.tags["lmpipe.ended"] for r in ended] == ["its process died; ended by make study"]
         assert client.get_run(alive.info.run_id).info.status == "RUNNING"
-    assert stage("interrupt") == ["FAILED", "KILLED"]
+        assert tracking.runs.end_ghost_runs(experiment, "make study") is None  # nothing left to end
 
 
 def test_a_tracking_server_that_answers_health_but_fails_its_api_fails_the_stage_in_one_line_quickly(monkeypatch):

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import stat
 import subprocess
 import sys
 import time
 
 from lmpipe_cli.progress import Progress
-from tests.helpers import ROOT, as_in_a_terminal
+from tests.helpers import as_in_a_terminal, with_fake_dvc
 
 PLANNED = ["ngram", "train@nplm", "train@gru", "score@nplm", "report"]
 
@@ -58,15 +57,6 @@ def test_a_finished_study_says_where_its_stages_wall_time_went_by_kind_most_firs
     assert progress.time_shares(1320.0) == ("[study] the stages' wall time, 22.0 min: train@* 20.0 min (91%), "
                                            "ngram 1.0 min (5%), score@* 0.5 min (2%), report 0.5 min (2%)")
     assert Progress([], {}).time_shares(5.0) == ""
-
-
-def with_fake_dvc(tmp_path, script: str) -> dict:
-    """An environment whose `dvc` is a shell script of `script`, in `tmp_path` (beside the test's `params_file`)."""
-    fake = tmp_path / "dvc"
-    fake.write_text("#!/bin/sh\n" + script)
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    return {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
-            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
 def test_dvcs_output_passes_through_byte_for_byte_with_a_progress_line_after_each_stage_start(tmp_path, params_file):

@@ -1,5 +1,6 @@
 """The runs of a study in MLflow: one parent "study" run, one run per stage execution under it, and side runs
-(sweeps, the scaling grid, the seeds), none left RUNNING by a dead process.
+(sweeps, the scaling grid, the seeds). Each process ends only its own runs; those a process left RUNNING when it
+died without a word (SIGKILL) are ended by the next study's driver (`end_ghost_runs`), never by another stage.
 
 DVC runs each stage as its own process, so the parent is found, not passed: the newest run tagged
 `lmpipe.role=study` with the same study key (git commit + hash of params.yaml), created (and at once finished) when
@@ -116,10 +117,9 @@ def open_stage_run(
 
 @contextlib.contextmanager
 def _closing(experiment: str, **start) -> Iterator[mlflow.ActiveRun]:
-    """mlflow.start_run that never leaves a ghost: an interrupt ends the run KILLED (an error: FAILED), and runs
-    left RUNNING by processes of this host that died without a word (SIGKILL, power) are ended FAILED first."""
+    """mlflow.start_run that ends its run on every way out: an interrupt ends it KILLED (an error: FAILED). It touches
+    no other run; it tags its own with this host and process, so that a driver can tell a dead process's run."""
     exp_id = tracker().experiment_id(experiment)
-    _end_ghosts(exp_id)
     tags = {**start.pop("tags", {}), HOST: socket.gethostname(), PID: str(os.getpid())}
     with mlflow.start_run(experiment_id=exp_id, tags=tags, **start) as active:
         try:
@@ -129,20 +129,23 @@ def _closing(experiment: str, **start) -> Iterator[mlflow.ActiveRun]:
             raise
 
 
-def end_ghost_runs(experiment: str) -> list[str]:
-    """End FAILED the RUNNING runs started on this host by a process that no longer exists; their ids."""
-    return _end_ghosts(tracker().experiment_id(experiment))
-
-
-def _end_ghosts(exp_id: str) -> list[str]:
-    client = tracker().client
-    running = client.search_runs([exp_id], f"attributes.status = 'RUNNING' and tags.`{HOST}` = "
-                                 f"'{socket.gethostname()}'", max_results=1000)
-    ghosts = [r.info.run_id for r in running if not process_alive(int(r.data.tags.get(PID, 0)))]
-    for run_id in ghosts:
-        client.set_tag(run_id, "lmpipe.ended", "its process died; ended by the next stage")
-        client.set_terminated(run_id, "FAILED")
-    return ghosts
+def end_ghost_runs(experiment: str, driver: str) -> str | None:
+    """End FAILED the RUNNING runs started on this host by a process that no longer exists (killed without a word:
+    SIGKILL, power); a line naming them, None when there were none. The one step that touches runs of other
+    processes: the drivers of a whole study (`make study`, `lmpipe retrain`, the study flow) take it before their
+    first stage starts."""
+    t = tracker()
+    running = t.client.search_runs([t.experiment_id(experiment)], f"attributes.status = 'RUNNING' and "
+                                   f"tags.`{HOST}` = '{socket.gethostname()}'", max_results=1000)
+    ghosts = [r for r in running if not process_alive(int(r.data.tags.get(PID, 0)))]
+    for run in ghosts:
+        t.client.set_tag(run.info.run_id, "lmpipe.ended", f"its process died; ended by {driver}")
+        t.client.set_terminated(run.info.run_id, "FAILED")
+    if not ghosts:
+        return None
+    names = [run.info.run_name for run in ghosts]
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return f"ended FAILED {len(names)} MLflow run(s) left RUNNING by a process that died: {', '.join(names[:3])}{more}"
 
 
 def process_alive(pid: int) -> bool:
