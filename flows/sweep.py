@@ -24,6 +24,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows._stage import PARAMS_FILE, main
 from lmpipe import paths, sweep as sw
+from lmpipe.tuning_doc import tuning_markdown
 from lmpipe import tracking
 from lmpipe.config import Params, load_params
 from lmpipe.errors import ConfigError
@@ -126,7 +127,7 @@ def sweep(model: str, trials: int = 20, seeds: int = 3, space_file: str = sw.SPA
                               parent.info.run_id, name) if seeds else []
         write_text(out / "seeds.csv", csv_text(seed_rows))
         sw.trials_figure(rows, model, out / "trials.png")
-        write_text(DOC, sw.tuning_markdown(SWEEPS_DIR))
+        write_text(DOC, tuning_markdown(SWEEPS_DIR))
         spread = sw.seed_spread([best.value] + [r["valid_bpb"] for r in seed_rows])
         tracking.log_metrics({"best_valid_bpb": best.value, "best_trial": best.number,
                               **{f"seed_{k}": v for k, v in spread.items()}})
