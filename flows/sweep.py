@@ -128,7 +128,7 @@ def sweep(model: str, trials: int = 20, seeds: int = 3, space_file: str = sw.SPA
         write_text(out / "seeds.csv", csv_text(seed_rows))
         sw.trials_figure(rows, model, out / "trials.png")
         write_text(DOC, tuning_markdown(SWEEPS_DIR))
-        spread = sw.seed_spread([best.value] + [r["valid_bpb"] for r in seed_rows])
+        spread = sw.winner_spread([best.value] + [r["valid_bpb"] for r in seed_rows])
         tracking.log_metrics({"best_valid_bpb": best.value, "best_trial": best.number,
                               **{f"seed_{k}": v for k, v in spread.items()}})
         tracking.log_artifacts(out, out.as_posix())

@@ -23,7 +23,6 @@ study. Each trial reports its validation bpb at every evaluation; Hyperband stop
 from __future__ import annotations
 
 import math
-import statistics
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Callable
 import click
 import yaml
 
+from lmpipe import stats
 from lmpipe.config import params_hash, yaml_error_place
 from lmpipe.model_params import ModelParams
 from lmpipe.errors import ConfigError
@@ -173,10 +173,11 @@ def best_profile(model: str, overrides: dict) -> dict:
     return {"models": {model: nested(overrides)}}
 
 
-def seed_spread(values: list[float]) -> dict:
-    """Mean, sample standard deviation (0 for one value) and range of one setting's results over seeds."""
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return {"mean": statistics.fmean(values), "std": std, "min": min(values), "max": max(values), "n": len(values)}
+def winner_spread(values: list[float]) -> dict:
+    """The winner's valid bpb over its seeds: mean, sample sd (None for one run, as lmpipe.stats.mean_sd has it),
+    range and count."""
+    mean, sd = stats.mean_sd(values)
+    return {"mean": mean, "std": sd, "min": min(values), "max": max(values), "n": len(values)}
 
 
 def profile_yaml(model: str, best, space: Space, name: str, folder: str | Path) -> str:

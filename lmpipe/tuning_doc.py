@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from lmpipe.io import csv_records
-from lmpipe.sweep import SPACE_FILE, seed_spread
+from lmpipe.sweep import SPACE_FILE, winner_spread
 from lmpipe.tables import markdown_table
 
 ABLATIONS = "benchmarks/results/transformer_ablation*.csv"  # benchmarks/transformer_ablation.py's tables
@@ -209,7 +209,7 @@ def _sweep_section(folder: Path, space: dict) -> list[str]:
         lines += ["", "```yaml", best_yaml.strip(), "```"]
     if seeds:
         values = [float(best["valid_bpb"])] + [float(r["valid_bpb"]) for r in seeds]
-        spread = seed_spread(values)
+        spread = winner_spread(values)
         lines += ["", f"Seed spread of the winner ({spread['n']} seeds: {', '.join(f'{v:.4f}' for v in values)}): "
                       f"mean {spread['mean']:.4f}, standard deviation {spread['std']:.4f}, "
                       f"range {spread['max'] - spread['min']:.4f} bpb."]

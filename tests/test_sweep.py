@@ -172,6 +172,13 @@ def test_every_family_on_adamw_gets_one_run_with_muon_at_the_study_budget():
         assert space.grid == {"optim.name": ["muon"]}, model
 
 
+def test_a_winners_spread_has_no_sd_from_one_run_and_the_sample_sd_from_several():
+    """One meaning of a single run's sd across the project (lmpipe.stats.mean_sd): none, not 0."""
+    assert sw.winner_spread([2.5]) == {"mean": 2.5, "std": None, "min": 2.5, "max": 2.5, "n": 1}
+    spread = sw.winner_spread([2.0, 2.2, 2.4])
+    assert spread["std"] == pytest.approx(0.2) and (spread["mean"], spread["n"]) == (pytest.approx(2.2), 3)
+
+
 V = 40
 
 
