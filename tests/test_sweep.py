@@ -159,17 +159,20 @@ def test_every_family_but_the_transformer_gets_one_run_at_half_its_width_at_the_
         assert space.grid in (half, adopted), model
 
 
-def test_every_family_on_adamw_gets_one_run_with_muon_at_the_study_budget():
-    """sweeps/equal_optimiser.yaml: the GRU, the LSTM and the transformer train with Muon, chosen by a run beside
-    AdamW; every family still on AdamW gets the same, one run with Muon at its own rate, at the study's budget."""
+def test_every_recurrent_family_and_the_nplm_get_one_run_with_the_other_optimiser_at_the_study_budget():
+    """sweeps/equal_optimiser.yaml: the transformer's ablations tried AdamW and Muon; every other family gets one run
+    with the optimiser it does not train with (Muon for one on AdamW, AdamW for one on Muon) at its own rate, at the
+    study's budget."""
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     path = ROOT / "sweeps/equal_optimiser.yaml"
-    on_adamw = [m for m, entry in params["models"].items() if entry["optim"]["name"] == "adamw"]
-    for model in on_adamw:
+    other = {"adamw": "muon", "muon": "adamw"}
+    for model, entry in params["models"].items():
+        if entry["family"] == "transformer":
+            continue
         space = sw.load_space(path, model)
         assert space.budget == {"flops": float(params["study"]["budget"]["flops"])} and space.size == 1
         assert (space.prune, space.evals_per_epoch) == (False, params["train"]["evals_per_epoch"])
-        assert space.grid == {"optim.name": ["muon"]}, model
+        assert space.grid == {"optim.name": [other[entry["optim"]["name"]]]}, model
 
 
 def test_a_winners_spread_has_no_sd_from_one_run_and_the_sample_sd_from_several():
