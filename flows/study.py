@@ -148,11 +148,11 @@ def study(overrides: list[str] | None = None) -> str:
                           "workspace; set the values in params.yaml instead of passing overrides")
     check_overrides(PARAMS_FILE, overrides)  # a typo in an override stops here, before DVC runs any stage
     with one_study():
+        if said := tracking.runs.end_ghost_runs(params.tracking.experiment, "the study flow"):
+            print(said, flush=True)
         if not overrides and not json.loads(dvc(["status", "--json", "dvc.yaml"], dict(os.environ)) or "{}"):
             print("Data and pipelines are up to date: no stage to run, no new study run")  # no empty parent in MLflow
             return ""
-        if said := tracking.runs.end_ghost_runs(params.tracking.experiment, "the study flow"):
-            print(said, flush=True)
         env = stage_env(tracking.runs.start_study_run(params.tracking.experiment, PARAMS_FILE, "study"))
         if overrides:
             return dvc(["exp", "run", *[a for o in overrides for a in ("-S", o)]], env)

@@ -2,7 +2,8 @@
 
     python -m lmpipe_cli.progress [target ...]          (what `make study` runs; targets as for `dvc repro`)
 
-First DVC's status and graph name the stages that may run (n; given targets, n grows as they start; n shrinks as DVC
+First the MLflow runs that a process of this host left RUNNING when it died without a word (SIGKILL) are ended
+FAILED, in one line naming them (no stage ends another process's run). Then DVC's status and graph name the stages that may run (n; given targets, n grows as they start; n shrinks as DVC
 skips a planned stage whose inputs came out as recorded). As DVC starts each, one line says where the study is. Once
 a model has trained, the minutes left follow from the FLOPs the training stages still to run will spend (each
 model's budget, `study.budget`) at the FLOP/s the finished ones measured (their log line '..., 3.00e13 FLOPs, 176 s').
@@ -88,7 +89,11 @@ class Progress:
 
 
 def main(targets: list[str]) -> int:
-    if said := tracking.runs.end_ghost_runs(load_params(PARAMS_FILE).tracking.experiment, "make study"):
+    try:  # housekeeping: a store or params.yaml that fails here fails the stages too, each in its own line
+        said = tracking.runs.end_ghost_runs(load_params(PARAMS_FILE).tracking.experiment, "make study")
+    except Exception as exc:
+        said = f"MLflow runs left RUNNING by a process that died: not checked ({first_line(str(exc))})"
+    if said:
         print(f"[study] {said}", flush=True)
     try:
         planned = planned_stages()

@@ -419,9 +419,13 @@ def newest_flow_run_state(prefect_api: str, flow_name: str) -> str:
 
 
 def with_fake_dvc(tmp_path, script: str) -> dict:
-    """An environment whose `dvc` is a shell script of `script`, in `tmp_path` (beside the test's `params_file`)."""
+    """An environment whose `dvc` is a shell script of `script`, in `tmp_path` (beside the test's `params_file`), and
+    whose MLflow store is a new one there."""
     fake = tmp_path / "dvc"
     fake.write_text("#!/bin/sh\n" + script)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    return {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
-            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}  # the study's driver opens the store first
+    env.pop("LMPIPE_PARENT_RUN_ID", None)
+    return env

@@ -167,7 +167,7 @@ class Block:
         if name.split(".")[0] in ("prefect", "flows"):
             raise ImportError(f"blocked: {name}")
 sys.meta_path.insert(0, Block())
-import lmpipe, lmpipe.train, lmpipe.ngram, lmpipe.scaling, lmpipe.sweep, lmpipe.evaluate, lmpipe.config
+import lmpipe, lmpipe.train, lmpipe.ngram, lmpipe.scaling, lmpipe.sweep, lmpipe.tuning_doc, lmpipe.evaluate, lmpipe.config
 print(sorted(m for m in sys.modules if m.split(".")[0] in ("prefect", "flows")))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

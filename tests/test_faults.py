@@ -104,8 +104,7 @@ def test_a_dead_stages_run_is_ended_by_the_studys_driver_never_by_another_stage(
 
     experiment = load_params(params_file).tracking.experiment
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**with_fake_dvc(tmp_path, "exit 0\n"), "MLFLOW_TRACKING_URI": uri}
-    env.pop("LMPIPE_PARENT_RUN_ID", None)
+    env = with_fake_dvc(tmp_path, "exit 0\n")  # its store: `uri`
     client = MlflowClient(uri)
 
     def stages():
