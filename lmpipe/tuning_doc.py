@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from lmpipe import paths, stats
 from lmpipe.io import csv_records
 from lmpipe.sweep import SPACE_FILE, winner_spread
 from lmpipe.tables import markdown_table
@@ -68,10 +69,15 @@ def sweep_outcomes(sweeps_dir: str | Path) -> list[tuple[Path, Path]]:
     return found
 
 
-def grid_summary(outcomes: list[tuple[Path, Path]], space_file: Path) -> list[str]:
+def grid_summary(outcomes: list[tuple[Path, Path]], space_file: Path, seeds_file: Path | None = None) -> list[str]:
     """One row per model of a grid sweep: every point tried (its values, in the order of the settings) with its valid
-    bpb, the best in bold."""
+    bpb, the best in bold, set beside the study's own run of that model at C (the mean and sd of its seeds in
+    `seeds_file`, seeds/seeds.csv): a sweep of one point is a comparison with it, and the gap says whether the point
+    is better beyond noise (more than twice the seeds' sd)."""
     spaces = yaml.safe_load(space_file.read_text()) or {} if space_file.exists() else {}
+    studied = {}
+    for r in csv_records(seeds_file) if seeds_file and seeds_file.exists() else []:
+        studied.setdefault(r["model"], []).append(float(r["valid_bpb"]))
     rows = []
     for folder, file in outcomes:
         space = spaces.get(folder.name) or {}
@@ -88,11 +94,26 @@ def grid_summary(outcomes: list[tuple[Path, Path]], space_file: Path) -> list[st
                  f"{'**' if r is best else ''}" for r in tried]
         flops = {f"{float(r['train_flops']):.3g}" for r in tried}
         setting = ", ".join(f"`{k}`" for k in keys)
-        rows.append([folder.name, setting, " · ".join(cells), ", ".join(sorted(flops))])
+        rows.append([folder.name, setting, " · ".join(cells), *_beside_the_study(float(best["valid_bpb"]),
+                                                                                  studied.get(folder.name, [])),
+                     ", ".join(sorted(flops))])
     if not rows:
         return []
     return [f"### The same sweep for every model ({space_file.name})", "", *markdown_table(
-        ["model", "setting", "value tried: valid bpb (best in bold)", "training FLOPs per trial"], rows), ""]
+        ["model", "setting", "value tried: valid bpb (best in bold)", "the study's run at C: valid bpb",
+         "best tried minus the study's", "training FLOPs per trial"], rows), ""]
+
+
+def _beside_the_study(best: float, seeds: list[float]) -> list[str]:
+    """The study's run (its seeds' mean and sd) and the best tried point's gap to it, judged by the seeds' sd."""
+    if not seeds:
+        return ["-", "-"]
+    mean, sd = stats.mean_sd(seeds)
+    if sd is None:
+        return [f"{mean:.4f} (one seed)", f"{best - mean:+.4f} (no sd to judge it)"]
+    verdict = ("beyond noise: more" if stats.beyond_noise(best - mean, sd) else "within noise: not more")
+    return [f"{mean:.4f} ± {sd:.4f} ({len(seeds)} seeds)",
+            f"{best - mean:+.4f} ({verdict} than {stats.REAL_GAP_SDS:g} x sd {sd:.4f})"]
 
 
 def effort_markdown(outcomes: list[tuple[Path, Path]], ablations: list[Path]) -> list[str]:
@@ -171,7 +192,7 @@ def tuning_markdown(sweeps_dir: str | Path) -> str:
         spaces = yaml.safe_load(space_file.read_text()) or {} if space_file.exists() else {}
         lines += [f"## Sweeps of [{space_file.as_posix()}](../{space_file.as_posix()})", ""]
         lines += _leading_comment(space_file)
-        lines += grid_summary(outcomes, space_file)
+        lines += grid_summary(outcomes, space_file, sweeps_dir.parent / paths.SEEDS)
         for folder, _ in (o for o in outcomes if o[1] == space_file):
             lines += _sweep_section(folder, spaces.get(folder.name, {}))
     lines += ablation_markdown(ablations)

@@ -182,6 +182,31 @@ def test_a_winners_spread_has_no_sd_from_one_run_and_the_sample_sd_from_several(
     assert spread["std"] == pytest.approx(0.2) and (spread["mean"], spread["n"]) == (pytest.approx(2.2), 3)
 
 
+def test_a_one_point_sweep_is_set_beside_the_studys_own_run_and_its_gap_judged_by_the_seeds(tmp_path):
+    """docs/tuning.md's grid tables: the best point tried against the study's run at C (its seeds' mean and sd from
+    seeds/seeds.csv), better or worse beyond noise only past twice the sd; no seeds, no comparison."""
+    space_file = tmp_path / "sweeps/other.yaml"
+    space_file.parent.mkdir()
+    space_file.write_text(yaml.safe_dump({m: {"budget": {"flops": 3e13}, "space": {"optim.name": {"choices": ["muon"]}}}
+                                          for m in ("rnn", "gru")}))
+    outcomes = []
+    for model, bpb in (("rnn", 2.2209), ("gru", 2.1890)):
+        folder = tmp_path / "sweeps/other" / model
+        folder.mkdir(parents=True)
+        (folder / "trials.csv").write_text("number,state,valid_bpb,optim.name,evaluations,tokens_seen,train_flops,"
+                                           f"seconds\n0,COMPLETE,{bpb},muon,8,100,3e13,1\n")
+        outcomes.append((folder, space_file))
+    seeds = tmp_path / "seeds.csv"
+    seeds.write_text("model,seed,valid_bpb\nrnn,1,2.2608\nrnn,2,2.2681\nrnn,1234,2.2648\n"
+                     "gru,1,2.1870\ngru,2,2.1920\ngru,1234,2.1895\n")
+    rows = {line.split("|")[1].strip(): line for line in tuning_doc.grid_summary(outcomes, space_file, seeds)
+            if line.startswith("| rnn") or line.startswith("| gru")}
+    assert "2.2646 ± 0.0037 (3 seeds)" in rows["rnn"] and "-0.0437 (beyond noise: more than 2 x sd 0.0037)" in rows["rnn"]
+    assert "2.1895 ± 0.0025 (3 seeds)" in rows["gru"] and "-0.0005 (within noise: not more than 2 x sd 0.0025)" in rows["gru"]
+    bare = [line for line in tuning_doc.grid_summary(outcomes, space_file) if line.startswith("| rnn")]
+    assert bare and "| -    " in bare[0]
+
+
 V = 40
 
 
