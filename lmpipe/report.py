@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from lmpipe import paths, summaries
+from lmpipe import paths, summaries, tuned
 from lmpipe import seeds as seed_spread
 from lmpipe.as_compute_grows import against_grid, section as compute_section
 from lmpipe.compute_curves import annealed, grid_fits
@@ -203,9 +203,10 @@ def provenance_lines(provenance: dict[str, dict]) -> list[str]:
 
 
 def _seeds_section(spreads: dict, stale: dict[str, str], label: str, unmatched: list[str] = (),
-                   families: dict[str, str] | None = None, provenance: dict | None = None) -> list[str]:
+                   families: dict[str, str] | None = None, provenance: dict | None = None,
+                   better: Sequence[tuned.Better] = ()) -> list[str]:
     """Mean ± sd over seeds per model and one verdict per model: which of its gaps exceed the noise; the families'
-    verdict."""
+    verdict; the settings found better at C than a model's own, which its verdicts do not have."""
     lines = ["## Seeds and verdicts", "", "Each neural model trained with `train.seed` and the seeds of `seeds.extra` "
              "(`lmpipe seeds`, seeds/seeds.csv), everything else equal. Two results differ only where their gap "
              f"exceeds {seed_spread.REAL_GAP_SDS:g} times the larger seed sd; otherwise they are within noise. "
@@ -215,6 +216,11 @@ def _seeds_section(spreads: dict, stale: dict[str, str], label: str, unmatched: 
     lines += [""] + [f"- {v}" for v in seed_spread.verdicts(judged, BASELINE, label)]
     if families and (verdict := seed_spread.family_verdict(judged, families)):
         lines += ["", verdict]
+    if better:
+        lines += ["", "Settings found better at C than the study's own (one setting changed, the study's budget: "
+                      "sweeps/equal_*, docs/tuning.md), so the verdicts above that name these models are about the "
+                      "study's settings, not the best each family has shown; the study's models do not have them "
+                      "yet:", ""] + [f"- {b.text()}" for b in better]
     if single:
         lines += ["", f"One seed so far for {', '.join(single)}: no spread to judge their gaps by, so none of them is "
                       "called real or noise (`lmpipe seeds` measures it)."]
@@ -389,7 +395,9 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     lines += _corpus_section(corpus, validation, tokenize) + [""]
     if evaluation:
         families = {name: t.get("family", "") for name, t in trained.items()}
-        lines += _seeds_section(spreads, stale, label, unmatched, families, results.provenance) + [""]
+        held = [r for r in seed_spread.read_rows(root / paths.SEEDS) if r["model"] in spreads and r["model"] not in stale]
+        better = tuned.better_found(root, paths.TUNING_AT_C, held, budget_flops) if budget_flops else []
+        lines += _seeds_section(spreads, stale, label, unmatched, families, results.provenance, better) + [""]
     if points:
         at_c = {name: {rows[-1]["budget_flops"]: results.spreads[name].bpb_sd} for name, rows in points.items()
                 if name in results.spreads and results.spreads[name].bpb_sd is not None}  # the seed spread at C
