@@ -30,12 +30,18 @@ class Better:
                 f"(more than {stats.REAL_GAP_SDS:g} x sd)")
 
 
-def better_found(root: str | Path, sweeps: tuple[str, ...], seed_rows: list[dict], budget_flops: float) -> list[Better]:
-    """Each model's sweep points at `budget_flops` (within 1%) under `root`/`sweeps` that beat its seeds' mean (from
-    `seed_rows`, the study's current rows) beyond noise, the largest gain first; none without several seeds."""
+def valid_by_model(seed_rows: list[dict]) -> dict[str, list[float]]:
+    """Each model's valid bpb over its seeds (rows of seeds/seeds.csv): the study's run at C, set beside a sweep."""
     valid: dict[str, list[float]] = {}
     for row in seed_rows:
         valid.setdefault(row["model"], []).append(float(row["valid_bpb"]))
+    return valid
+
+
+def better_found(root: str | Path, sweeps: tuple[str, ...], seed_rows: list[dict], budget_flops: float) -> list[Better]:
+    """Each model's sweep points at `budget_flops` (within 1%) under `root`/`sweeps` that beat its seeds' mean (from
+    `seed_rows`, the study's current rows) beyond noise, the largest gain first; none without several seeds."""
+    valid = valid_by_model(seed_rows)
     found = []
     for folder in (Path(root) / sweep / model for sweep in sweeps for model in sorted(valid)):
         trials = [r for r in csv_records(folder / "trials.csv") if r["state"] == "COMPLETE"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from lmpipe import paths, stats
+from lmpipe import paths, stats, tuned
 from lmpipe.io import csv_records
 from lmpipe.sweep import SPACE_FILE, winner_spread
 from lmpipe.tables import markdown_table
@@ -75,17 +75,14 @@ def grid_summary(outcomes: list[tuple[Path, Path]], space_file: Path, seeds_file
     `seeds_file`, seeds/seeds.csv): a sweep of one point is a comparison with it, and the gap says whether the point
     is better beyond noise (more than twice the seeds' sd)."""
     spaces = yaml.safe_load(space_file.read_text()) or {} if space_file.exists() else {}
-    studied = {}
-    for r in csv_records(seeds_file) if seeds_file and seeds_file.exists() else []:
-        studied.setdefault(r["model"], []).append(float(r["valid_bpb"]))
+    studied = tuned.valid_by_model(csv_records(seeds_file) if seeds_file and seeds_file.exists() else [])
     rows = []
     for folder, file in outcomes:
         space = spaces.get(folder.name) or {}
         if file != space_file or not all("choices" in spec for spec in (space.get("space") or {"-": {}}).values()):
             continue  # not a grid
         trials = [r for r in csv_records(folder / "trials.csv") if r["state"] == "COMPLETE"]
-        keys = [k for k in trials[0] if k not in ("number", "state", "valid_bpb", "evaluations", "tokens_seen",
-                                                   "train_flops", "seconds")] if trials else []
+        keys = [k for k in trials[0] if k not in tuned.NOT_SETTINGS] if trials else []
         if not keys:
             continue
         best = min(trials, key=lambda r: float(r["valid_bpb"]))
