@@ -3,17 +3,23 @@
 Checked on the code with `ast`: the walk names at most six files; dvc.yaml's train and score stages start where it
 says; a file of the walk imports project code only from files later in the walk or from modules off it (the
 blocks that return), so a reader never goes back to a file already left; and the Trainer's methods the walk names
-come in the file in the order it names them, the order a run meets them."""
+come in the file in the order it names them, the order a run meets them. And by effects, as the two stages run
+(tests/effects.py records them): each writes its own outputs and MLflow run and what the walk says besides,
+nothing else, and every write is made in a file of the walk or in a block it names."""
 
 from __future__ import annotations
 
 import ast
+import json
 import re
+import sys
 
+import pytest
 import yaml
+from mlflow.tracking import MlflowClient
 
 from lmpipe import codebase
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run
 
 SECTION = "## One model's way, from dvc.yaml to the registry"
 
@@ -57,3 +63,66 @@ def test_the_trainers_methods_come_in_the_order_the_walk_names_them():
     named = [name for name in re.findall(r"`(?:Trainer\.)?(\w+)`", text) if name in lines]
     assert len(named) >= 5, named
     assert [lines[n] for n in named] == sorted(lines[n] for n in named), named
+
+
+EFFECTS = "**What the two stages change, and where.**"
+MLFLOW_STORE = ("mlflow.db", "mlartifacts/")  # the tracking store's files: its writes are noted as runs' and the registry's
+TEMPORARY = re.compile(r"^\.(.+)\.\w{8}\.tmp$")  # lmpipe.io.atomic_path's name beside its destination
+
+
+def named_blocks() -> list[str]:
+    """The files and folders the walk's paragraph on effects names: where effects may be made off the walk."""
+    text = (ROOT / "docs/architecture.md").read_text().split(EFFECTS, 1)[1].split("\n\n", 1)[0]
+    return [p for p in re.findall(r"`([\w/]+(?:\.py|/))`", text) if (ROOT / p).exists()]
+
+
+def declared_outputs(stage: str, model: str) -> list[str]:
+    """The `outs` dvc.yaml gives the foreach stage `stage` for `model`."""
+    outs = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"][stage]["do"]["outs"]
+    return [(next(iter(o)) if isinstance(o, dict) else o).replace("${key}", model) for o in outs]
+
+
+def output_of(target: str) -> str:
+    """The path a write is for: a temporary name beside a destination stands for the destination."""
+    return "/".join(m.group(1) if (m := TEMPORARY.match(part)) else part for part in target.split("/"))
+
+
+@pytest.mark.e2e
+def test_the_two_stages_change_what_the_walk_says_from_the_files_it_names(scratch, tmp_path):
+    copy, env = scratch
+    effects = {}
+    for stage in ("train", "score"):
+        record = tmp_path / f"{stage}.json"
+        run([sys.executable, "tests/effects.py", str(record), "-m", f"flows.{stage}", "--model", "gru"], copy, env)
+        effects[stage] = json.loads(record.read_text())
+    walk_files = [f for f, _ in walk()]
+    blocks = named_blocks()
+    assert {"lmpipe/io.py", "lmpipe/checkpoints.py", "lmpipe/tracking/"} <= set(blocks), blocks
+
+    def made_where_said(by: str) -> bool:
+        return by in walk_files or any(by == b or (b.endswith("/") and by.startswith(b)) for b in blocks)
+
+    client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
+    runs = {r.info.run_id: r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
+
+    def run_of(stage: str) -> str:
+        return next(i for i, r in runs.items() if r.data.tags.get("lmpipe.stage") == stage)
+
+    study = {i for i, r in runs.items() if r.data.tags.get("lmpipe.role") == "study"}
+    own = {"train": {run_of("train@gru")}, "score": {run_of("score@gru"), run_of("train@gru")}}
+    for stage, done in effects.items():
+        outputs = declared_outputs(stage, "gru")
+        files = {output_of(e["target"]) for e in done if e["kind"] == "file"}
+        kept = {f for f in files if not f.startswith((*MLFLOW_STORE, ".cache/lmpipe/ckpt/"))}
+        assert kept == set(outputs), (stage, kept, outputs)  # every output written, nothing else of the project's
+        written_runs = {e["target"] for e in done if e["kind"] == "run" and e["what"] not in (
+            "create_logged_model", "finalize_logged_model", "set_logged_model_tags",  # a logged model's, not a run's
+            "create_experiment")}  # a new store's experiment, made by the first stage
+        assert written_runs - study == own[stage], (stage, written_runs)
+        registry = {e["target"] for e in done if e["kind"] == "registry"}
+        assert registry == ({"lmpipe-gru"} if stage == "score" else set()), (stage, registry)
+        makers = {e["by"] for e in done} - {"(none)"}  # (none): MLflow's own thread, sampling the run's system metrics
+        assert all(made_where_said(by) for by in makers), (stage, sorted(b for b in makers if not made_where_said(b)))
+        assert all(e["kind"] == "run" and e["target"] in own[stage] for e in done if e["by"] == "(none)"), stage
+    assert {e["by"] for e in effects["train"] if e["kind"] == "file" and e["target"].startswith(".cache/")} == {
+        "lmpipe/checkpoints.py"}  # the checkpoints, where the walk says
