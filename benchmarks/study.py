@@ -31,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lmpipe import paths, seeds  # noqa: E402
+from lmpipe import paths, seeds, tuning_doc  # noqa: E402
+from lmpipe import stats as seeds_stats  # noqa: E402
 from lmpipe.compare import (MATCHED, best_model, best_of, gap, not_compute_matched, scored,  # noqa: E402
                             without_cache)
 from lmpipe.paths import BASELINE  # noqa: E402
@@ -202,6 +203,45 @@ def scaling_targets(points: dict, report: str) -> list[tuple[str, str, bool]]:
     return rows
 
 
+def near(a: float, b: float) -> bool:
+    """Two budgets the same within the compute-matching tolerance."""
+    return abs(a / b - 1) <= MATCHED
+
+
+def compute_optimal_targets(budget: float, seed_rows: list[dict], report: str) -> list[tuple[str, str, bool]]:
+    """The compute-optimal answer up to the study's budget C: the committed grid (metrics/scaling.json) holds every
+    family at C/2 and C, each family's best size there with three seeds; the study's model at C is the grid's best
+    size there or within noise of it (its seeds' valid bpb against the grid's); every family had the same tuning runs
+    (docs/tuning.md's count); the report draws the loss by context position."""
+    path = ROOT / "metrics/scaling.json"
+    scaling = json.loads(path.read_text()) if path.exists() else {"families": {}, "frontier": {}}
+    wanted = (budget / 2, budget)
+    reached = {m: [b for b in wanted if any(near(p["budget"], b) for p in a["isoflop"])]
+               for m, a in scaling["families"].items()}
+    largest = max((p["budget"] for a in scaling["families"].values() for p in a["isoflop"]), default=0.0)
+    missing = [f"{m} at C/{budget / b:g}" for m, got in sorted(reached.items()) for b in wanted if b not in got]
+    seeded = [(m, p) for m, points in scaling["frontier"].items() for p in points
+              if any(near(p["budget"], b) for b in wanted) and p.get("seeds", 1) >= 3]
+    rows = [("grid: every family at C/2 and at C (lmpipe scaling)",
+             "all" if len(reached) == 5 and not missing else f"largest budget C/{budget / largest:.2f}" if largest
+             else "no grid", len(reached) == 5 and not missing),
+            ("grid: 3 seeds at each family's best size at C/2 and at C", f"{len(seeded)} of 10", len(seeded) == 10)]
+    at_c = {m: p for m, p in seeded if near(p["budget"], budget)}
+    study = {m: seeds_stats.mean_sd(r["valid_bpb"] for r in seed_rows if r["model"] == m) for m in at_c}
+    apart = [m for m, p in at_c.items() if seeds_stats.gap_is_real(study[m][0], study[m][1], p["valid_bpb"],
+                                                                   p.get("seed_sd")) and study[m][0] > p["valid_bpb"]]
+    rows.append(("the study's models at C: the grid's best size, or within noise of it",
+                 ("behind the grid's best: " + ", ".join(apart)) if apart else f"{len(at_c)} of 5 compared",
+                 len(at_c) == 5 and not apart))
+    runs = {m: e["runs"] for m, e in tuning_doc.committed_effort(ROOT).items()}
+    rows.append(("tuning: the same runs at C for every family (docs/tuning.md)",
+                 ", ".join(f"{m} {n}" for m, n in sorted(runs.items(), key=lambda i: -i[1])),
+                 len(set(runs.values())) == 1))
+    rows.append(("the report draws the loss by context position", "yes" if "## Loss by context position" in report
+                 else "no (python -m flows.position, then dvc repro)", "## Loss by context position" in report))
+    return rows
+
+
 def combined_models() -> dict:
     """metrics/combine.json's combinations ({} before the combine stage ran)."""
     combine = ROOT / "metrics/combine.json"
@@ -235,7 +275,9 @@ def main() -> int:
     rows += seed_targets(evaluation, ROOT / paths.SEEDS, params.train.seed, trained)
     budget_sds = load_results(ROOT, list(params.models), params.train.seed).budget_sds  # as the report reads them
     rows += annealed_targets({n: t for n, t in trained.items() if n not in unmatched}, budget, budget_sds)
-    rows += scaling_targets(annealed(trained), (ROOT / "reports/study.md").read_text(encoding="utf-8"))
+    report = (ROOT / "reports/study.md").read_text(encoding="utf-8")
+    rows += scaling_targets(annealed(trained), report)
+    rows += compute_optimal_targets(budget, seeds.read_rows(ROOT / paths.SEEDS), report)
     if combined:
         rows += combination_targets(models, combined)
     else:

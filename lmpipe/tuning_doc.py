@@ -113,14 +113,14 @@ def _beside_the_study(best: float, seeds: list[float]) -> list[str]:
             f"{best - mean:+.4f} ({verdict} than {stats.REAL_GAP_SDS:g} x sd {sd:.4f})"]
 
 
-def effort_markdown(outcomes: list[tuple[Path, Path]], ablations: list[Path]) -> list[str]:
-    """How much tuning each family's settings came from: the runs of its sweeps and (the transformer's) ablations,
-    their training FLOPs and the settings they varied. Reruns of a winner with other seeds are not counted: they
-    measure noise, they choose nothing."""
-    effort: dict[str, dict] = {}
+def effort(outcomes: list[tuple[Path, Path]], ablations: list[Path]) -> dict[str, dict]:
+    """{family: {runs, flops, settings, sources}}: how much tuning each family's settings came from, the runs of its
+    sweeps and (the transformer's) ablations, their training FLOPs and the settings they varied. Reruns of a winner
+    with other seeds are not counted: they measure noise, they choose nothing."""
+    counted: dict[str, dict] = {}
 
     def add(model: str, source: str, runs: int, flops: float, settings: list[str]) -> None:
-        entry = effort.setdefault(model, {"runs": 0, "flops": 0.0, "settings": {}, "sources": []})
+        entry = counted.setdefault(model, {"runs": 0, "flops": 0.0, "settings": {}, "sources": []})
         entry["runs"] += runs
         entry["flops"] += flops
         entry["settings"].update(dict.fromkeys(settings))
@@ -134,18 +134,29 @@ def effort_markdown(outcomes: list[tuple[Path, Path]], ablations: list[Path]) ->
         rows = csv_records(path)
         varied = list(dict.fromkeys(k for r in rows for k in _recipe(r["settings"])))
         add("transformer", path.as_posix(), len(rows), sum(_ablation_flops(r["settings"]) or 0.0 for r in rows), varied)
-    if not effort:
+    return counted
+
+
+def committed_effort(root: str | Path = ".") -> dict[str, dict]:
+    """`effort` of the committed sweeps and ablations under `root`, as docs/tuning.md counts them."""
+    ablations = Path(root) / ABLATIONS
+    return effort(sweep_outcomes(Path(root) / "sweeps"), sorted(ablations.parent.glob(ablations.name)))
+
+
+def effort_markdown(counted: dict[str, dict]) -> list[str]:
+    """The effort per family (`effort`) as docs/tuning.md's table, most runs first, and whether it is equal."""
+    if not counted:
         return []
     table = [[model, str(e["runs"]), f"{e['flops']:.2e}", ", ".join(f"`{k}`" for k in e["settings"]),
-              ", ".join(e["sources"])] for model, e in sorted(effort.items(), key=lambda item: -item[1]["runs"])]
-    fewest = min(e["runs"] for e in effort.values())
+              ", ".join(e["sources"])] for model, e in sorted(counted.items(), key=lambda item: -item[1]["runs"])]
+    fewest = min(e["runs"] for e in counted.values())
     return ["## Tuning effort per family", "",
             "The runs each family's settings were chosen from (every sweep trial and ablation row, pruned trials "
             "included; reruns of a winner with other seeds measure noise and are not counted), their training FLOPs "
             "and the settings they varied. Every family also has the scaling grid's sizes at every budget "
             "(`lmpipe scaling`), which tries widths alike for all. "
-            + ("The effort is equal." if all(e["runs"] == fewest for e in effort.values()) else
-               f"The effort is not equal: from {fewest} to {max(e['runs'] for e in effort.values())} runs. A family "
+            + ("The effort is equal." if all(e["runs"] == fewest for e in counted.values()) else
+               f"The effort is not equal: from {fewest} to {max(e['runs'] for e in counted.values())} runs. A family "
                "tuned over more settings may owe part of its lead to them: a gap no larger than what one of those "
                "settings moved its own loss is about tuning as much as about the family."), "",
             *markdown_table(["family", "runs", "training FLOPs", "settings varied", "from (runs)"], table), ""]
@@ -184,7 +195,7 @@ def tuning_markdown(sweeps_dir: str | Path) -> str:
              "grid (`lmpipe scaling`), which sizes each run for its budget, gives the other side.", ""]
     outcomes = sweep_outcomes(sweeps_dir)
     ablations = sorted(Path(ABLATIONS).parent.glob(Path(ABLATIONS).name))
-    lines += effort_markdown(outcomes, ablations)
+    lines += effort_markdown(effort(outcomes, ablations))
     for space_file in dict.fromkeys(file for _, file in outcomes):
         spaces = yaml.safe_load(space_file.read_text()) or {} if space_file.exists() else {}
         lines += [f"## Sweeps of [{space_file.as_posix()}](../{space_file.as_posix()})", ""]

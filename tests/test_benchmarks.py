@@ -283,6 +283,40 @@ def test_overhead_copies_the_project_and_lists_the_stages_a_forced_repro_runs(ru
     assert {f"train@{name}" for name in yaml.safe_load((ROOT / "params.yaml").read_text())["models"]} <= set(stages)
 
 
+def test_study_holds_the_grid_to_c_and_the_study_s_models_to_the_grid_s_best(tmp_path, monkeypatch):
+    """The compute-optimal targets on a grid that reaches C with three seeds at every family's best size: they hold
+    while each study model is within noise of the grid's best at C, and one model beyond noise behind it misses."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("study_benchmark", ROOT / "benchmarks/study.py")
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    monkeypatch.setattr(study, "ROOT", tmp_path)
+    c, families = 3e13, ("gru", "lstm", "nplm", "rnn", "transformer")
+    point = {"bracketed": True, "edge": None}
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "metrics/scaling.json").write_text(json.dumps({
+        "families": {m: {"isoflop": [{**point, "budget": b} for b in (c / 4, c / 2, c)]} for m in families},
+        "frontier": {m: [{"budget": b, "valid_bpb": 2.2, "seed_sd": 0.002, "seeds": 3} for b in (c / 2, c)]
+                     for m in families}}))
+    for m in families:  # the same tuning runs for every family
+        (tmp_path / f"sweeps/equal/{m}").mkdir(parents=True)
+        (tmp_path / f"sweeps/equal/{m}/trials.csv").write_text("number,valid_bpb,optim.lr,train_flops\n0,2.2,0.004,3e13\n")
+    (tmp_path / "sweeps/equal.yaml").write_text("")
+    seed_rows = [{"model": m, "valid_bpb": 2.2 + d} for m in families for d in (-0.002, 0.0, 0.002)]
+    report = "## Loss by context position\n"
+    held = study.compute_optimal_targets(c, seed_rows, report)
+    assert [r[2] for r in held] == [True] * 5, held
+    behind = [{**r, "valid_bpb": r["valid_bpb"] + 0.02} if r["model"] == "gru" else r for r in seed_rows]
+    missed = dict((t, (m, ok)) for t, m, ok in study.compute_optimal_targets(c, behind, report))
+    assert missed["the study's models at C: the grid's best size, or within noise of it"] == (
+        "behind the grid's best: gru", False)
+    (tmp_path / "metrics/scaling.json").write_text(json.dumps({"families": {m: {"isoflop": [{**point, "budget": c / 4}]}
+                                                                          for m in families}, "frontier": {}}))
+    short = dict((t, (m, ok)) for t, m, ok in study.compute_optimal_targets(c, seed_rows, report))
+    assert short["grid: every family at C/2 and at C (lmpipe scaling)"] == ("largest budget C/4.00", False)
+
+
 def test_overhead_sums_the_task_runs_prefect_reports():
     """Its compute: the task runs' total run time since the start, from Prefect's API (here a stand-in of it)."""
     import importlib.util
@@ -348,7 +382,10 @@ def test_study_checks_every_target_on_the_committed_numbers(runs):
                    "transformer: mean test bpb over 3 seeds below KN-5 by > 2 sd, <= 2.00",
                    "grid: IsoFLOP minimum bracketed at every budget of every family",
                    "the report compares the grid with the study at the budgets both have",
-                   "nplm+ngram: test bpb below KN-5's"):
+                   "nplm+ngram: test bpb below KN-5's", "grid: every family at C/2 and at C",
+                   "grid: 3 seeds at each family's best size at C/2 and at C",
+                   "the study's models at C: the grid's best size, or within noise of it",
+                   "tuning: the same runs at C for every family", "the report draws the loss by context position"):
         assert any(t.startswith(target) for t in targets), target
     assert re.search(r"^whole default dvc repro within 30 min\s+25\.0 min  holds$", done.stdout, re.MULTILINE)
     assert re.search(r"^lmpipe seeds within 60 min\s+50\.0 min  holds$", done.stdout, re.MULTILINE)

@@ -326,12 +326,13 @@ def test_the_tuning_effort_table_counts_each_familys_runs_flops_and_settings_and
     ablation.write_text("row,settings,valid_bpb,test_bpb,test_word_ppl,train_seconds\n"
                         "base,budget={flops: 2e+13} arch.mlp=gelu optim.name=adamw,2.30,2.08,9000,600\n"
                         "+ muon,budget={flops: 2e+13} arch.mlp=gelu optim.name=muon,2.20,1.99,6000,650\n")
-    lines = tuning_doc.effort_markdown([(gru, tmp_path / "equal.yaml"), (nplm, tmp_path / "space.yaml")], [ablation])
+    lines = tuning_doc.effort_markdown(tuning_doc.effort([(gru, tmp_path / "equal.yaml"), (nplm, tmp_path / "space.yaml")],
+                                                          [ablation]))
     rows = table_rows(lines)[1:]  # the header aside
     assert [r[:3] for r in rows] == [["gru", "2", "4.00e+13"], ["transformer", "2", "4.00e+13"], ["nplm", "1", "1.20e+13"]]
     assert rows[0][3] == "`optim.lr`" and rows[1][3] == "`arch.mlp`, `optim.name`"
     assert rows[2][3] == "`arch.emb`, `batch_size`" and rows[2][4].endswith("nplm (1)")
     assert "not equal: from 1 to 2 runs" in lines[2]
-    even = tuning_doc.effort_markdown([(gru, tmp_path / "equal.yaml")], [])
+    even = tuning_doc.effort_markdown(tuning_doc.effort([(gru, tmp_path / "equal.yaml")], []))
     assert "The effort is equal." in even[2]
-    assert tuning_doc.effort_markdown([], []) == []
+    assert tuning_doc.effort_markdown(tuning_doc.effort([], [])) == []
