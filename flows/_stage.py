@@ -18,7 +18,7 @@ import prefect
 from prefect import runtime
 
 from flows._prefect import on_running_server
-from lmpipe import dvc_files, tracking
+from lmpipe import dvc_files, paths, tracking
 from lmpipe.config import Params, load_params, params_hash
 from lmpipe.paths import BASELINE
 from lmpipe.errors import ConfigError, Interrupted, LmpipeError, first_line
@@ -65,6 +65,13 @@ def stage_run(stage: str, params: Params, sections: list[str] | dict, model: str
         outputs = git_tracked_outputs(stage) if Path("dvc.yaml").exists() else []
         if outputs:
             tracking.mark_output(outputs, run.info.run_id)
+
+
+def log_report(run_id: str | None = None) -> None:
+    """The study's report (reports/study.md, .html and figures/) as artifacts of a run: the report stage's own, or
+    (publish) the study run's, where the MLflow UI opens."""
+    for name, where in (("study.md", "report"), ("study.html", "report"), ("figures", "report/figures")):
+        tracking.log_artifacts(f"{paths.REPORTS}/{name}", where, run_id=run_id)
 
 
 def _user_error_names() -> set[str]:

@@ -12,7 +12,7 @@ It writes no other stage's run: a model's training run keeps what its training a
 
 from prefect import flow
 
-from flows._stage import PARAMS_FILE, main, stage_run
+from flows._stage import PARAMS_FILE, log_report, main, stage_run
 from lmpipe import paths, summaries, tracking
 from lmpipe import mlflow_views as views
 from lmpipe.compare import baseline_label, best_model, gap, scored
@@ -91,8 +91,7 @@ def publish() -> str:
             publish_model(params, name, results, run.info.run_id)
         study = tracking.runs.parent_run_id(run)
         if study:  # the study's headline numbers and its report on its parent run, where the MLflow UI opens
-            for name, where in (("study.md", "report"), ("study.html", "report"), ("figures", "report/figures")):
-                tracking.log_artifacts(f"{paths.REPORTS}/{name}", where, run_id=study)
+            log_report(study)
             tracking.log_metrics(headline(results.evaluation["models"], results.unmatched), run_id=study)
             tracking.runs.end_study_run(study)  # the last stage: the parent's duration is the study's
     return str(path)

@@ -1,17 +1,18 @@
 """The MLflow views `lmpipe ui` links to, saved the way the UI's own "Share" button saves a view: an experiment tag
 `mlflow.sharedViewState.<key>` holding the view's state, opened by `?viewStateShareKey=<key>`. So the link answers
-"which model is best" without a click: the runs that made the models the workspace holds, the n-gram's included,
-sorted by test bits per byte, with the headline metrics as columns (token perplexity is left out: it is not
-comparable across tokenizations)."""
+"which model is best" without a click: the rows the publish stage made for the models the workspace holds (a run
+per model under its own run, the n-gram's included), sorted by test bits per byte, with the headline metrics as
+columns (token perplexity is left out: it is not comparable across tokenizations). The compare view puts the runs
+that trained them side by side, in the same order."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import urllib.parse
-from pathlib import Path
 
 
+from lmpipe import paths
 from lmpipe.compare import gap
 from lmpipe.paths import BASELINE
 from lmpipe.tracking import LABELS, RANKED, run_of_output, tracker
@@ -20,6 +21,8 @@ SHARED_VIEW = "mlflow.sharedViewState."  # MLflow's tag prefix for a shared view
 
 
 SORT_METRIC = "test_bpb_mean"  # a model run's test bpb as every table shows it: the mean over its seeds, else its own
+MADE_BY = "lmpipe.made_by"  # on a published row: the run that made the model (its training; the n-gram's stage)
+MODEL = "lmpipe.model"
 
 
 def labels(name: str, shown, baseline: tuple[str, object], n_params: float, train_flops: float | None) -> dict[str, str]:
@@ -54,35 +57,45 @@ def columns(baseline_label: str) -> list[str]:
     return [column(k, "tags") for k in (LABELS[0], f"vs {baseline_label}", *LABELS[1:])]
 
 
-def current_runs(experiment: str, folders: list[str | Path]) -> list[str]:
-    """The runs that made the files now in `folders` (by content hash), sorted; a folder no run made is left out."""
-    return sorted(filter(None, (run_of_output(experiment, f) for f in folders if Path(f).is_dir())))
+def published_runs(experiment: str) -> list[str]:
+    """The rows the publish stage made of the models now in the workspace (under the run that wrote the files now in
+    metrics/models), best test bpb first; none before a study is published."""
+    publisher = run_of_output(experiment, [paths.SUMMARIES])
+    if publisher is None:
+        return []
+    return best_first([r.info.run_id for r in tracker().find_runs(experiment, f"tags.mlflow.parentRunId = '{publisher}'")])
+
+
+def every_published(experiment: str) -> list[str]:
+    """Every model any study has published so far, once: the newest row of each model and the run that made it, best
+    test bpb first. A model published again unchanged (another study's publish) is one row, not two."""
+    seen, rows = set(), []
+    for run in tracker().find_runs(experiment, f"tags.`{RANKED}` = 'yes'"):  # newest first
+        key = (run.data.tags.get(MODEL), run.data.tags.get(MADE_BY))
+        if key not in seen:
+            seen.add(key)
+            rows.append(run.info.run_id)
+    return best_first(rows)
+
+
+def made_by(run_ids: list[str]) -> list[str]:
+    """The runs that made the models of the rows `run_ids`, in their order (a row whose model no run made left out)."""
+    client = tracker().client
+    return [made for r in run_ids if (made := client.get_run(r).data.tags.get(MADE_BY))]
 
 
 def best_first(run_ids: list[str]) -> list[str]:
-    """`run_ids` by their SORT_METRIC (else test bpb), best first: MLflow's compare page shows runs in the order its
-    link names them."""
+    """`run_ids` by their SORT_METRIC, best first: MLflow's compare page shows runs in the order its link names them."""
     client = tracker().client
-
-    def shown_bpb(run_id: str) -> float:
-        metrics = client.get_run(run_id).data.metrics
-        return metrics.get(SORT_METRIC, metrics.get("test_bpb", float("inf")))
-
-    return sorted(run_ids, key=shown_bpb)
-
-
-def runs_state(baseline_label: str) -> dict:
-    """Every model a study's report has evaluated so far, one row each (its training run, not its scoring run too),
-    best test bpb first, the labels as columns. Sorted by a metric, the UI lists them flat instead of folded under
-    the study runs that hold them (those, and the other stages' runs, are one "Exit shared view" away)."""
-    return {"searchFilter": f"tags.`{RANKED}` = 'yes'", "selectedColumns": columns(baseline_label),
-            "orderByKey": column(SORT_METRIC), "orderByAsc": True}
+    return sorted(run_ids, key=lambda run_id: client.get_run(run_id).data.metrics.get(SORT_METRIC, float("inf")))
 
 
 def leaderboard_state(run_ids: list[str], baseline_label: str) -> dict:
-    """Just `run_ids`, best test bpb first, the labels as columns."""
+    """Just `run_ids` (published rows), best test bpb first, the labels as columns. Sorted by a metric, the UI lists
+    them flat instead of folded under the publish run that holds them."""
     quoted = ", ".join(f"'{r}'" for r in run_ids)
-    return {**runs_state(baseline_label), "searchFilter": f"attributes.run_id IN ({quoted})"}
+    return {"searchFilter": f"attributes.run_id IN ({quoted})", "selectedColumns": columns(baseline_label),
+            "orderByKey": column(SORT_METRIC), "orderByAsc": True}
 
 
 def chart_state(run_ids: list[str], baseline_label: str) -> dict:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Sequence
 
-from lmpipe import paths, summaries, tuned
+from lmpipe import paths, tuned
 from lmpipe import seeds as seed_spread
 from lmpipe.as_compute_grows import against_grid, section as compute_section
 from lmpipe.compute_curves import annealed, grid_fits
@@ -16,7 +15,7 @@ from lmpipe.compare import (CACHE, MATCHED, best_model, best_of, gap, gap_header
                             without_cache)
 from lmpipe.paths import BASELINE
 from lmpipe.html_page import html_page
-from lmpipe.io import atomic_path, csv_records, csv_text, write_text
+from lmpipe.io import csv_records, csv_text, write_text
 from lmpipe.report_figures import bpb_figure, compute_figure, learning_curves_figure, position_figure
 from lmpipe.tables import markdown_table
 from lmpipe.results import load_results, read_json, si
@@ -355,7 +354,7 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
                  experiment: str | None = None, study_seed: int | None = None, *, label: str,
                  made_from: str | None = None, budget_flops: float | None = None,
                  budget_exceptions: Sequence[str] = (), grid_stale: Sequence[str] = ()) -> Path:
-    """Write study.md, study.html and figures/ under `out_dir`, and metrics/models/, from the metrics under `root`;
+    """Write study.md, study.html and figures/ under `out_dir` from the metrics under `root`;
     `models` (params.yaml's) limits the per-model files read, so a removed model's leftovers never show;
     `experiment` names the `dvc exp run` that made them, so its report never passes for the study's; `study_seed`
     (train.seed) picks the study's own run out of seeds/seeds.csv; `label` names the n-gram baseline; `made_from`
@@ -423,11 +422,6 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
     if samples.exists():
         lines += condensed_samples(samples.read_text(encoding="utf-8")) + [""]
     lines += _weat_section(weat, weat_words, results.weat_effects if evaluation else None)
-    if evaluation:
-        with atomic_path(root / paths.SUMMARIES) as tmp:
-            tmp.mkdir()
-            for file, row in summaries.rows(spreads, trained, label).items():
-                (tmp / file).write_text(json.dumps(row, indent=2) + "\n")
     text = "\n".join(lines) + "\n"
     (out_dir / "study.md").write_text(text, encoding="utf-8")
     (out_dir / "study.html").write_text(html_page(text, out_dir, "lmpipe study"), encoding="utf-8")

@@ -9,9 +9,13 @@ spreads, lmpipe.seeds): `bpb`, the test bits per byte (the mean over the seeds w
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
+from lmpipe import paths
 from lmpipe.compare import gap
+from lmpipe.io import atomic_path
 from lmpipe.paths import BASELINE
 
 
@@ -46,6 +50,15 @@ def rows(spreads: dict, trained: dict, label: str) -> dict[str, dict]:
             row["tflop"] = round(trained[name]["train_flops"] / 1e12, 1)
         out[file] = row
     return out
+
+
+def write(root: str | Path, spreads: dict, trained: dict, label: str) -> Path:
+    """metrics/models/ under `root`, whole: a model no longer shown leaves no file behind."""
+    with atomic_path(Path(root) / paths.SUMMARIES) as tmp:
+        tmp.mkdir()
+        for file, row in rows(spreads, trained, label).items():
+            (tmp / file).write_text(json.dumps(row, indent=2) + "\n")
+    return Path(root) / paths.SUMMARIES
 
 
 def normalised(row: dict) -> dict:

@@ -32,7 +32,7 @@ def scaling(spread: Sequence[str] = ()) -> int:
                           after=[["dvc", "repro", paths.SCALING_PIPELINE]])
     if code == 0:
         print(f"report: {paths.SCALING_REPORT} (and .html); runs: {paths.RUNS}; fits: {paths.SCALING_METRICS}; "
-              "the study's report compares with it: dvc repro (re-runs the report only)")
+              "the study's report compares with it: dvc repro (re-runs the report and publish only)")
     return code
 
 
@@ -41,5 +41,5 @@ def seeds(models: list[str] | None = None, spread: Sequence[str] = ()) -> int:
     code = run_and_commit("flows.seeds", f"{paths.SEEDS_PIPELINE}:seeds",
                           [*(flag for m in models or [] for flag in ("--models", m)), *spread])
     if code == 0:
-        print(f"runs: {paths.SEEDS}; the report's seed spread and verdicts: dvc repro (re-runs the report only)")
+        print(f"runs: {paths.SEEDS}; the report's seed spread and verdicts: dvc repro (re-runs the report and publish only)")
     return code

@@ -2,9 +2,10 @@
 
     python -m lmpipe_cli.record          (the last step of `make study`)
 
-A fresh clone has every `cache: false` output in git (metrics/eval.json, metrics/combine.json, the report). When the
-models reproduce bit for bit, DVC finds those stages up to date and skips them, so the clone's MLflow store would
-lack their runs, the study run's headline numbers and the descriptions the report stage gives each model's run.
+A fresh clone has every `cache: false` output in git (metrics/eval.json, metrics/combine.json, the report,
+metrics/models). When the models reproduce bit for bit, DVC finds those stages up to date and skips them, so the
+clone's MLflow store would lack their runs, the study run's headline numbers, the views' rows and the registry cards
+the publish stage writes.
 Each such stage whose outputs no run of this store made (`tracking.run_of_output`) runs again with `dvc repro --force
 --single-item`: it writes the same bytes, so git and dvc.lock stay as they were. A store that has them: nothing runs.
 """
@@ -34,7 +35,8 @@ def unrecorded_stages(pipeline: str = "dvc.yaml") -> list[str]:
 
 
 def record() -> list[str]:
-    """Run each unrecorded stage again (in the pipeline's order: evaluate, combine, report); the stages it ran."""
+    """Run each unrecorded stage again (in the pipeline's order: evaluate, combine, report, publish); the stages it
+    ran."""
     missing = unrecorded_stages()
     for stage in missing:
         print(f"{stage}: DVC skipped it (git holds its outputs), so MLflow has no run of it here: running it again",

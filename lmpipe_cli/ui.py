@@ -13,7 +13,6 @@ import sys
 import time
 
 from lmpipe_cli import server
-from lmpipe import paths
 from lmpipe.errors import LmpipeError, first_line
 
 
@@ -61,16 +60,17 @@ def print_views(base: str, params) -> None:
     from lmpipe.tracking.registry import champion_metrics
 
     experiment, label = params.tracking.experiment, baseline_label(params.ngram)
-    every_run = views.view_url(base, experiment, views.share(experiment, views.runs_state(label)))
-    print(f"MLflow UI, every model evaluated so far, best test bpb first: {every_run}", flush=True)
-    runs = views.current_runs(experiment, [paths.model_dir(m) for m in params.models] + [paths.NGRAM])
+    every_model = views.share(experiment, views.leaderboard_state(views.every_published(experiment), label))
+    print(f"MLflow UI, every model evaluated so far, best test bpb first: {views.view_url(base, experiment, every_model)}",
+          flush=True)
+    runs = views.published_runs(experiment)
     if runs:
         best_first = views.view_url(base, experiment, views.share(experiment, views.leaderboard_state(runs, label)))
         print(f"the models this workspace holds, best test bpb first: {best_first}")
         chart = views.chart_url(base, experiment, views.share(experiment, views.chart_state(runs, label)))
         print(f"their test bpb as a chart, best first: {chart}")
-        print("every setting and metric of them side by side, best first: "
-              f"{views.compare_url(base, experiment, views.best_first(runs))}")
+        print("the runs that trained them, every setting and metric side by side, best first: "
+              f"{views.compare_url(base, experiment, views.made_by(runs))}")
     crowned = champion_metrics(params.models)
     ranked = sorted(crowned, key=lambda m: crowned[m]["bpb"])
     print("champions (models:/lmpipe-<model>@champion), best test bpb first: "

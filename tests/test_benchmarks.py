@@ -279,7 +279,7 @@ def test_overhead_copies_the_project_and_lists_the_stages_a_forced_repro_runs(ru
     out = lines(runs["overhead --dry-run"])
     stages = out[-1].split(": ", 1)[1].split(", ")
     assert out[-1].startswith(f"dvc repro --force would run {len(stages)} stages: ")
-    assert stages[:4] == ["download", "prepare", "validate", "tokenize"] and stages[-1] == "report"
+    assert stages[:4] == ["download", "prepare", "validate", "tokenize"] and stages[-1] == "publish"
     assert {f"train@{name}" for name in yaml.safe_load((ROOT / "params.yaml").read_text())["models"]} <= set(stages)
 
 

@@ -178,7 +178,7 @@ def test_the_mlflow_ui_stops_its_server_when_told(tmp_path, params_file, signum)
 
 
 @pytest.mark.parametrize("module", ["flows.study", "lmpipe_cli.retrain", "flows.audit", "flows.word2vec", "flows.train",
-                                    "flows.seeds", "flows.report"])
+                                    "flows.seeds", "flows.report", "flows.publish"])
 def test_every_stage_module_prints_help_and_starts_nothing(module, tmp_path):
     """`python -m flows.<stage> --help` in a folder with no params.yaml and no Prefect server reachable: the help, exit
     0, no flow run (one would fail on the dead server address, or on the missing params.yaml)."""

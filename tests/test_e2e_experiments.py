@@ -73,8 +73,8 @@ def test_scaling_pipeline_trains_its_grid_to_budget_fits_and_reports(project):
     assert "transformer.alpha" in parents[0].data.metrics  # the fits, beside the runs they come from
     again = run(["dvc", "repro", "scaling/dvc.yaml"], copy, env)
     assert "Running stage" not in again.stdout
-    study = run(["dvc", "repro"], copy, env)  # the report alone: the grid is current now, but shares no budget
-    assert ran_stages(study.stdout) == {"report"}
+    study = run(["dvc", "repro"], copy, env)  # the report (and publish, which logs it): the grid is current now,
+    assert ran_stages(study.stdout) == {"report", "publish"}  # but shares no budget
     assert re.search(r"The scaling grid \(reports/scaling\.md: lstm, transformer at 4 budgets from 2\.00e\+08 to "
                      r"1\.60e\+09 FLOPs, .*\): not compared, as the study has no annealed result at its budgets",
                      (copy / "reports/study.md").read_text())
@@ -83,7 +83,7 @@ def test_scaling_pipeline_trains_its_grid_to_budget_fits_and_reports(project):
 @pytest.mark.slow
 def test_seeds_retrain_every_model_and_the_report_gives_mean_sd_and_verdicts(scratch):
     """`lmpipe seeds`: every model at each seed of seeds.extra beside the study's own run, in seeds/seeds.csv and
-    committed to its frozen DVC stage; the study's repro then re-runs the report alone, which gives mean ± sd; a
+    committed to its frozen DVC stage; the study's repro then re-runs the report, which gives mean ± sd, and publish; a
     second call trains nothing."""
     copy, env = scratch
     done = run(["lmpipe", "seeds"], copy, env)
@@ -107,7 +107,7 @@ def test_seeds_retrain_every_model_and_the_report_gives_mean_sd_and_verdicts(scr
                if r["seed"] == "1234")
 
     after = run(["dvc", "repro"], copy, env)
-    assert ran_stages(after.stdout) == {"report"}
+    assert ran_stages(after.stdout) == {"report", "publish"}
     section = (copy / "reports/study.md").read_text().split("## Seeds and verdicts")[1]
     for model in MODELS:
         assert f"- **{model}**: test " in section and "(3 seeds)" in section

@@ -48,9 +48,16 @@ def test_report_without_audit_says_so(tmp_path):
 
 
 def test_one_small_metrics_file_per_model_best_first(tmp_path):
-    """metrics/models/<rank>-<model>.json: the rows `dvc metrics show` lists (by path: best first), a few keys."""
+    """metrics/models/<rank>-<model>.json: the rows `dvc metrics show` lists (by path: best first), a few keys, from
+    the report's source (lmpipe.results), as the publish stage writes them."""
+    from lmpipe import summaries
+    from lmpipe.results import load_results
+
     fixture_study(tmp_path)
-    build_report(tmp_path, tmp_path / "reports", label="KN-5")
+    (tmp_path / "metrics/models").mkdir()
+    (tmp_path / "metrics/models/9-gone.json").write_text("{}")  # a model no longer shown: its file goes
+    results = load_results(tmp_path)
+    summaries.write(tmp_path, results.spreads, results.trained, "KN-5")
     rows = {p.name: json.loads(p.read_text()) for p in sorted((tmp_path / "metrics/models").glob("*.json"))}
     assert rows == {
         "1-transformer.json": {"bpb": 1.8, "vs_kn5": -0.2, "tflop": 34.0},

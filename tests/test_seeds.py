@@ -123,7 +123,13 @@ def results_row(md: str, model: str) -> dict[str, str]:
 
 
 def summary_of(root: Path, model: str) -> dict:
-    """A model's row of `dvc metrics show` (metrics/models/<rank>-<model>.json)."""
+    """A model's row of `dvc metrics show` (metrics/models/<rank>-<model>.json), as the publish stage writes them
+    from the report's source."""
+    from lmpipe import summaries
+    from lmpipe.results import load_results
+
+    results = load_results(root, study_seed=1234)
+    summaries.write(root, results.spreads, results.trained, "KN-5")
     (path,) = (root / "metrics/models").glob(f"*-{model}.json")
     return json.loads(path.read_text())
 

@@ -156,39 +156,28 @@ def run_of_output(experiment: str, paths: str | Path | list) -> str | None:
     return found[0].info.run_id if found else None
 
 
-RANKED = "lmpipe.ranked"  # on the run that made each model a study's report evaluated: one row per model and study
+RANKED = "lmpipe.ranked"  # on each row the publish stage makes: a model of a study, as its report gave it
 # The MLflow views' columns, "vs <baseline>" second: the answer first, so that at 1400 px with MLflow's Assistant panel
 # open (it leaves room for two) test bpb and the gap to the baseline are in view, word ppl next, the cost last.
 LABELS = ("test bpb", "word ppl", "size", "training FLOPs")
 
 
-def is_label(tag: str) -> bool:
-    """Whether a run's tag is one the MLflow views show (lmpipe.mlflow_views.labels) or marks it ranked: what a
-    bit-for-bit retrain's run carries over."""
-    return tag in (*LABELS, RANKED) or tag.startswith("vs ")
-
-
-def record_results(run_id: str, test: Mapping, tags: Mapping[str, str] | None = None) -> None:
-    """A model's results on the run that trained it, the one way they get there: its `test` metrics (as `test_<key>`)
-    and the report's description and labels (`tags`). Its writers: the score stage, the report (for a model whose
-    scoring DVC skipped) and `carry_results` (a retrain that made the same files)."""
+def record_results(run_id: str, test: Mapping) -> None:
+    """A model's test metrics (as `test_<key>`) on the run that trained it, the one way they get there. Its writers:
+    the score stage, and `carry_results` (a retrain that made the same files)."""
     log_metrics({f"test_{k}": v for k, v in test.items()}, run_id=run_id)
-    if tags:
-        set_tags(run_id, tags)
 
 
 def carry_results(path: str | Path, run_id: str) -> None:
-    """Give `run_id` the test metrics, description and labels of the newest evaluated run of its experiment that made
-    the same files at `path`.
-    A retrain that reproduces a model bit for bit leaves DVC nothing to re-evaluate; its run still shows the results."""
+    """Give `run_id` the test metrics of the newest scored run of its experiment that made the same files at `path`.
+    A retrain that reproduces a model bit for bit leaves DVC nothing to score again; its run still shows the results."""
     tracked = tracker()
     found = tracked.runs_in(tracked.client.get_run(run_id).info.experiment_id,
                             f"tags.`{OUTPUT}` = '{sha256_tree(path)}' and metrics.test_bpb > 0", newest=2)
     earlier = next((r for r in found if r.info.run_id != run_id), None)
     if earlier is None:
         return
-    test = {k.removeprefix("test_"): v for k, v in earlier.data.metrics.items() if k.startswith("test_")}
-    record_results(run_id, test, {k: v for k, v in earlier.data.tags.items() if k == NOTE or is_label(k)})
+    record_results(run_id, {k.removeprefix("test_"): v for k, v in earlier.data.metrics.items() if k.startswith("test_")})
 
 
 from lmpipe.tracking import registry, runs, store  # noqa: E402, F401  (they build on the Tracker above)
