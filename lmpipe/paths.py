@@ -56,7 +56,8 @@ SEEDS_PIPELINE = "seeds/dvc.yaml"  # the seed spread, apart from the study (its 
 SEEDS = "seeds/seeds.csv"  # every model at every seed, the study's own run among them; the report reads it
 SEED_BUDGETS = "seeds/budgets.csv"  # with the study's decay branches: every seed's annealed result at each budget
 SWEEP_RATE, SWEEP_WIDTH, SWEEP_OPTIMISER = "sweeps/equal_compute", "sweeps/equal_size", "sweeps/equal_optimiser"
-TUNING_AT_C = (SWEEP_RATE, SWEEP_WIDTH, SWEEP_OPTIMISER)  # every family's one-setting sweeps at the study's budget
+SWEEP_DROPOUT = "sweeps/equal_dropout"
+TUNING_AT_C = (SWEEP_RATE, SWEEP_WIDTH, SWEEP_OPTIMISER, SWEEP_DROPOUT)  # one-setting sweeps at the study's budget
 SEED_WEAT = "seeds/weat.csv"  # every seed's WEAT effect sizes, audited as the audit stage audits the study's
 
 SCALING_REPORT, SCALING_PAGE, SCALING_FIGURES = f"{REPORTS}/scaling.md", f"{REPORTS}/scaling.html", f"{REPORTS}/scaling"

@@ -1,6 +1,6 @@
 """Settings found better at the study's budget than the study's own: a one-setting sweep at C (lmpipe.paths.
-TUNING_AT_C: the rate, the width, the optimiser, the same for every family) whose best point beats the model's run at
-C, its seeds' mean valid bpb (seeds/seeds.csv), by more than twice their sd. A verdict about such a family is a
+TUNING_AT_C: the rate, the width, the optimiser, the dropout, alike across families) whose best point beats the
+model's run at C, its seeds' mean valid bpb (seeds/seeds.csv), by more than twice their sd. A verdict about such a family is a
 verdict about the study's settings, not the family's best found: the report says so beside the verdicts."""
 
 from __future__ import annotations

@@ -175,6 +175,24 @@ def test_every_recurrent_family_and_the_nplm_get_one_run_with_the_other_optimise
         assert space.grid == {"optim.name": [other[entry["optim"]["name"]]]}, model
 
 
+def test_the_dropout_sweep_moves_each_recurrent_familys_dropouts_at_the_studys_budget():
+    """sweeps/equal_dropout.yaml: the GRU and the LSTM get one run at C with both their dropouts (input and output)
+    moved together to a value they do not train with, the RNN's; each key a setting of the family's architecture."""
+    from lmpipe.families import RNNArch
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    path = ROOT / "sweeps/equal_dropout.yaml"
+    for model in ("gru", "lstm"):
+        entry, space = params["models"][model], sw.load_space(path, model)
+        assert space.budget == {"flops": float(params["study"]["budget"]["flops"])} and space.size == 1
+        assert (space.prune, space.evals_per_epoch) == (False, params["train"]["evals_per_epoch"])
+        tried = {key.removeprefix("arch."): values for key, values in space.grid.items()}
+        assert tried == {"dropout": [params["models"]["rnn"]["arch"]["dropout"]],
+                         "dropout_input": [params["models"]["rnn"]["arch"]["dropout_input"]]}, model
+        assert all(entry["arch"][key] != values[0] for key, values in tried.items()), model
+        RNNArch(**{**entry["arch"], **{k: v[0] for k, v in tried.items()}})  # settings the family has, in range
+
+
 def test_a_winners_spread_has_no_sd_from_one_run_and_the_sample_sd_from_several():
     """One meaning of a single run's sd across the project (lmpipe.stats.mean_sd): none, not 0."""
     assert sw.winner_spread([2.5]) == {"mean": 2.5, "std": None, "min": 2.5, "max": 2.5, "n": 1}
