@@ -226,7 +226,7 @@ def compute_optimal_targets(budget: float, seed_rows: list[dict], report: str) -
              "all" if len(reached) == 5 and not missing else f"largest budget C/{budget / largest:.2f}" if largest
              else "no grid", len(reached) == 5 and not missing),
             ("grid: 3 seeds at each family's best size at C/2 and at C", f"{len(seeded)} of 10", len(seeded) == 10)]
-    at_c = {m: p for m, p in seeded if near(p["budget"], budget)}
+    at_c = {m: p for m, p in seeded if near(p["budget"], budget) and any(r["model"] == m for r in seed_rows)}
     study = {m: seeds_stats.mean_sd(r["valid_bpb"] for r in seed_rows if r["model"] == m) for m in at_c}
     apart = [m for m, p in at_c.items() if seeds_stats.gap_is_real(study[m][0], study[m][1], p["valid_bpb"],
                                                                    p.get("seed_sd")) and study[m][0] > p["valid_bpb"]]

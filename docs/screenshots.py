@@ -86,7 +86,7 @@ def ui_links(port: int) -> tuple[subprocess.Popen, dict]:
     links = {}
     for line in ui.stdout:
         for name, marker in (("runs", "so far, best test bpb first: "), ("models", "holds, best test bpb first: "),
-                             ("compare", "side by side: ")):
+                             ("compare", "side by side, best first: ")):
             if marker in line:
                 links[name] = line.split(marker, 1)[1].strip()
         if line.startswith("champions"):

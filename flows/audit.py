@@ -79,10 +79,7 @@ def audit_flow() -> dict:
         for name, by_test in results.items():
             metrics = {f"weat_{t}_{k}": r[v] for t, r in by_test.items() if r["status"] == "ok"
                        for k, v in (("d", "effect_size"), ("p", "p_value"))}
-            tracking.log_metrics({f"{name}.{k}": v for k, v in metrics.items()})
-            run_id = tracking.run_of_output(params.tracking.experiment, paths.model_dir(name))
-            if run_id and metrics:
-                tracking.log_metrics(metrics, run_id=run_id)
+            tracking.log_metrics({f"{name}.{k}": v for k, v in metrics.items()})  # on the audit's own run
     return results
 
 

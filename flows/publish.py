@@ -63,7 +63,8 @@ def publish_model(params, name: str, results, under: str) -> None:
     size = trained.get("n_params", results.evaluation["models"][name].get("n_params", 0))
     shown = views.labels(name, spread, (label, baseline), size, trained.get("train_flops"))
     note = describe(name, spread, trained)
-    tags = {tracking.NOTE: note, **shown, tracking.RANKED: "yes", "lmpipe.model": name, views.MADE_BY: made_by}
+    tags = {tracking.NOTE: note, **shown, tracking.runs.ROLE: views.PUBLISHED, views.MODEL: name, views.MADE_BY: made_by,
+            views.MODEL_HASH: tracking.output_hash(paths.model_dir(name))}
     with tracking.runs.run(experiment, name, tags=tags, parent_run_id=under):
         tracking.log_metrics({**{f"test_{k}": v for k, v in test.items()}, views.SORT_METRIC: spread.bpb})
     if name == BASELINE:

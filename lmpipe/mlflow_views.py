@@ -15,14 +15,17 @@ import urllib.parse
 from lmpipe import paths
 from lmpipe.compare import gap
 from lmpipe.paths import BASELINE
-from lmpipe.tracking import LABELS, RANKED, run_of_output, tracker
+from lmpipe.tracking import LABELS, run_of_output, tracker
+from lmpipe.tracking.runs import ROLE
 
 SHARED_VIEW = "mlflow.sharedViewState."  # MLflow's tag prefix for a shared view (its UI reads it back)
 
 
 SORT_METRIC = "test_bpb_mean"  # a model run's test bpb as every table shows it: the mean over its seeds, else its own
 MADE_BY = "lmpipe.made_by"  # on a published row: the run that made the model (its training; the n-gram's stage)
-MODEL = "lmpipe.model"
+MODEL, MODEL_HASH = "lmpipe.model", "lmpipe.model_sha256"  # and the model, its files' content hash
+PUBLISHED = "published"  # a row's lmpipe.role (a stage's run is "stage", the study's "study")
+VIEW_ROWS = 400  # a shared view lists its runs in one experiment tag, which MLflow caps at 20,000 characters
 
 
 def labels(name: str, shown, baseline: tuple[str, object], n_params: float, train_flops: float | None) -> dict[str, str]:
@@ -67,12 +70,13 @@ def published_runs(experiment: str) -> list[str]:
 
 
 def every_published(experiment: str) -> list[str]:
-    """Every model any study has published so far, once: the newest row of each model and the run that made it, best
-    test bpb first. A model published again unchanged (another study's publish) is one row, not two."""
+    """Every model any study has published so far, once: the newest row of each model's files (a model published
+    again unchanged, by another study or after a bit-for-bit retrain, is one row), the newest VIEW_ROWS of them, best
+    test bpb first."""
     seen, rows = set(), []
-    for run in tracker().find_runs(experiment, f"tags.`{RANKED}` = 'yes'"):  # newest first
-        key = (run.data.tags.get(MODEL), run.data.tags.get(MADE_BY))
-        if key not in seen:
+    for run in tracker().find_runs(experiment, f"tags.`{ROLE}` = '{PUBLISHED}'"):  # newest first
+        key = (run.data.tags.get(MODEL), run.data.tags.get(MODEL_HASH))
+        if key not in seen and len(rows) < VIEW_ROWS:
             seen.add(key)
             rows.append(run.info.run_id)
     return best_first(rows)

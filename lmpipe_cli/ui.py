@@ -60,9 +60,12 @@ def print_views(base: str, params) -> None:
     from lmpipe.tracking.registry import champion_metrics
 
     experiment, label = params.tracking.experiment, baseline_label(params.ngram)
-    every_model = views.share(experiment, views.leaderboard_state(views.every_published(experiment), label))
-    print(f"MLflow UI, every model evaluated so far, best test bpb first: {views.view_url(base, experiment, every_model)}",
-          flush=True)
+    every = views.every_published(experiment)
+    if every:
+        every_model = views.view_url(base, experiment, views.share(experiment, views.leaderboard_state(every, label)))
+        print(f"MLflow UI, every model evaluated so far, best test bpb first: {every_model}", flush=True)
+    else:
+        print(f"MLflow UI: {base} (no study published yet: make study)", flush=True)
     runs = views.published_runs(experiment)
     if runs:
         best_first = views.view_url(base, experiment, views.share(experiment, views.leaderboard_state(runs, label)))

@@ -36,10 +36,10 @@ def test_after_the_study_its_mlflow_views_and_registry_say_by_how_much(project, 
     assert_best_first(leaderboard_page(copy), results)
     client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("lmpipe").experiment_id
-    ranked = client.search_runs([experiment], "tags.`lmpipe.ranked` = 'yes'")  # the publish stage's rows, one a model
+    ranked = client.search_runs([experiment], "tags.`lmpipe.role` = 'published'")  # the publish stage's rows
     assert sorted(r.info.run_name for r in ranked) == sorted(["ngram", *MODELS])
     trained = client.search_runs([experiment], "tags.`lmpipe.stage` LIKE 'train@%'")
-    assert not [r.info.run_name for r in trained if "lmpipe.ranked" in r.data.tags]  # training runs as training left them
+    assert not [r.info.run_name for r in trained if "test bpb" in r.data.tags]  # training runs as training left them
     for model in MODELS:
         version = client.get_model_version_by_alias(f"lmpipe-{model}", "champion")
         assert f"test {results[model]:.3f} (1 seed) bpb" in version.description and "Against KN-5: " in version.description
@@ -227,7 +227,7 @@ def test_a_store_without_the_runs_of_skipped_stages_gets_them_and_nothing_else_c
     for stage in skipped:  # the clone's store has the models' runs (they trained) but none of these
         for found in client.search_runs([experiment], f"tags.`lmpipe.stage` = '{stage}'"):
             client.delete_run(found.info.run_id)
-    for row in client.search_runs([experiment], "tags.`lmpipe.ranked` = 'yes'"):  # the publish stage's rows with it
+    for row in client.search_runs([experiment], "tags.`lmpipe.role` = 'published'"):  # the publish stage's rows too
         client.delete_run(row.info.run_id)
     before = workspace(copy)
     said = run([sys.executable, "-m", "lmpipe_cli.record"], copy, env).stdout
@@ -235,7 +235,7 @@ def test_a_store_without_the_runs_of_skipped_stages_gets_them_and_nothing_else_c
     assert workspace(copy) == before and run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout.strip() == "{}"
     for stage in skipped:
         assert len(client.search_runs([experiment], f"tags.`lmpipe.stage` = '{stage}'")) == 1, stage
-    rows = client.search_runs([experiment], "tags.`lmpipe.ranked` = 'yes'")  # the views' rows, published again
+    rows = client.search_runs([experiment], "tags.`lmpipe.role` = 'published'")  # the views' rows, published again
     assert sorted(r.data.tags["lmpipe.model"] for r in rows) == sorted([*MODELS, "ngram"])
     assert all("test" in r.data.tags["mlflow.note.content"] for r in rows)
     assert "DVC skipped it" not in run([sys.executable, "-m", "lmpipe_cli.record"], copy, env).stdout

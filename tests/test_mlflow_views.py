@@ -137,7 +137,7 @@ def test_publish_labels_a_row_per_model_and_describes_the_version_it_registered(
     assert rows["gru"].metrics[views.SORT_METRIC] == pytest.approx((1.9589 + 1.96 + 1.954) / 3)
     assert rows["gru"].metrics["test_bpb"] == 1.9589  # the study's own run, as score gave it
     assert (ngram["test bpb"], ngram["vs KN-5"], ngram["size"]) == ("2.049", "baseline", "3.2M n-grams")
-    assert gru[views.RANKED] == ngram[views.RANKED] == "yes" and gru[views.MADE_BY] == ids["gru"]
+    assert gru["lmpipe.role"] == ngram["lmpipe.role"] == views.PUBLISHED and gru[views.MADE_BY] == ids["gru"]
     assert gru[tracking.NOTE].startswith("**gru**: test 1.958 ± 0.003 (3 seeds) bpb")
     for name, before in trained_before.items():  # the training runs: as training left them
         after = client.get_run(ids[name]).data

@@ -119,6 +119,8 @@ def test_the_two_stages_change_what_the_walk_says_from_the_files_it_names(scratc
             "create_logged_model", "finalize_logged_model", "set_logged_model_tags",  # a logged model's, not a run's
             "create_experiment")}  # a new store's experiment, made by the first stage
         assert written_runs - study == own[stage], (stage, written_runs)
+        on_study = {e["what"] for e in done if e["kind"] == "run" and e["target"] in study}
+        assert on_study <= {"create_run", "update_run_info"}, (stage, on_study)  # the study run opened, nothing logged
         registry = {e["target"] for e in done if e["kind"] == "registry"}
         assert registry == ({"lmpipe-gru"} if stage == "score" else set()), (stage, registry)
         makers = {e["by"] for e in done} - {"(none)"}  # (none): MLflow's own thread, sampling the run's system metrics

@@ -156,7 +156,6 @@ def run_of_output(experiment: str, paths: str | Path | list) -> str | None:
     return found[0].info.run_id if found else None
 
 
-RANKED = "lmpipe.ranked"  # on each row the publish stage makes: a model of a study, as its report gave it
 # The MLflow views' columns, "vs <baseline>" second: the answer first, so that at 1400 px with MLflow's Assistant panel
 # open (it leaves room for two) test bpb and the gap to the baseline are in view, word ppl next, the cost last.
 LABELS = ("test bpb", "word ppl", "size", "training FLOPs")
