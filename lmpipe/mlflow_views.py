@@ -66,7 +66,7 @@ def published_runs(experiment: str) -> list[str]:
     publisher = run_of_output(experiment, [paths.SUMMARIES])
     if publisher is None:
         return []
-    return best_first([r.info.run_id for r in tracker().find_runs(experiment, f"tags.mlflow.parentRunId = '{publisher}'")])
+    return best_first(tracker().find_runs(experiment, f"tags.mlflow.parentRunId = '{publisher}'"))
 
 
 def every_published(experiment: str) -> list[str]:
@@ -78,7 +78,7 @@ def every_published(experiment: str) -> list[str]:
         key = (run.data.tags.get(MODEL), run.data.tags.get(MODEL_HASH))
         if key not in seen and len(rows) < VIEW_ROWS:
             seen.add(key)
-            rows.append(run.info.run_id)
+            rows.append(run)
     return best_first(rows)
 
 
@@ -88,10 +88,11 @@ def made_by(run_ids: list[str]) -> list[str]:
     return [made for r in run_ids if (made := client.get_run(r).data.tags.get(MADE_BY))]
 
 
-def best_first(run_ids: list[str]) -> list[str]:
-    """`run_ids` by their SORT_METRIC, best first: MLflow's compare page shows runs in the order its link names them."""
-    client = tracker().client
-    return sorted(run_ids, key=lambda run_id: client.get_run(run_id).data.metrics.get(SORT_METRIC, float("inf")))
+def best_first(runs: list) -> list[str]:
+    """The ids of `runs` (as a search returns them) by their SORT_METRIC, best first: MLflow's compare page shows runs
+    in the order its link names them."""
+    ranked = sorted(runs, key=lambda run: run.data.metrics.get(SORT_METRIC, float("inf")))
+    return [run.info.run_id for run in ranked]
 
 
 def leaderboard_state(run_ids: list[str], baseline_label: str) -> dict:
