@@ -103,9 +103,10 @@ def _terminated(signum, frame):
 
 
 def sigterm_as_ctrl_c() -> None:
-    """Called first in a flow's body: Prefect's flow engine swaps in its own SIGTERM handler for the run (a crash,
-    then the signal again, past every `except KeyboardInterrupt`), so the flow takes `_terminated` back. Prefect puts
-    the handler from before the run back when the run ends. Signals reach the main thread only: elsewhere, nothing."""
+    """For a flow that must stop cleanly on SIGTERM (`lmpipe retrain`'s), called first in its body: Prefect's flow
+    engine swaps in its own SIGTERM handler for the run (a crash, then the signal again, past every `except
+    KeyboardInterrupt`), so the flow takes `_terminated` back. Prefect puts the handler from before the run back
+    when the run ends. Signals reach the main thread only: elsewhere, nothing."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)
 
@@ -207,7 +208,7 @@ def main(flow: Callable, **flow_kwargs) -> None:
     # and torch's modules: ~1 s less a stage (20 a study); nothing of the stage's is left to collect by then
     try:
         params = load_params(PARAMS_FILE)
-        tracking.store.check_store(params.tracking.timeout_seconds)
+        tracking.store.prepare_store(params.tracking.timeout_seconds)
     except LmpipeError as exc:
         fail(f"error: {exc}")
     keep_freed_memory()  # training and scoring re-allocate the same big buffers every step: no page faults for them

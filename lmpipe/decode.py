@@ -32,6 +32,7 @@ class DecodeSettings:
     top_p: float = 0.9
     typical_p: float = 0.9
     beam_size: int = 5
+    no_repeat_ngram: int = 0  # n > 0: no n tokens in a row twice in a text, its prompt included (`repeating`)
     length_penalty: float = 1.0  # beam: score / length**alpha
     stop_at_boundary: bool = False  # end at the boundary token (end of line)
     seed: int | tuple[int, ...] = 0  # numpy seed entropy: one number, or several (seed, prompt position)
@@ -178,6 +179,28 @@ def _smallest_set(key: np.ndarray, p: np.ndarray, mass: float) -> np.ndarray:
         k = len(key) if k > len(key) // 4 else k
 
 
+def repeating(sequence: Sequence[int], n: int) -> list[int]:
+    """The tokens that would repeat an n-gram of `sequence` if they came next: each token that followed an earlier
+    occurrence of its last n-1 tokens (the no-repeat n-gram rule of Paulus et al. 2018, as Hugging Face's
+    `no_repeat_ngram_size`); none when n is 0. What ends beam search's loops ("of the population of the
+    population")."""
+    if n < 1 or len(sequence) < n:
+        return []
+    tail = list(sequence[len(sequence) - n + 1:])
+    return [sequence[i + n - 1] for i in range(len(sequence) - n + 1) if list(sequence[i:i + n - 1]) == tail]
+
+
+def without_repeats(p: np.ndarray, sequence: Sequence[int], n: int) -> np.ndarray:
+    """p with the tokens that would repeat an n-gram of `sequence` (`repeating`) at 0; p itself where every token it
+    allows would: the rule gives way rather than end the text."""
+    banned = repeating(sequence, n)
+    if not banned:
+        return p
+    kept = p.copy()
+    kept[banned] = 0.0
+    return kept if kept.sum() > 0 else p
+
+
 def _pick(p: np.ndarray, settings: DecodeSettings, rng: np.random.Generator) -> int:
     if settings.strategy == "greedy":
         return int(np.argmax(p))
@@ -235,7 +258,9 @@ def _sample(contexts: Contexts, prompts: Sequence[Sequence[int]], settings: Deco
     for step in range(settings.max_new_tokens):
         for row, i in enumerate(active):
             p = contexts.probs[row]
-            token = _pick(guard.restrict(p, states[i]) if guard else p, settings, rngs[i])
+            p = without_repeats(guard.restrict(p, states[i]) if guard else p, [*prompts[i], *new[i]],
+                                settings.no_repeat_ngram)
+            token = _pick(p, settings, rngs[i])
             new[i].append(token)
             if guard:
                 states[i] = int(guard.successor[states[i], token])
@@ -267,8 +292,9 @@ def beam_search(model, prompt: Sequence[int], settings: DecodeSettings, boundary
     """Beam search over log probabilities; a hypothesis that emits the boundary (with stop_at_boundary) is finished.
 
     All beams of a step are scored in one batched call. Finished and unfinished hypotheses compete
-    by score / length**length_penalty once max_new_tokens is reached. With a `guard`, a hypothesis only grows by
-    tokens that keep its text valid UTF-8, and the winner ends at its last whole character.
+    by score / length**length_penalty once max_new_tokens is reached. With `no_repeat_ngram`, no hypothesis repeats
+    an n-gram of its text (`repeating`): without it the likeliest text is often a loop. With a `guard`, a hypothesis
+    only grows by tokens that keep its text valid UTF-8, and the winner ends at its last whole character.
     """
     beams: list[tuple[float, list[int]]] = [(0.0, [])]
     finished: list[tuple[float, list[int]]] = []
@@ -281,6 +307,10 @@ def beam_search(model, prompt: Sequence[int], settings: DecodeSettings, boundary
             if guard:  # each beam's text so far decides which tokens may follow it
                 states = [guard.state_after(seq, start) for _, seq in beams]
                 logp = np.where(guard.allowed[states], logp, -np.inf)
+            for b, (_, seq) in enumerate(beams if settings.no_repeat_ngram else []):  # no beam repeats an n-gram
+                kept = logp[b].copy()
+                kept[repeating([*prompt, *seq], settings.no_repeat_ngram)] = -np.inf
+                logp[b] = kept if np.isfinite(kept).any() else logp[b]  # unless nothing else is left
             scores = np.array([s for s, _ in beams])[:, None] + logp  # (beams, V)
             flat = np.argsort(-scores, axis=None, kind="stable")[: 2 * settings.beam_size]
             candidates, rows = [], []

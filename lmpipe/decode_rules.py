@@ -29,6 +29,7 @@ class DecodingParams(BaseModel):
     top_p: float = Field(gt=0, le=1)
     typical_p: float = Field(gt=0, le=1)
     beam_size: int = Field(ge=1)
+    no_repeat_ngram: int = Field(ge=0)  # n: no n tokens in a row twice in a text (with its prompt); 0: off
     seed: int = Field(ge=0, le=MAX_SEED)
 
 

@@ -138,7 +138,8 @@ def nested(overrides: dict, tree: dict | None = None) -> dict:
 
 def with_overrides(base: ModelParams, overrides: dict, budget: dict | None = None) -> ModelParams:
     """`base` with dotted overrides applied, validated as params.yaml would be: the one override function of every
-    run outside the stages (python -m lmpipe.train, seeds, sweeps, the scaling grid, benchmarks). A budget
+    run (the stages' through lmpipe.train.job.configure_run, python -m lmpipe.train, seeds, sweeps, the scaling grid,
+    benchmarks). A budget
     ({tokens: N} or {flops: F}) sets the run's length; epochs given without one replace the base's budget."""
     overrides = dict(overrides)
     budget = overrides.pop("budget", budget)

@@ -62,7 +62,7 @@ def check(file: str = "params.yaml", store: bool = False) -> str:
         raise LmpipeError("; ".join(problems))
     if not store:
         return f"{file}: ok"
-    from lmpipe.tracking.store import check_store, tracking_uri
+    from lmpipe.tracking.store import prepare_store, tracking_uri
 
-    check_store(params.tracking.timeout_seconds)
+    prepare_store(params.tracking.timeout_seconds)
     return f"{file}: ok; MLflow store {tracking_uri()}: ok"

@@ -45,7 +45,8 @@ def samples_markdown(results: dict, params) -> str:
     lines = ["# Decoding samples", "",
              f"Prompts: {', '.join(repr(p) for p in params.prompts)}; {params.max_new_tokens} new tokens; "
              f"top-k {params.top_k}, top-p {params.top_p}, typical {params.typical_p}, beam {params.beam_size}, "
-             f"temperature {params.temperature}, seed {params.seed}.", "",
+             f"temperature {params.temperature}, seed {params.seed}"
+             + (f", no {params.no_repeat_ngram}-gram repeated" if params.no_repeat_ngram else "") + ".", "",
              "## Diversity per strategy (mean over models)", ""]
     lines += markdown_table(
         ["strategy", "distinct-1", "distinct-2", "repetition rate", "mean surprisal (nats)"],

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from lmpipe.decode import DecodeSettings, diversity, filter_top_p, filter_typical, generate
+from lmpipe.decode import DecodeSettings, diversity, filter_top_p, filter_typical, generate, repeating
 from tests.helpers import project_params, section
 
 
@@ -64,6 +64,38 @@ def test_sampling_is_reproducible_with_a_seed(strategy):
 def test_beam_stops_at_the_boundary():
     out = run(TRAP, "beam", n=10, beam_size=3, stop_at_boundary=True)
     assert out[-1] == 0 and 0 not in out[:-1]
+
+
+# Each token is most likely followed by the next one round a ring of 8: every strategy's likeliest text is a loop.
+RING = TableModel(np.roll(np.eye(8), 1, axis=1) * 0.6 + 0.05)
+
+
+def ngrams(tokens, n):
+    return [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+
+
+def test_the_no_repeat_rule_bans_what_would_repeat_an_ngram():
+    assert repeating([1, 2, 3, 1, 2], 3) == [3]  # 1 2 was followed by 3 once: 1 2 3 may not come again
+    assert sorted(repeating([4, 1, 4, 2, 4], 2)) == [1, 2]
+    assert sorted(set(repeating([5, 6, 5], 1))) == [5, 6]  # 1: no token twice
+    assert repeating([1, 2, 3, 1, 2], 0) == [] and repeating([1, 2], 3) == []
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "top-k", "typical", "sample"])
+def test_no_text_repeats_an_ngram_with_the_rule_on(strategy):
+    """The loop every strategy falls into on RING is gone with `no_repeat_ngram`: no bigram of the prompt and the
+    text comes twice; off, the loop is back (so the rule, not the model, made the difference)."""
+    looping = [0, *run(RING, strategy, n=20, seed=1)]
+    assert len(set(ngrams(looping, 2))) < len(ngrams(looping, 2))
+    text = [0, *run(RING, strategy, n=20, seed=1, no_repeat_ngram=2)]
+    assert len(text) == 21 and len(set(ngrams(text, 2))) == len(ngrams(text, 2))
+
+
+def test_the_rule_gives_way_when_every_token_would_repeat():
+    """Eight tokens with no token twice (n = 1) leave nothing for the ninth: the text goes on rather than stop."""
+    for strategy in ("greedy", "beam", "top-p"):
+        text = run(RING, strategy, n=12, seed=2, no_repeat_ngram=1)
+        assert len(text) == 12 and len(set([0, *text[:7]])) == 8
 
 
 def test_filters_keep_the_right_tokens():
@@ -196,6 +228,9 @@ def test_every_decoding_setting_has_one_rule_wherever_it_is_given():
         DecodeSettings(max_new_tokens=1025)
     with pytest.raises(BadRequest, match="^max_new_tokens must be a whole number from 1 to 1024$"):
         request_settings(DecodeSettings(), {"max_new_tokens": 1025})
+    with pytest.raises(BadRequest, match="^no_repeat_ngram must be a whole number of at least 0$"):
+        request_settings(DecodeSettings(), {"no_repeat_ngram": -1})
+    assert request_settings(DecodeSettings(), {"no_repeat_ngram": 3}).no_repeat_ngram == 3
     assert DecodeSettings(seed=(3, 1)).seed == (3, 1)  # a seed and a prompt's position: numpy's entropy, no rule
 
 

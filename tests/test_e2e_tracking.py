@@ -116,7 +116,7 @@ print(json.dumps({"signature": info.signature.to_dict(), "logits": mlflow.models
     assert json.loads(out["signature"]["inputs"]) == [{"type": "string", "name": "prompt", "required": True}]
     assert json.loads(out["signature"]["outputs"]) == [{"type": "string", "name": "continuation", "required": True}]
     assert [p["name"] for p in json.loads(out["signature"]["params"])] == [  # every setting `generate` takes
-        "strategy", "max_new_tokens", "temperature", "top_k", "top_p", "typical_p", "beam_size", "seed"]
+        "strategy", "max_new_tokens", "temperature", "top_k", "top_p", "typical_p", "beam_size", "no_repeat_ngram", "seed"]
     assert len(out["text"]) == 2 and all(isinstance(t, str) and t for t in out["text"])
     inputs, outputs = json.loads(out["logits"]["inputs"]), json.loads(out["logits"]["outputs"])
     assert inputs == [{"type": "tensor", "tensor-spec": {"dtype": "int64", "shape": [-1, -1]}}]

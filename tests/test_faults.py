@@ -24,25 +24,25 @@ def test_unreachable_tracking_server_fails_in_one_line_within_the_timeout(monkey
     started = time.monotonic()
     with pytest.raises(TrackingError, match=r"MLFLOW_TRACKING_URI=http://127.0.0.1:9: no MLflow server answered "
                                             r"within 2 s .*unset MLFLOW_TRACKING_URI"):
-        tracking.store.check_store(timeout=2)
+        tracking.store.prepare_store(timeout=2)
     assert time.monotonic() - started < 5
 
 
 def test_sqlite_store_in_a_missing_directory_is_refused_not_created(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/nonexistent/dir/x.db")
     with pytest.raises(TrackingError, match="nonexistent/dir is not an existing directory"):
-        tracking.store.check_store(timeout=2)
+        tracking.store.prepare_store(timeout=2)
     assert not (tmp_path / "nonexistent").exists()
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/file/x.db")  # its "directory" is a file
     with pytest.raises(TrackingError, match="file is not an existing directory"):
-        tracking.store.check_store(timeout=2)
+        tracking.store.prepare_store(timeout=2)
 
 
 STAGE = """
 import sys
 from lmpipe import tracking
-tracking.store.check_store(30)
+tracking.store.prepare_store(30)
 with tracking.runs.open_stage_run(sys.argv[1], "exp", {"x": {"y": 1}}, "h", params_file=sys.argv[2]):
     tracking.log_metrics({"done": 1})
 """
@@ -151,7 +151,7 @@ def test_a_tracking_server_that_answers_health_but_fails_its_api_fails_the_stage
     try:
         with http_server(HalfAlive) as uri, pytest.raises(TrackingError) as info:
             monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-            tracking.store.check_store(timeout=5)
+            tracking.store.prepare_store(timeout=5)
     finally:
         for name in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
             os.environ.pop(name, None)

@@ -61,7 +61,7 @@ TABLE = [  # (what, body, status, the start of the one line)
     ("params a list", {"inputs": {"prompt": ["a"]}, "params": [1]}, 400, "params must be an object"),
     ("unknown param", {"inputs": {"prompt": ["a"]}, "params": {"temprature": 0.5}}, 400,
      "params.temprature is not a setting of this model: use strategy, max_new_tokens, temperature, top_k, top_p, "
-     "typical_p, beam_size, seed"),
+     "typical_p, beam_size, no_repeat_ngram, seed"),
     ("a temperature of 0", {"inputs": {"prompt": ["a"]}, "params": {"temperature": 0}}, 400,
      "temperature must be a number above 0"),
     ("a temperature as text", {"inputs": {"prompt": ["a"]}, "params": {"temperature": "hot"}}, 400,

@@ -126,7 +126,7 @@ def test_a_missing_version_and_a_version_whose_files_are_gone_are_told_apart(sto
 
 def test_a_copied_store_finds_its_artifacts_in_its_own_folder(tmp_path, monkeypatch):
     """MLflow records artifact addresses absolute; a checkout copied elsewhere points them at its own mlartifacts/
-    (check_store does it at every stage, the registry lookups too), and the original stays as it was."""
+    (prepare_store does it at every stage, the registry lookups too), and the original stays as it was."""
     import shutil
 
     import mlflow
@@ -135,14 +135,14 @@ def test_a_copied_store_finds_its_artifacts_in_its_own_folder(tmp_path, monkeypa
     first.mkdir()
     monkeypatch.delenv("LMPIPE_PARENT_RUN_ID", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{first / 'mlflow.db'}")
-    tracking.store.check_store(10)
+    tracking.store.prepare_store(10)
     with tracking.runs.run("lmpipe", "a run") as active:
         (tmp_path / "note.txt").write_text("kept")
         mlflow.log_artifact(str(tmp_path / "note.txt"))
     shutil.copytree(first, moved)
     shutil.rmtree(first / "mlartifacts")  # the copy must not read the original's files
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{moved / 'mlflow.db'}")
-    tracking.store.check_store(10)
+    tracking.store.prepare_store(10)
     mlflow.set_tracking_uri(f"sqlite:///{moved / 'mlflow.db'}")
     uri = MlflowClient().get_run(active.info.run_id).info.artifact_uri
     assert uri.startswith((moved / "mlartifacts").as_uri())

@@ -1,4 +1,6 @@
-"""The only code that talks to MLflow. Here: one store as an object, and what every run logs to it.
+"""The project's MLflow client: every run, metric, tag and registry entry a stage writes goes through it (the
+served model's classes, lmpipe/serving.py and lmpipe/pyfunc/, are MLflow's model format, not its store). Here: one
+store as an object, and what every run logs to it.
 
 `Tracker(uri)` owns the store's client; making one is the one place the mlflow module (its fluent API: start_run,
 log_metrics) is pointed at a store. `tracker()` is the store this process tracks to now (MLFLOW_TRACKING_URI, else

@@ -40,10 +40,11 @@ def temporary_env(**values: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def check_store(timeout: float) -> None:
-    """Fail fast, in one line, when the tracking store is unusable: a server that does not answer within `timeout`
-    seconds, or a SQLite path in a directory that does not exist. A new SQLite store gets its schema here, under a
-    file lock, so two pipelines starting at once on the same new store do not race in MLflow's migrations."""
+def prepare_store(timeout: float) -> None:
+    """The tracking store ready for a stage, or a one-line failure: a server that does not answer within `timeout`
+    seconds, or a SQLite path in a directory that does not exist. It writes to a SQLite store: a new one gets its
+    schema (or an old one MLflow's migrations) under a file lock, so two pipelines starting at once on the same new
+    store do not race, and a store copied from elsewhere has its artifact addresses moved here (`relocate_store`)."""
     import requests
     from filelock import FileLock
 
