@@ -52,6 +52,18 @@ def seed_sentence(name: str, seeds: int, stale: dict[str, str]) -> str:
     return " No seed spread yet: one seed (`lmpipe seeds` trains more)."
 
 
+def made_on(name: str, results) -> str:
+    """Where the model and its seeds' rows were made and how its run lies from its seed's committed row, in seed sds
+    (lmpipe.seeds: the machine and the precision are provenance, not identity): a card read anywhere says which
+    machines its numbers come from. Nothing where neither is recorded."""
+    made, trained = results.provenance.get(name), results.trained.get(name, {})
+    if made is None:
+        return f" Trained on {trained['machine']} ({trained.get('precision', '')})." if trained.get("machine") else ""
+    (machine, precision), rows = made["run"], "; ".join(f"{m} ({p})" for m, p in made["rows"])
+    return (f" Trained on {machine} ({precision}), its seeds' rows on {rows}; against its seed's committed row: "
+            f"{made['reproduction'].text()}.")
+
+
 def publish_model(params, name: str, results, under: str) -> None:
     """One model's row of the MLflow views, a run of its own under this stage's run (`under`), and the card of its
     registered versions."""
@@ -62,7 +74,7 @@ def publish_model(params, name: str, results, under: str) -> None:
     made_by = tracking.run_of_output(experiment, paths.model_dir(name)) or ""
     size = trained.get("n_params", results.evaluation["models"][name].get("n_params", 0))
     shown = views.labels(name, spread, (label, baseline), size, trained.get("train_flops"))
-    note = describe(name, spread, trained)
+    note = describe(name, spread, trained) + made_on(name, results)
     tags = {tracking.NOTE: note, **shown, tracking.runs.ROLE: views.PUBLISHED, views.MODEL: name, views.MADE_BY: made_by,
             views.MODEL_HASH: tracking.output_hash(paths.model_dir(name))}
     with tracking.runs.run(experiment, name, tags=tags, parent_run_id=under):
@@ -79,7 +91,8 @@ def publish_model(params, name: str, results, under: str) -> None:
         "test_bpb": f"{spread.bpb:.4f}", "test_bpb_sd": "unknown" if sd is None else f"{sd:.4f}",
         "seeds": str(seeds), f"vs_{label}_bpb": versus.split()[0], "test_word_ppl": f"{spread.word_ppl:.1f}",
         "train_flops": f"{trained['train_flops']:.3e}" if "train_flops" in trained else "-",
-        "n_params": str(trained.get("n_params", "")), "git_commit": commit, "params_sha256": digest})
+        "n_params": str(trained.get("n_params", "")), "git_commit": commit, "params_sha256": digest,
+        "trained_on": f"{trained['machine']} ({trained.get('precision', '')})" if trained.get("machine") else "-"})
 
 
 @flow(name="publish")

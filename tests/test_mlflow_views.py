@@ -154,6 +154,27 @@ def test_publish_labels_a_row_per_model_and_describes_the_version_it_registered(
     assert described.tags["params_sha256"] == tracking.runs.study_key(store).params_digest
     assert not client.get_model_version("lmpipe-gru", other.version).description  # another model's files
 
+    # the study re-made on another machine, within noise of the committed seed row: the spread stays, and the card
+    # and the row's description name both machines and the distance in seed sds
+    seeds_elsewhere = SEEDS.replace(",,made-so,", ",bf16,made-so,Zen 5 (AVX512-BF16)")
+    (tmp_path / "seeds/seeds.csv").write_text(seeds_elsewhere)
+    trained = json.loads((tmp_path / "metrics/train/gru.json").read_text())
+    (tmp_path / "metrics/train/gru.json").write_text(json.dumps({**trained, "machine": "Zen 3 (AVX2)",
+                                                                 "precision": "fp32"}))
+    evaluation["gru"]["test"]["bpb"] = 1.9589 + 0.0035  # 1.1 of its seed sd (0.0032) from the committed row
+    (tmp_path / "metrics/eval.json").write_text(json.dumps({"models": evaluation}))
+    publish(tmp_path)
+    described = client.get_model_version("lmpipe-gru", version.version)
+    assert "Trained on Zen 3 (AVX2) (fp32), its seeds' rows on Zen 5 (AVX512-BF16) (bf16); against its seed's " \
+           "committed row: within noise, 1.1 sd." in described.description, described.description
+    assert described.tags["seeds"] == "3" and described.tags["trained_on"] == "Zen 3 (AVX2) (fp32)"
+    rows = {client.get_run(r).data.tags[views.MODEL]: client.get_run(r).data for r in views.published_runs("lmpipe")}
+    assert "its seeds' rows on Zen 5 (AVX512-BF16) (bf16)" in rows["gru"].tags[tracking.NOTE]
+    assert rows["gru"].tags["test bpb"].endswith("± 0.003")  # the spread kept on the other machine
+    (tmp_path / "seeds/seeds.csv").write_text(SEEDS)
+    evaluation["gru"]["test"]["bpb"] = 1.9589
+    (tmp_path / "metrics/eval.json").write_text(json.dumps({"models": evaluation}))
+
     # the model trained again with other code: its seed rows are of an earlier training, and the card says so
     (tmp_path / "metrics/train/gru.json").write_text(json.dumps(
         {"n_params": 1_843_200, "train_flops": 3.0006e13, "tokens_seen": 9_100_000, "epochs": 3.2,
