@@ -6,8 +6,9 @@ neural model's training FLOPs within 1% of it. Speed targets: every train run th
 (`study.branches`) trained at most 25% more than its run (training seconds on its MLflow run: `branch_train_seconds`
 against `seconds`; their wall time with each branch's validation and test passes, `branch_seconds` against
 `fit_seconds`, is printed beside).
-Quality targets, read from the last run's metrics/eval.json, metrics/combine.json and seeds/seeds.csv (the rows
-that still hold, lmpipe/seeds.py), over the compute-matched models only:
+Quality targets, read as the report reads them (lmpipe.results: metrics/eval.json and the rows of seeds/seeds.csv
+that still hold, a model's seed mean where they do, else its one run; metrics/combine.json), over the
+compute-matched models only:
 - every recurrent family and the transformer below KN-5 in test bits per byte; the best neural model's test word
   perplexity at least 15% below KN-5's; the NPLM's within 10% of KN-5's (or below);
 - over 3 seeds: the transformer's mean test bpb below KN-5's by more than twice its sd, and at most 2.00; the best
@@ -33,8 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from lmpipe import paths, seeds, tuning_doc  # noqa: E402
 from lmpipe import stats as seeds_stats  # noqa: E402
-from lmpipe.compare import (MATCHED, best_model, best_of, gap, not_compute_matched, scored,  # noqa: E402
-                            without_cache)
+from lmpipe.compare import (MATCHED, best_model, best_of, not_compute_matched, without_cache)
 from lmpipe.paths import BASELINE  # noqa: E402
 from lmpipe.as_compute_grows import against_grid  # noqa: E402
 from lmpipe.compute_curves import annealed  # noqa: E402
@@ -99,24 +99,30 @@ def speed_targets(names: list[str], experiment: str, branched: bool) -> list[tup
     return rows
 
 
-def quality_targets(models: dict) -> list[tuple[str, str, bool]]:
-    """(target, measured, holds) rows from metrics/eval.json's models."""
-    kn = models[BASELINE]["test"]
+def quality_targets(spreads: dict) -> list[tuple[str, str, bool]]:
+    """(target, measured, holds) rows from each model's test numbers as the report and every other table give them
+    (lmpipe.results): the mean over its seeds where they hold, else its one run; the measured column says which."""
+    kn = spreads[BASELINE]
     rows = []
     for name in RECURRENT_AND_TRANSFORMER:
-        if name in models:
-            bpb = models[name]["test"]["bpb"]
-            rows.append((f"{name}: test bpb below KN-5's {kn['bpb']:.4f}", f"{bpb:.4f} ({bpb - kn['bpb']:+.4f})",
-                         bpb < kn["bpb"]))
-    best = best_model(models)
-    change = gap(scored(models[best]), scored(models[BASELINE]))[1]  # the word perplexity change
-    rows.append((f"best model ({best}): test word ppl >= 15% below KN-5's {kn['word_ppl']:.0f}",
-                 f"{models[best]['test']['word_ppl']:.0f} ({100 * change:+.1f}%)", change <= -0.15))
-    if NPLM in models:
-        ratio = models[NPLM]["test"]["word_ppl"] / kn["word_ppl"]
-        rows.append((f"nplm: test word ppl within 10% of KN-5's {kn['word_ppl']:.0f}",
-                     f"{models[NPLM]['test']['word_ppl']:.0f} ({100 * (ratio - 1):+.1f}%)", ratio <= 1.10))
+        if name in spreads:
+            s = spreads[name]
+            rows.append((f"{name}: test bpb below KN-5's {kn.bpb:.4f}", f"{s.text(4)}: {s.bpb - kn.bpb:+.4f}",
+                         s.bpb < kn.bpb))
+    best = best_of({n: s.bpb for n, s in spreads.items()}, BASELINE)
+    change = spreads[best].word_ppl / kn.word_ppl - 1
+    rows.append((f"best model ({best}): test word ppl >= 15% below KN-5's {kn.word_ppl:.0f}",
+                 f"{spreads[best].word_ppl:.0f} ({100 * change:+.1f}%, {of(spreads[best])})", change <= -0.15))
+    if NPLM in spreads:
+        ratio = spreads[NPLM].word_ppl / kn.word_ppl
+        rows.append((f"nplm: test word ppl within 10% of KN-5's {kn.word_ppl:.0f}",
+                     f"{spreads[NPLM].word_ppl:.0f} ({100 * (ratio - 1):+.1f}%, {of(spreads[NPLM])})", ratio <= 1.10))
     return rows
+
+
+def of(spread) -> str:
+    """What a number is: a mean over seeds, or one run."""
+    return f"mean of {spread.n} seeds" if spread.n > 1 else "1 seed"
 
 
 def seed_targets(evaluation: dict, seeds_csv: Path, study_seed: int, trained: dict) -> list[tuple[str, str, bool]]:
@@ -271,9 +277,10 @@ def main() -> int:
     models = {name: r for name, r in evaluation["models"].items() if name not in unmatched}
     evaluation = {**evaluation, "models": models}
     combined = {name: r for name, r in combined_models().items() if not set(r["weights"]) & set(unmatched)}
-    rows += quality_targets(models)
+    results = load_results(ROOT, list(params.models), params.train.seed)  # as the report reads them
+    rows += quality_targets({n: s for n, s in results.spreads.items() if n not in unmatched})
     rows += seed_targets(evaluation, ROOT / paths.SEEDS, params.train.seed, trained)
-    budget_sds = load_results(ROOT, list(params.models), params.train.seed).budget_sds  # as the report reads them
+    budget_sds = results.budget_sds
     rows += annealed_targets({n: t for n, t in trained.items() if n not in unmatched}, budget, budget_sds)
     report = (ROOT / "reports/study.md").read_text(encoding="utf-8")
     rows += scaling_targets(annealed(trained), report)

@@ -14,6 +14,7 @@ test waits for its own: the module takes about as long as its longest runs.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -387,6 +388,9 @@ def test_study_checks_every_target_on_the_committed_numbers(runs):
                    "the study's models at C: the grid's best size, or within noise of it",
                    "tuning: the same runs at C for every family", "the report draws the loss by context position"):
         assert any(t.startswith(target) for t in targets), target
+    rnn = [float(r["test_bpb"]) for r in csv.DictReader((ROOT / "seeds/seeds.csv").open()) if r["model"] == "rnn"]
+    shown = re.search(r"^rnn: test bpb below KN-5's [\d.]+\s+([\d.]+) ± [\d.]+ \((\d) seeds\): ", done.stdout, re.MULTILINE)
+    assert shown and float(shown.group(1)) == round(sum(rnn) / len(rnn), 4) and int(shown.group(2)) == len(rnn)
     assert re.search(r"^whole default dvc repro within 30 min\s+25\.0 min  holds$", done.stdout, re.MULTILINE)
     assert re.search(r"^lmpipe seeds within 60 min\s+50\.0 min  holds$", done.stdout, re.MULTILINE)
 
