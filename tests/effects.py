@@ -1,12 +1,14 @@
-"""Run a module as `python -m` does, recording every side effect it has: each file it writes, moves or removes, and
-each write to the MLflow tracking store and model registry, with the project file that made it (the innermost
-project frame on the stack: the code a reader must open to see the effect).
+"""Run a module as `python -m` does, recording every side effect it has: each file it writes, moves or removes, each
+folder it makes and SQLite database it opens, each write to the MLflow tracking store and model registry, and each
+change to the process's environment and signal handlers, with the project file that made it (the innermost project
+frame on the stack: the code a reader must open to see the effect). Writes from C (torch.save's zip writer,
+SQLite's pages) are not seen; the database they go to is.
 
     python tests/effects.py RECORD.json -m flows.train --model gru
 
 tests/test_walk.py follows a stage's effects with it, not its imports. The record is a JSON list of
-{"kind": "file" | "run" | "registry", "what": <path, or the store method>, "target": <path, run id or model name>,
-"by": <project file>}.
+{"kind": "file" | "dir" | "run" | "registry" | "env" | "signal", "what": <the audit event, or the store method>,
+"target": <path, run id, model name, variable or signal>, "by": <project file>}.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import os
 import re
 import runpy
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -52,6 +55,10 @@ def in_project(path) -> str | None:
 def audit(event: str, args: tuple) -> None:
     if getattr(_inside, "busy", False):
         return
+    if event in ("os.putenv", "os.unsetenv"):  # os.environ's writes: the process's environment
+        effects.append({"kind": "env", "what": event, "target": os.fsdecode(args[0]), "by": writer()})
+        return
+    kind = "dir" if event == "os.mkdir" else "file"
     if event == "open":
         path, mode, flags = args
         writes = any(c in mode for c in "wax+") if isinstance(mode, str) else bool((flags or 0) & WRITE_FLAGS)
@@ -62,6 +69,10 @@ def audit(event: str, args: tuple) -> None:
         targets = [args[0]] if args[1] in (None, -1) else []  # a name under a folder's fd: a step of an rmtree, noted whole
     elif event == "shutil.rmtree":
         targets = [args[0]]
+    elif event == "os.mkdir":
+        targets = [args[0]] if args[2] in (None, -1) else []
+    elif event == "sqlite3.connect":  # a database the process writes from C
+        targets = [args[0]] if isinstance(args[0], (str, bytes, os.PathLike)) and args[0] != ":memory:" else []
     else:
         return
     for target in targets:
@@ -69,7 +80,7 @@ def audit(event: str, args: tuple) -> None:
         try:
             where = in_project(target)
             if where is not None and "__pycache__" not in where:
-                effects.append({"kind": "file", "what": event, "target": where, "by": writer()})
+                effects.append({"kind": kind, "what": event, "target": where, "by": writer()})
         finally:
             _inside.busy = False
 
@@ -97,6 +108,18 @@ def record_store(cls, kind: str, pattern) -> None:
         setattr(cls, name, wrapped)
 
 
+def record_signals() -> None:
+    """Note each signal handler set (no audit event says so)."""
+    set_handler = signal.signal
+
+    def recorded(signum, handler):
+        effects.append({"kind": "signal", "what": "signal.signal", "target": signal.Signals(signum).name,
+                        "by": writer()})
+        return set_handler(signum, handler)
+
+    signal.signal = recorded
+
+
 def save(record: str) -> None:
     Path(record).write_text(json.dumps(effects, indent=1))
 
@@ -109,6 +132,7 @@ if __name__ == "__main__":
 
     record_store(Tracking, "run", TRACKING_WRITE)
     record_store(Registry, "registry", REGISTRY_WRITE)
+    record_signals()
     atexit.register(save, str(Path(record).resolve()))
     sys.addaudithook(audit)
     sys.argv = [module, *rest]

@@ -70,10 +70,23 @@ MLFLOW_STORE = ("mlflow.db", "mlartifacts/")  # the tracking store's files: its 
 TEMPORARY = re.compile(r"^\.(.+)\.\w{8}\.tmp$")  # lmpipe.io.atomic_path's name beside its destination
 
 
-def named_blocks() -> list[str]:
-    """The files and folders the walk's paragraph on effects names: where effects may be made off the walk."""
+def named_in(*labels: str) -> list[str]:
+    """The files and folders the bullets `labels` of the walk's paragraph on effects name: where those effects may
+    be made off the walk."""
     text = (ROOT / "docs/architecture.md").read_text().split(EFFECTS, 1)[1].split("\n\n", 1)[0]
-    return [p for p in re.findall(r"`([\w/]+(?:\.py|/))`", text) if (ROOT / p).exists()]
+    bullets = [b for b in re.split(r"\n- ", text) if b.startswith(tuple(f"**{label}" for label in labels))]
+    assert len(bullets) == len(labels), labels
+    return [p for b in bullets for p in re.findall(r"`([\w/]+(?:\.py|/))`", b) if (ROOT / p).exists()]
+
+
+def named_blocks() -> list[str]:
+    """Where a file, a run or a registry entry may be written off the walk."""
+    return named_in("Files", "MLflow")
+
+
+def within(path: str, named: list[str]) -> bool:
+    """Whether `path` is one of the files `named` or inside one of its folders."""
+    return any(path == n or (n.endswith("/") and path.startswith(n)) for n in named)
 
 
 def declared_outputs(stage: str, model: str) -> list[str]:
@@ -100,7 +113,7 @@ def test_the_two_stages_change_what_the_walk_says_from_the_files_it_names(scratc
     assert {"lmpipe/io.py", "lmpipe/checkpoints.py", "lmpipe/tracking/"} <= set(blocks), blocks
 
     def made_where_said(by: str) -> bool:
-        return by in walk_files or any(by == b or (b.endswith("/") and by.startswith(b)) for b in blocks)
+        return by in walk_files or within(by, blocks)
 
     client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
     runs = {r.info.run_id: r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])}
@@ -123,8 +136,18 @@ def test_the_two_stages_change_what_the_walk_says_from_the_files_it_names(scratc
         assert on_study <= {"create_run", "update_run_info"}, (stage, on_study)  # the study run opened, nothing logged
         registry = {e["target"] for e in done if e["kind"] == "registry"}
         assert registry == ({"lmpipe-gru"} if stage == "score" else set()), (stage, registry)
-        makers = {e["by"] for e in done} - {"(none)"}  # (none): MLflow's own thread, sampling the run's system metrics
+        makers = {e["by"] for e in done if e["kind"] not in ("env", "signal")} - {"(none)"}  # (none): MLflow's own
+        # thread, sampling the run's system metrics
         assert all(made_where_said(by) for by in makers), (stage, sorted(b for b in makers if not made_where_said(b)))
         assert all(e["kind"] == "run" and e["target"] in own[stage] for e in done if e["by"] == "(none)"), stage
+        made = {output_of(e["target"]) for e in done if e["kind"] == "dir"}  # an output's folder, or the caches'
+        assert all(d == "." or any(o == d or o.startswith(d + "/") for o in outputs)
+                   or d.startswith((".cache/", "mlartifacts")) for d in made), (stage, made)
+        process = {e["by"] for e in done if e["kind"] in ("env", "signal")} - {"(none)"}
+        assert all(by in walk_files or within(by, named_in("The process")) for by in process), (stage, process)
+        signals = {e["target"] for e in done if e["kind"] == "signal" and e["by"] == "lmpipe/train/trainer.py"}
+        assert signals == ({"SIGINT", "SIGTERM"} if stage == "train" else set()), (stage, signals)  # while it trains
+        databases = {e["target"] for e in done if e["what"] == "sqlite3.connect"}
+        assert databases == {"mlflow.db"}, (stage, databases)  # the project's store, and no other database
     assert {e["by"] for e in effects["train"] if e["kind"] == "file" and e["target"].startswith(".cache/")} == {
         "lmpipe/checkpoints.py"}  # the checkpoints, where the walk says
