@@ -139,14 +139,16 @@ def test_the_two_stages_change_what_the_walk_says_from_the_files_it_names(scratc
         makers = {e["by"] for e in done if e["kind"] not in ("env", "signal")} - {"(none)"}  # (none): MLflow's own
         # thread, sampling the run's system metrics
         assert all(made_where_said(by) for by in makers), (stage, sorted(b for b in makers if not made_where_said(b)))
-        assert all(e["kind"] == "run" and e["target"] in own[stage] for e in done if e["by"] == "(none)"), stage
+        assert all(e["kind"] == "run" and e["target"] in own[stage] or e["what"] == "sqlite3.connect"  # its store
+                   for e in done if e["by"] == "(none)"), stage
         made = {output_of(e["target"]) for e in done if e["kind"] == "dir"}  # an output's folder, or the caches'
         assert all(d == "." or any(o == d or o.startswith(d + "/") for o in outputs)
                    or d.startswith((".cache/", "mlartifacts")) for d in made), (stage, made)
         process = {e["by"] for e in done if e["kind"] in ("env", "signal")} - {"(none)"}
         assert all(by in walk_files or within(by, named_in("The process")) for by in process), (stage, process)
         signals = {e["target"] for e in done if e["kind"] == "signal" and e["by"] == "lmpipe/train/trainer.py"}
-        assert signals == ({"SIGINT", "SIGTERM"} if stage == "train" else set()), (stage, signals)  # while it trains
+        assert ("SIGTERM" in signals and signals <= {"SIGINT", "SIGTERM"} if stage == "train" else not signals), (
+            stage, signals)  # while it trains (SIGINT too, unless the process ignores it, as a background job does)
         databases = {e["target"] for e in done if e["what"] == "sqlite3.connect"}
         assert databases == {"mlflow.db"}, (stage, databases)  # the project's store, and no other database
     assert {e["by"] for e in effects["train"] if e["kind"] == "file" and e["target"].startswith(".cache/")} == {
