@@ -55,13 +55,22 @@ def seed_sentence(name: str, seeds: int, stale: dict[str, str]) -> str:
 def made_on(name: str, results) -> str:
     """Where the model and its seeds' rows were made and how its run lies from its seed's committed row, in seed sds
     (lmpipe.seeds: the machine and the precision are provenance, not identity): a card read anywhere says which
-    machines its numbers come from. Nothing where neither is recorded."""
+    machines its numbers come from. The machines only where recorded."""
     made, trained = results.provenance.get(name), results.trained.get(name, {})
+    run = where(trained.get("machine", ""), trained.get("precision", ""))
     if made is None:
-        return f" Trained on {trained['machine']} ({trained.get('precision', '')})." if trained.get("machine") else ""
-    (machine, precision), rows = made["run"], "; ".join(f"{m} ({p})" for m, p in made["rows"])
-    return (f" Trained on {machine} ({precision}), its seeds' rows on {rows}; against its seed's committed row: "
-            f"{made['reproduction'].text()}.")
+        return f" Trained on {run}." if run else ""
+    rows = "; ".join(filter(None, (where(m, p) for m, p in made["rows"])))
+    said = [part for part in (f"trained on {run}" if run else "", f"its seeds' rows on {rows}" if rows else "") if part]
+    said.append(f"against its seed's committed row: {made['reproduction'].text()}")
+    text = "; ".join([", ".join(said[:-1]), said[-1]] if len(said) > 1 else said)
+    return f" {text[0].upper()}{text[1:]}."
+
+
+def where(machine: str, precision: str) -> str:
+    """'AMD family 26, AVX512-BF16 (bf16)'; empty where the machine is not recorded."""
+    machine = "" if machine == "unrecorded" else machine
+    return f"{machine} ({precision})" if machine and precision else machine
 
 
 def publish_model(params, name: str, results, under: str) -> None:
@@ -92,7 +101,7 @@ def publish_model(params, name: str, results, under: str) -> None:
         "seeds": str(seeds), f"vs_{label}_bpb": versus.split()[0], "test_word_ppl": f"{spread.word_ppl:.1f}",
         "train_flops": f"{trained['train_flops']:.3e}" if "train_flops" in trained else "-",
         "n_params": str(trained.get("n_params", "")), "git_commit": commit, "params_sha256": digest,
-        "trained_on": f"{trained['machine']} ({trained.get('precision', '')})" if trained.get("machine") else "-"})
+        "trained_on": where(trained.get("machine", ""), trained.get("precision", "")) or "-"})
 
 
 @flow(name="publish")

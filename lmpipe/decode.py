@@ -186,19 +186,24 @@ def repeating(sequence: Sequence[int], n: int) -> list[int]:
     population")."""
     if n < 1 or len(sequence) < n:
         return []
-    tail = list(sequence[len(sequence) - n + 1:])
-    return [sequence[i + n - 1] for i in range(len(sequence) - n + 1) if list(sequence[i:i + n - 1]) == tail]
+    tokens = np.asarray(sequence)
+    if n == 1:
+        return tokens.tolist()
+    starts = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n - 1)  # each earlier (n-1)-gram, by its start
+    return tokens[np.flatnonzero((starts == tokens[len(tokens) - n + 1:]).all(axis=1)) + n - 1].tolist()
 
 
 def without_repeats(p: np.ndarray, sequence: Sequence[int], n: int) -> np.ndarray:
-    """p with the tokens that would repeat an n-gram of `sequence` (`repeating`) at 0; p itself where every token it
-    allows would: the rule gives way rather than end the text."""
+    """p without the tokens that would repeat an n-gram of `sequence` (`repeating`), renormalised (top-p and typical
+    measure their mass on it); p itself where every token it allows would: the rule gives way rather than end the
+    text."""
     banned = repeating(sequence, n)
     if not banned:
         return p
     kept = p.copy()
     kept[banned] = 0.0
-    return kept if kept.sum() > 0 else p
+    total = kept.sum()
+    return kept / total if total > 0 else p
 
 
 def _pick(p: np.ndarray, settings: DecodeSettings, rng: np.random.Generator) -> int:

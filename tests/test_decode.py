@@ -7,7 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from lmpipe.decode import DecodeSettings, diversity, filter_top_p, filter_typical, generate, repeating
+from lmpipe.decode import (DecodeSettings, diversity, filter_top_p, filter_typical, generate, repeating,
+                           without_repeats)
 from tests.helpers import project_params, section
 
 
@@ -79,9 +80,19 @@ def test_the_no_repeat_rule_bans_what_would_repeat_an_ngram():
     assert sorted(repeating([4, 1, 4, 2, 4], 2)) == [1, 2]
     assert sorted(set(repeating([5, 6, 5], 1))) == [5, 6]  # 1: no token twice
     assert repeating([1, 2, 3, 1, 2], 0) == [] and repeating([1, 2], 3) == []
+    assert sorted(repeating([7, 1, 2, 7, 1, 2, 7, 1], 3)) == [2, 2]  # 7 1 was followed by 2, twice
 
 
-@pytest.mark.parametrize("strategy", ["greedy", "beam", "top-k", "typical", "sample"])
+def test_the_rule_renormalises_so_top_p_measures_the_tokens_left():
+    """Banning 2 (0.1 of the mass) leaves 0, 1, 3, 4, 5: a nucleus of 0.9 of what is left is {0, 1, 3}, not all of
+    them, as it would be against the mass from before the ban."""
+    p = np.array([0.5, 0.3, 0.1, 0.05, 0.03, 0.02])
+    left = without_repeats(p, [0, 2, 0], 2)
+    assert left[2] == 0 and left.sum() == pytest.approx(1.0)
+    assert sorted(np.flatnonzero(filter_top_p(left, 0.9))) == [0, 1, 3]
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "top-k", "top-p", "typical", "sample"])
 def test_no_text_repeats_an_ngram_with_the_rule_on(strategy):
     """The loop every strategy falls into on RING is gone with `no_repeat_ngram`: no bigram of the prompt and the
     text comes twice; off, the loop is back (so the rule, not the model, made the difference)."""

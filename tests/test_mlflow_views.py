@@ -152,6 +152,8 @@ def test_publish_labels_a_row_per_model_and_describes_the_version_it_registered(
     assert (described.tags["seeds"], described.tags["vs_KN-5_bpb"], described.tags["train_flops"]) == \
            ("3", "-0.091", "3.001e+13")
     assert described.tags["params_sha256"] == tracking.runs.study_key(store).params_digest
+    assert "unrecorded" not in described.description and "()" not in described.description  # no machine recorded
+    assert "Against its seed's committed row: bit for bit." in described.description
     assert not client.get_model_version("lmpipe-gru", other.version).description  # another model's files
 
     # the study re-made on another machine, within noise of the committed seed row: the spread stays, and the card
