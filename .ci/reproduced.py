@@ -49,14 +49,15 @@ def numbers(metrics: Path, model: str) -> dict:
 SEEDS = Path("seeds/seeds.csv")  # the committed seed rows (`make study` never rewrites them)
 
 
-def seed_sd(model: str, seeds: Path = SEEDS) -> float | None:
-    """The sd of `model`'s test bpb over the committed seeds (seeds/seeds.csv), 0 for the n-gram."""
-    from lmpipe.seeds import read_rows, spread
+def seed_sd(model: str, seeds: Path = SEEDS) -> dict | float | None:
+    """The sd of `model`'s valid and of its test bpb over the committed seeds (seeds/seeds.csv,
+    lmpipe.seeds.split_sds: each number is judged in its split's), 0 for the n-gram."""
+    from lmpipe.seeds import read_rows, split_sds
 
     if model == "ngram":
         return 0.0
     rows = [r for r in read_rows(seeds) if r["model"] == model]
-    return spread(rows).bpb_sd if rows else None
+    return split_sds(rows) if rows else None
 
 
 def verdict(model: str, old: dict, new: dict, precisions: list, seeds: Path = SEEDS) -> tuple[bool, str]:
@@ -73,14 +74,15 @@ def verdict(model: str, old: dict, new: dict, precisions: list, seeds: Path = SE
         return False, f"{model}: NOT REPRODUCED: the n-gram must match bit for bit ({change})"
     trained = (f"trained in {precisions[1]}, committed in {precisions[0]}" if precisions[0] != precisions[1]
                else f"both {precisions[1]}")
-    sd = seed_sd(model, seeds)
-    seen = reproduction(old, new, sd)
+    sds = seed_sd(model, seeds)
+    seen = reproduction(old, new, sds)
+    known = ", ".join(f"{split} {sd:.4f}" for split, sd in (sds or {}).items() if sd)  # each number's split's sd
     if seen.verdict == BIT_FOR_BIT:
         return True, f"{model}: reproduced bit for bit but for the last digits ({change})"
     if seen.verdict != DIFFERS:
-        return True, f"{model}: NOT bit for bit, {seen.text()} of seed sd {sd:.4f} ({change}; {trained}): another CPU?"
-    return False, (f"{model}: NOT REPRODUCED: bpb {change}, " + (f"{seen.sds:.1f} seed sds (sd {sd:.4f})" if sd
-                   else "and no seed sd to judge by") + f" ({trained})")
+        return True, f"{model}: NOT bit for bit, {seen.text()} (seed sd {known}; {change}; {trained}): another CPU?"
+    return False, (f"{model}: NOT REPRODUCED: bpb {change}, " + (f"{seen.sds:.1f} seed sds (seed sd {known})"
+                   if seen.sds is not None else "and no seed sd to judge by") + f" ({trained})")
 
 
 def weat_rows(metrics: Path, model: str) -> dict:

@@ -12,13 +12,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-import statistics
 from pathlib import Path
 
 from lmpipe import paths
 from lmpipe.paths import BASELINE
 from lmpipe.git import git_or_empty
-from lmpipe.seeds import BIT_FOR_BIT, DIFFERS, reproduction
+from lmpipe.seeds import BIT_FOR_BIT, DIFFERS, reproduction, split_sds
 from lmpipe.tables import markdown_table
 
 KEPT = ("dvc.lock", "metrics", "plots", "reports", "seeds")  # where a study writes what git holds
@@ -44,12 +43,12 @@ def results(evaluation: dict, trained: dict[str, dict], model: str) -> dict[str,
     return found
 
 
-def seed_sds(rev: str, root: Path) -> dict[str, float]:
-    """{model: sd of its test bpb over the committed seeds}, where it has two or more."""
-    by_model: dict[str, list[float]] = {}
+def seed_sds(rev: str, root: Path) -> dict[str, dict[str, float | None]]:
+    """{model: the sd of its valid and of its test bpb over the committed seeds} (lmpipe.seeds.split_sds)."""
+    by_model: dict[str, list[dict]] = {}
     for r in csv.DictReader(io.StringIO(git_or_empty("show", f"{rev}:{paths.SEEDS}", cwd=root))):
-        by_model.setdefault(r["model"], []).append(float(r["test_bpb"]))
-    return {m: statistics.stdev(v) for m, v in by_model.items() if len(v) > 1}
+        by_model.setdefault(r["model"], []).append({k: float(r[k]) for k in ("valid_bpb", "test_bpb") if r.get(k)})
+    return {m: split_sds(rows) for m, rows in by_model.items()}
 
 
 def compare(rev: str = "HEAD", root: str | Path = ".") -> tuple[list[dict], dict[str, list[tuple[str, str]]]]:
@@ -66,8 +65,8 @@ def compare(rev: str = "HEAD", root: str | Path = ".") -> tuple[list[dict], dict
     for model in models:
         old, new = results(before, trained["committed"], model), results(after, trained["this run"], model)
         shared = sorted(set(old) & set(new))
-        sd = 0.0 if model == BASELINE else sds.get(model)
-        rows.append({"model": model, "committed": old, "now": new, "sd": sd,
+        sd = 0.0 if model == BASELINE else sds.get(model, {})  # each number in its split's sd
+        rows.append({"model": model, "committed": old, "now": new, "sd": sd if sd == 0.0 else sd.get("test"),
                      "verdict": reproduction({k: old[k] for k in shared}, {k: new[k] for k in shared}, sd)})
     machines = {side: sorted({(t.get("machine") or "unrecorded", t.get("precision", "")) for t in summaries.values()})
                 for side, summaries in trained.items()}

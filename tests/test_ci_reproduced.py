@@ -44,7 +44,7 @@ def test_bit_for_bit_and_differences_within_twice_the_seed_sd_pass_the_rest_fail
     assert capsys.readouterr().out.count("reproduced bit for bit") == 3
 
     assert reproduced.main(committed, metrics(tmp_path, "close", {"gru": 1.977}, precision="fp32"), seeds=seeds) == 0
-    assert "gru: NOT bit for bit, within noise, 1.8 sd of seed sd 0.0040" in capsys.readouterr().out
+    assert "gru: NOT bit for bit, within noise, 1.8 sd (seed sd valid 0.0040, test 0.0040;" in capsys.readouterr().out
 
     for name, changed, said in (("far", {"lstm": 1.995}, "lstm: NOT REPRODUCED: bpb"),  # 2.5 sd: a smaller gap
                                 ("beyond", {"gru": 1.9781}, "gru: NOT REPRODUCED: bpb"),  # 2.03 sd
@@ -57,8 +57,8 @@ def test_bit_for_bit_and_differences_within_twice_the_seed_sd_pass_the_rest_fail
 
 def test_models_committed_within_a_tie_may_change_places(tmp_path, capsys):
     """lstm 1.99 and gru 1.985 are a tie (closer than 0.01 bpb): another CPU may order them otherwise."""
-    committed = metrics(tmp_path, "committed", {"gru": 1.985})
-    assert reproduced.main(committed, metrics(tmp_path, "flipped", {"gru": 1.992})) == 0
+    committed, seeds = metrics(tmp_path, "committed", {"gru": 1.985}), seed_rows(tmp_path, {"gru": 0.004, "lstm": 0.002})
+    assert reproduced.main(committed, metrics(tmp_path, "flipped", {"gru": 1.992}), seeds=seeds) == 0
     assert "only models within 0.01 bpb of each other changed places" in capsys.readouterr().out
 
 

@@ -89,6 +89,25 @@ def test_a_study_remade_on_another_machine_keeps_its_spread_within_noise_and_say
     assert seeds.provenance(rows, EVALUATION, 1234, TRAINED, ["gru"])["gru"]["reproduction"].verdict == "bit for bit"
 
 
+def test_each_re_made_number_is_judged_in_its_own_splits_seed_sd():
+    """As the study's LSTM: its seeds' valid bpb spread 2.6 times as far as their test bpb (sd 0.0026 against
+    0.0010). A re-made run 0.0022 off on valid is 0.85 of the valid sd, within noise, not 2.2 of the test sd; the
+    same move on test is beyond noise."""
+    own = seeds.study_row("lstm", 1234, result(1.9456, 5029.0), TRAINED["lstm"])
+    rows = [own, {**own, "seed": 1, "valid_bpb": own["valid_bpb"] + 0.0052, "test_bpb": 1.9475},
+            {**own, "seed": 2, "valid_bpb": own["valid_bpb"] + 0.0030, "test_bpb": 1.9457}]
+    sds = seeds.split_sds(rows)
+    assert sds["valid"] == pytest.approx(0.0026, abs=1e-4) and sds["test"] == pytest.approx(0.0011, abs=1e-4)
+    valid_moved = {"models": {"lstm": {"valid": {"bpb": own["valid_bpb"] - 0.0022}, "test": {"bpb": 1.9456}}}}
+    assert seeds.current(rows, valid_moved, 1234, TRAINED)[1] == {}  # the rows hold
+    seen = seeds.provenance(rows, valid_moved, 1234, TRAINED, ["lstm"])["lstm"]["reproduction"]
+    assert seen.verdict == seeds.WITHIN_NOISE and seen.sds == pytest.approx(0.0022 / sds["valid"])
+    test_moved = {"models": {"lstm": {"valid": {"bpb": own["valid_bpb"]}, "test": {"bpb": 1.9456 - 0.0025}}}}
+    assert "differs from its committed row" in seeds.current(rows, test_moved, 1234, TRAINED)[1]["lstm"]
+    assert seeds.reproduction({"valid_bpb": 2.0}, {"valid_bpb": 2.001}, {"valid": None, "test": 0.1}).verdict == \
+        seeds.DIFFERS  # no sd of the split that moved: only equality holds
+
+
 def test_verdicts_state_margins_with_the_sd_and_say_within_noise():
     rows = rows_for("gru", [(1, 1.975), (2, 1.965)]) + rows_for("lstm", [(1, 1.99), (2, 1.97)])
     by_model, _ = seeds.current(rows, EVALUATION, 1234, TRAINED)
@@ -191,7 +210,8 @@ def test_a_foreign_machines_study_keeps_its_verdicts_within_noise_and_says_diffe
         write(tmp_path / f"metrics/train/{name}.json",
               {**json.loads((tmp_path / f"metrics/train/{name}.json").read_text()), **made})
         own = seeds.study_row(name, 1234, committed["models"][name], made)
-        rows += [own] + [{**own, "seed": s, "test_bpb": own["test_bpb"] + d * sd} for s, d in ((1, -1), (2, 1))]
+        rows += [own] + [{**own, "seed": s, "test_bpb": own["test_bpb"] + d * sd, "valid_bpb": own["valid_bpb"] + d * sd}
+                         for s, d in ((1, -1), (2, 1))]
     write(tmp_path / "seeds/seeds.csv", seeds.csv_rows(rows))
 
     def remade(moves: dict[str, float]) -> str:
