@@ -4,8 +4,9 @@ Outputs metrics/eval/<model>.json ({"valid", "test", "n_params", "decoding": {st
 and data/logprobs/<model>.npz (each token's log-probability on valid and test, float32: what `combine` mixes). The
 model's own MLflow run (found by the content hash of models/<model>, tracking.run_of_output) gets its test_* metrics.
 A neural model is registered here, as `lmpipe-<model>` with the decoding settings of `evaluate` (what its
-samples used; its card's numbers are the publish stage's): a changed decoding setting re-runs this stage and registers a new version, never
-retraining. One stage per model, as training is, so adding a model scores only that model; `evaluate` joins the files.
+samples used; its card's numbers are the publish stage's): a changed decoding setting re-runs this stage and
+registers a new version, never retraining. One stage per model, as training is, so adding a model scores only that
+model; `evaluate` joins the files.
 """
 
 import argparse

@@ -263,8 +263,9 @@ def _sample(contexts: Contexts, prompts: Sequence[Sequence[int]], settings: Deco
     for step in range(settings.max_new_tokens):
         for row, i in enumerate(active):
             p = contexts.probs[row]
-            p = without_repeats(guard.restrict(p, states[i]) if guard else p, [*prompts[i], *new[i]],
-                                settings.no_repeat_ngram)
+            p = guard.restrict(p, states[i]) if guard else p
+            if settings.no_repeat_ngram:  # the text so far is gathered only where the rule is on
+                p = without_repeats(p, [*prompts[i], *new[i]], settings.no_repeat_ngram)
             token = _pick(p, settings, rngs[i])
             new[i].append(token)
             if guard:
