@@ -1,4 +1,5 @@
-"""Process-wide settings that the entry points apply once, never the library on import or a constructor."""
+"""Process-wide settings, applied by a stage's `main` and again before each Trainer is built (each call sets the
+same values), never on import."""
 
 from __future__ import annotations
 

@@ -245,8 +245,9 @@ def _averaged(model, optimizer, active: bool):
 
 
 def setup_process(common: TrainParams) -> torch.device:
-    """Process-wide setup, once per training run, by its entry point: freed memory kept in the process, the
-    device and its threads, the DDP group under torchrun, and torch's global RNG seeded from `train.seed`. The
+    """Process-wide setup before each Trainer is built (`Job.trainer`: a run's, and each decay branch's, which
+    sets the same values again): freed memory kept in the process, the device and its threads, the DDP group under
+    torchrun, and torch's global RNG seeded from `train.seed`. The
     Trainer built next draws the model's initial weights, then its dropout masks, from that RNG: build it right
     after this call."""
     keep_freed_memory()
