@@ -232,8 +232,8 @@ def generate(model, prompt: Sequence[int], settings: DecodeSettings, boundary: i
 def generate_each(model, prompts: Sequence[Sequence[int]], settings: DecodeSettings, boundary: int,
                   guard: Utf8Guard | None = None) -> list[list[int]]:
     """`generate` of each prompt, the prompts stepped through the model together where it can stack their states:
-    each its own random stream (`prompt_seed`: its place in the call) and its own guard state, so each gets what it
-    gets alone with that seed."""
+    each its own random stream (`prompt_seed`: the seed, and how many identical prompts come before it in the call)
+    and its own guard state, so each gets what it gets alone with that seed."""
     if settings.strategy == "beam":
         return [beam_search(model, prompt, settings, boundary, guard) for prompt in prompts]
     with evaluating(model):
@@ -241,22 +241,34 @@ def generate_each(model, prompts: Sequence[Sequence[int]], settings: DecodeSetti
         together = Contexts.joined(parts)
         if together is not None:
             return _sample(together, prompts, settings, boundary, guard)
-        return [_sample(part, [prompt], replace(settings, seed=prompt_seed(settings.seed, i)), boundary, guard)[0]
-                for i, (part, prompt) in enumerate(zip(parts, prompts))]
+        return [_sample(part, [prompt], replace(settings, seed=prompt_seed(settings.seed, repeat)), boundary, guard)[0]
+                for repeat, part, prompt in zip(repeats(prompts), parts, prompts)]
 
 
-def prompt_seed(seed: int | tuple[int, ...], position: int) -> int | tuple[int, ...]:
-    """The seed entropy of the prompt at `position` of a call: the first the call's seed itself (so one prompt gets
-    what `generate` gives it), each later one its own stream from the seed and its place, so that a request of
-    identical prompts samples each independently, reproducibly."""
-    return seed if position == 0 else (*(seed if isinstance(seed, tuple) else (seed,)), position)
+def repeats(prompts: Sequence[Sequence[int]]) -> list[int]:
+    """For each prompt, how many identical prompts come before it in the call: 0 for every prompt of a call of
+    different prompts, so a prompt's sample depends on the prompt and the seed alone, not on what shares its call
+    (a server's batch of several requests)."""
+    seen: dict[tuple, int] = {}
+    counts = []
+    for prompt in prompts:
+        counts.append(seen.get(key := tuple(prompt), 0))
+        seen[key] = counts[-1] + 1
+    return counts
+
+
+def prompt_seed(seed: int | tuple[int, ...], repeat: int) -> int | tuple[int, ...]:
+    """The seed entropy of a prompt that `repeat` identical prompts precede in its call (`repeats`): the first the
+    call's seed itself (so a prompt gets what `generate` gives it), each repeat its own stream from the seed and
+    its count, so that a request of identical prompts samples each independently, reproducibly."""
+    return seed if repeat == 0 else (*(seed if isinstance(seed, tuple) else (seed,)), repeat)
 
 
 def _sample(contexts: Contexts, prompts: Sequence[Sequence[int]], settings: DecodeSettings, boundary: int,
             guard: Utf8Guard | None) -> list[list[int]]:
     """The non-beam strategies over `contexts`, whose rows are `prompts` read: each its own random stream
     (`prompt_seed`) and its own guard state."""
-    rngs = [np.random.default_rng(prompt_seed(settings.seed, i)) for i in range(len(prompts))]
+    rngs = [np.random.default_rng(prompt_seed(settings.seed, repeat)) for repeat in repeats(prompts)]
     states = [guard.state_after(prompt) if guard else 0 for prompt in prompts]
     new: list[list[int]] = [[] for _ in prompts]
     active = list(range(len(prompts)))  # the prompts still growing, in the order of contexts' rows

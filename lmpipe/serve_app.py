@@ -121,7 +121,9 @@ class Generation:
 class Worker:
     """Runs the model on one daemon thread: the event loop stays free to answer, and a stopping process does not wait
     for a generation to end. Requests waiting with the same params go through the model together (one batch of their
-    prompts, at most MAX_WORK of work), each prompt getting what it gets alone. It knows how long its queue will take
+    prompts, at most MAX_WORK of work), each prompt getting what it gets alone: a request that repeats a prompt of the
+    batch waits for the next one, as a prompt's random stream counts the identical prompts before it in the call
+    (lmpipe.decode.repeats). It knows how long its queue will take
     (the steps of work queued, lmpipe.serving.work, at the seconds a step it measures), so a request that would wait
     too long is refused at once rather than left to time out."""
 
@@ -153,20 +155,22 @@ class Worker:
         return await done
 
     def _batch(self) -> list[Generation]:
-        """The next job, and the jobs queued behind it with the same params, up to one request's work (MAX_WORK)."""
+        """The next job, and the jobs queued behind it with the same params and none of the batch's prompts, up to one
+        request's work (MAX_WORK)."""
         batch = [self._held or self.jobs.get()]
         self._held = None
-        steps = batch[0].steps
+        steps, prompts = batch[0].steps, set(batch[0].prompts)
         while True:
             try:
                 job = self.jobs.get_nowait()
             except queue.Empty:
                 return batch
-            if job.params != batch[0].params or steps + job.steps > MAX_WORK:
+            if job.params != batch[0].params or steps + job.steps > MAX_WORK or prompts.intersection(job.prompts):
                 self._held = job
                 return batch
             batch.append(job)
             steps += job.steps
+            prompts.update(job.prompts)
 
     def _work(self) -> None:
         while True:

@@ -364,19 +364,21 @@ def test_prompts_decoded_together_get_what_each_gets_alone(family, arch):
     from lmpipe.decode import generate_each, prompt_seed
 
     model = peaked(family, arch)
-    for prompts in ([[3, 4, 5], [7], list(range(1, 15)), [3, 4, 5]], [[3, 4, 5], [5, 4, 3], [1, 1, 1]]):
+    for prompts, repeat in (([[3, 4, 5], [7], list(range(1, 15)), [3, 4, 5]], [0, 0, 0, 1]),
+                            ([[3, 4, 5], [5, 4, 3], [1, 1, 1]], [0, 0, 0])):
         for strategy in ("greedy", "top-k", "top-p", "typical", "sample"):
             for stop in (False, True):
                 settings = DecodeSettings(strategy=strategy, max_new_tokens=25, seed=3, stop_at_boundary=stop)
-                alone = [generate(Reread(model), prompt, replace(settings, seed=prompt_seed(3, i)), 0)
-                         for i, prompt in enumerate(prompts)]
+                alone = [generate(Reread(model), prompt, replace(settings, seed=prompt_seed(3, r)), 0)
+                         for r, prompt in zip(repeat, prompts)]
                 assert generate_each(model, prompts, settings, 0) == alone, (strategy, stop)
     assert model.training
 
 
 def test_identical_prompts_in_one_call_sample_independently_and_reproducibly():
-    """A served request of the same prompt four times: four samples (each prompt its own stream from the seed and
-    its place), the first what the prompt gets alone, and the same four again with the same seed."""
+    """A served request of the same prompt four times: four samples (each repeat its own stream from the seed and
+    the repeats before it), the first what the prompt gets alone, and the same four again with the same seed. A
+    prompt among others gets what it gets alone, wherever it stands: a server's batch of requests changes nothing."""
     from lmpipe.decode import generate_each
 
     class Uniform:  # every token equally likely: only the random stream decides
@@ -388,5 +390,8 @@ def test_identical_prompts_in_one_call_sample_independently_and_reproducibly():
     assert len({tuple(t) for t in four}) == 4
     assert four == generate_each(Uniform(), [[1, 2]] * 4, settings, 0)
     assert four[0] == generate(Uniform(), [1, 2], settings, 0)
+    mixed = generate_each(Uniform(), [[3], [1, 2], [4], [1, 2]], settings, 0)
+    assert mixed[1] == four[0] and mixed[3] == four[1]  # the same prompt, the same stream, wherever it stands
+    assert mixed[0] == generate(Uniform(), [3], settings, 0) and mixed[2] == generate(Uniform(), [4], settings, 0)
     greedy = generate_each(Uniform(), [[1, 2]] * 2, replace(settings, strategy="greedy"), 0)
     assert greedy[0] == greedy[1]  # nothing random: the same prompt, the same text

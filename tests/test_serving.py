@@ -211,6 +211,57 @@ def test_every_setting_generate_takes_is_a_request_param_and_identical_prompts_s
     assert [p["continuation"] for p in cooler.json()["predictions"]] != four  # the temperature is used
 
 
+def test_a_request_gets_what_it_gets_alone_whatever_the_server_batches_it_with(served):
+    """Requests queued while the model is busy go through it together; each still gets the answer it gets alone,
+    a request repeating another's prompt too (held for the next batch, as a repeat samples another stream)."""
+    import threading
+    import time
+
+    from starlette.testclient import TestClient
+
+    from lmpipe.serve_app import build_app
+
+    _, loaded, _ = served
+    release, batches = threading.Event(), []
+
+    class Held(Loaded):  # the first request holds the model while the others queue behind it
+        def predict(self, frame, params=None):
+            if list(frame["prompt"]) == ["hold"]:
+                release.wait(30)
+            else:
+                batches.append(list(frame["prompt"]))
+            return super().predict(frame, params)
+
+    params = {"strategy": "sample", "max_new_tokens": 6, "seed": 4}
+    requests = [["The history of"], ["In 1990", "The history of"], ["The war"], ["The history of"]]
+    with TestClient(build_app(Held(loaded.generator), {}, max_wait_s=60), base_url=LOCAL) as client:
+        def ask(prompts: list[str]) -> list[str]:
+            answer = client.post("/invocations", json={"inputs": {"prompt": prompts}, "params": params})
+            assert answer.status_code == 200, answer.text
+            return [p["continuation"] for p in answer.json()["predictions"]]
+
+        alone = [ask(prompts) for prompts in requests]
+        batches.clear()
+        answers = {}
+        holder = threading.Thread(target=lambda: ask(["hold"]))
+        holder.start()
+        while not client.app.state.worker.busy:
+            time.sleep(0.01)
+        threads = []
+        for i, prompts in enumerate(requests):  # queued in this order behind the held request
+            threads.append(threading.Thread(target=lambda i=i, p=prompts: answers.__setitem__(i, ask(p))))
+            threads[-1].start()
+            while client.app.state.worker.jobs.qsize() < len(threads):
+                time.sleep(0.01)
+        release.set()
+        holder.join(60)
+        for thread in threads:
+            thread.join(60)
+    assert [answers[i] for i in range(len(requests))] == alone
+    assert any(len(batch) > 1 for batch in batches), batches  # some went through the model together
+    assert all(len(batch) == len(set(batch)) for batch in batches), batches  # never a prompt twice in one batch
+
+
 @pytest.mark.parametrize("what, request_, status, start", [
     ("no content type", {"content": json.dumps(GOOD)}, 415, "the body must be JSON, sent with Content-Type"),
     ("text/plain", {"content": json.dumps(GOOD), "headers": {"Content-Type": "text/plain"}}, 415, "the body must"),
