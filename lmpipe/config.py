@@ -18,7 +18,7 @@ import yaml
 from pydantic import ByteSize, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lmpipe.decode_rules import DecodingParams, Strategy
-from lmpipe.errors import ConfigError, describe_error
+from lmpipe.errors import ConfigError, describe_error, meant
 from lmpipe.model_params import Budget, ModelParams, Section
 from lmpipe.paths import BASELINE, WORD2VEC
 
@@ -383,6 +383,9 @@ def parse_params(raw, source: str | Path = "params") -> Params:
         return Params.model_validate(raw)
     except ValidationError as exc:
         errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")  # a misspelt key says why first
-        also = f"; also {describe_error(errors[1])}" if len(errors) > 1 else ""
-        more = f" (and {len(errors) - 2} more)" if len(errors) > 2 else ""
-        raise ConfigError(f"{source}: {describe_error(errors[0])}{also}{more}") from None
+        instead = meant(errors[0], errors)  # the key it misspells is missing too: one mistake, said once
+        rest = [e for e in errors[1:] if not (instead and e["type"] == "missing" and e["loc"][:-1] == errors[0]["loc"][:-1]
+                                              and str(e["loc"][-1]) == instead)]
+        also = f"; also {describe_error(rest[0])}" if rest else ""
+        more = f" (and {len(rest) - 1} more)" if len(rest) > 1 else ""
+        raise ConfigError(f"{source}: {describe_error(errors[0], instead=instead)}{also}{more}") from None

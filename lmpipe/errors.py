@@ -13,18 +13,33 @@ UNION_TAGS = ("adam", "sgd")  # the tags of lmpipe.model_params.OptimParams, whi
 # location: describe_error leaves them out of the key
 
 
-def describe_error(error: dict, within: str = "") -> str:
-    """One pydantic error as `key: message (got value)`, the key inside `within` (a section's name)."""
+def meant(unknown: dict, errors: list[dict]) -> str | None:
+    """The missing key beside an unknown one that the unknown one most likely misspells ('lrr' for a missing 'lr'),
+    or None: a typo is one mistake, said as one."""
+    import difflib
+
+    if unknown["type"] != "extra_forbidden":
+        return None
+    missing = [str(e["loc"][-1]) for e in errors if e["type"] == "missing" and e["loc"][:-1] == unknown["loc"][:-1]]
+    close = difflib.get_close_matches(str(unknown["loc"][-1]), missing, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def describe_error(error: dict, within: str = "", instead: str | None = None) -> str:
+    """One pydantic error as `key: message (got value)`, the key inside `within` (a section's name); `instead`: the
+    key an unknown one misspells (`meant`)."""
     parts = [str(p) for p in error["loc"]
              if p not in UNION_TAGS and not str(p).startswith(("function-after", "function-before"))]
     key = ".".join(filter(None, [within, *parts])) or "(top level)"
     key = key.replace("validate_", "validate")
+    fix = f"did you mean '{instead}'?" if instead else "remove it or fix its spelling"
     if error["type"] == "extra_forbidden" and set(error["loc"]) & set(UNION_TAGS):
         if "sgd" in error["loc"]:
-            return f"'{key}' is not a setting of SGD (remove it or fix its spelling)"
-        return f"'{key}' is not a setting of adam, adamw and muon (remove it; momentum and nt_asgd are SGD's)"
+            return f"'{key}' is not a setting of SGD ({fix})"
+        return (f"'{key}' is not a setting of adam, adamw and muon ("
+                + (fix if instead else "remove it or fix its spelling; momentum and nt_asgd are SGD's") + ")")
     if error["type"] == "extra_forbidden":
-        return f"unknown key '{key}' (remove it or fix its spelling)"
+        return f"unknown key '{key}' ({fix})"
     if error["type"] == "missing":
         return f"'{key}' is missing: params.yaml states every setting, so that DVC sees it (add it)"
     message = error["msg"].removeprefix("Value error, ")

@@ -59,12 +59,23 @@ def apply_overrides(tree: dict, items: list[str], where: str = "-S") -> dict:
         except ConfigCompositionException as exc:
             key, reason = parsed.key_or_group, str(exc).splitlines()[0]
             if reason.startswith("Could not override"):
-                reason = (f"the params have no {key} (DVC's -S changes only the settings the file holds; add it "
-                          f"with '+{item}')")
+                reason = (f"the params have no {key}" + (f" (did you mean {close}?)" if (close := nearest(tree, key))
+                          else f" (DVC's -S changes only the settings the file holds; add it with '+{item}')"))
             elif "already at" in reason:
                 reason = f"{key} is already set (change it with '{item.lstrip('+')}')"
             raise ConfigError(f"{where} {item!r}: {reason}") from None
     return OmegaConf.to_object(config)
+
+
+def nearest(tree: dict, key: str) -> str | None:
+    """The dotted key of `tree` that `key` most likely misspells (its last part, among its parent's keys), or None."""
+    import difflib
+
+    *parents, last = key.split(".")
+    for part in parents:
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    close = difflib.get_close_matches(last, list(tree), n=1, cutoff=0.6) if isinstance(tree, dict) else []
+    return ".".join([*parents, close[0]]) if close else None
 
 
 def check_overrides(path: str | Path, items: list[str] | None) -> None:

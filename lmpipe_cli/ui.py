@@ -76,7 +76,8 @@ def print_views(base: str, params) -> None:
               f"{views.compare_url(base, experiment, views.made_by(runs))}")
     crowned = champion_metrics(params.models)
     ranked = sorted(crowned, key=lambda m: crowned[m]["bpb"])
-    print("champions (models:/lmpipe-<model>@champion), best test bpb first: "
+    print("champions (models:/lmpipe-<model>@champion), best first by the test bpb of the version's own run (the "
+          "views and tables give the mean over seeds): "
           + (", ".join(f"{m} v{crowned[m]['version']} ({crowned[m]['bpb']:.3f})" for m in ranked)
              or "none yet (run the study)"), flush=True)
 

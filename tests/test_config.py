@@ -137,6 +137,7 @@ def test_overrides_are_applied_as_dvc_exp_run_applies_them(tmp_path, overrides):
 
 @pytest.mark.parametrize("override, says", [
     ("models.gru.budget={tokens: 1000}", r"the params have no models.gru.budget .*add it with '\+models.gru.budget="),
+    ("models.gru.optim.lrr=0.003", r"the params have no models.gru.optim.lrr \(did you mean models.gru.optim.lr\?\)$"),
     ("+corpus.source=local", r"corpus.source is already set \(change it with 'corpus.source=local'\)"),
     ("tokenizer.boundary_token=<x>", r"expected KEY=VALUE in DVC's -S syntax")])
 def test_an_override_dvc_would_refuse_is_one_line_saying_how_to_write_it(tmp_path, override, says):
@@ -314,13 +315,30 @@ def test_branches_divide_the_study_budget():
             StudyParams.model_validate(bad)
 
 
-def test_a_misspelt_key_is_named_first_and_the_key_it_hides_beside_it():
-    """`lrr` for `lr`: the unknown key is what to fix; the missing one follows from it, so it comes second."""
+def test_a_misspelt_key_is_named_first_with_the_key_it_misspells():
+    """`lrr` for `lr`: one mistake, said once: the unknown key, and the missing key it most likely means."""
     raw = committed_params()
     optim = raw["models"]["gru"]["optim"]
     optim["lrr"] = optim.pop("lr")
     with pytest.raises(ConfigError) as caught:
         parse_params(raw, "params.yaml")
-    assert str(caught.value).startswith("params.yaml: 'models.gru.optim.lrr' is not a setting of adam, adamw and muon")
+    assert str(caught.value) == ("params.yaml: 'models.gru.optim.lrr' is not a setting of adam, adamw and muon (did "
+                                 "you mean 'lr'?)")
+    raw["tokenizer"]["vocab_sise"] = raw["tokenizer"].pop("vocab_size")
+    with pytest.raises(ConfigError) as caught:
+        parse_params(raw, "params.yaml")
+    assert str(caught.value).startswith("params.yaml: unknown key 'tokenizer.vocab_sise' (did you mean 'vocab_size'?); "
+                                        "also 'models.gru.optim.lrr' is not a setting")
+
+
+def test_an_unknown_key_like_no_missing_one_is_named_first_and_the_missing_key_beside_it():
+    """`learning_rate` for `lr` is not a misspelling difflib finds: the unknown key first, then the missing one."""
+    raw = committed_params()
+    optim = raw["models"]["gru"]["optim"]
+    optim["learning_rate"] = optim.pop("lr")
+    with pytest.raises(ConfigError) as caught:
+        parse_params(raw, "params.yaml")
+    assert str(caught.value).startswith("params.yaml: 'models.gru.optim.learning_rate' is not a setting of adam, "
+                                        "adamw and muon (remove it or fix its spelling")
     assert str(caught.value).endswith("; also 'models.gru.optim.lr' is missing: params.yaml states every setting, so "
                                       "that DVC sees it (add it)")
