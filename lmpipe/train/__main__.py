@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
                           "models.<model>. prefix (repeatable: -S optim.lr=0.003 -S arch.layers=2)")
     parser.add_argument("--seed", type=int, help="train.seed of this run (default: params.yaml's)")
     parser.add_argument("--budget", help="this run's length instead of the model's: '{tokens: N}' or '{flops: F}'")
-    parser.add_argument("--threads", type=int, help="CPU threads (1: two runs side by side on 2 cores)")
+    parser.add_argument("--threads", type=int, help="CPU threads (1: two runs side by side on 2 cores) (default: "
+                                                    "params.yaml's train.threads; 0 there: torch's own choice)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model (train.compile)")
     parser.add_argument("--score", action="store_true", help="score valid and test as the evaluate stage does")
     parser.add_argument("--out", help="a new or empty folder for model.pt, metrics.json and curve.csv, or one an "
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
                                       "replaced) (default: none)")
     parser.add_argument("--params", default="params.yaml", help="the params file (default: params.yaml)")
     parser.add_argument("--checkpoints", default=str(Path(CACHE_DIR) / "ckpt"),
-                        help="root of the resumable checkpoints")
+                        help=f"root of the resumable checkpoints (default: {Path(CACHE_DIR) / 'ckpt'})")
     args = parse_args(parser, argv)  # a bare key=value or --set: one line naming -S
     sets = model_settings(args.overrides, args.model)
     ranks = distributed.launched()
