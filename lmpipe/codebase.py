@@ -99,8 +99,35 @@ def code_files(module: str = TRAINING_ENTRY, root: Path = ROOT) -> list[str]:
 
 
 def code_hash(module: str = TRAINING_ENTRY, root: Path = ROOT) -> str:
-    """12 hex digits over the names and bytes of `code_files(module)`: any edit to any of them changes it."""
+    """12 hex digits over the names and the code (`code_of`) of `code_files(module)`: any edit to what runs changes
+    it, an edit to a docstring, a comment or blank lines does not (so the seeds' rows and the grid's cached runs
+    outlive it)."""
     digest = hashlib.sha256()
     for name in code_files(module, root):
-        digest.update(name.encode() + b"\0" + (root / name).read_bytes() + b"\0")
+        digest.update(name.encode() + b"\0" + code_of((root / name).read_text(encoding="utf-8")).encode() + b"\0")
     return digest.hexdigest()[:12]
+
+
+def code_of(source: str) -> str:
+    """`source` without what cannot run: its docstrings and comments blanked, trailing spaces and blank lines
+    dropped. Found by position (`ast` for the docstrings, `tokenize` for the comments), which every Python
+    version reports alike, so the same file gives the same text on any machine."""
+    import io
+    import tokenize
+
+    lines = source.splitlines()
+    spans = [(n.lineno, n.col_offset, n.end_lineno, n.end_col_offset) for n in _docstrings(ast.parse(source))]
+    spans += [(*t.start, *t.end) for t in tokenize.generate_tokens(io.StringIO(source).readline)
+              if t.type == tokenize.COMMENT]
+    for start_line, start_col, end_line, end_col in sorted(spans, reverse=True):  # from the end: positions hold
+        first, last = lines[start_line - 1], lines[end_line - 1]
+        lines[start_line - 1:end_line] = [first[:start_col] + last[end_col:]]
+    return "\n".join(kept for line in lines if (kept := line.rstrip()))
+
+
+def _docstrings(tree: ast.AST) -> list[ast.Expr]:
+    """The docstring expressions of a module, its classes and its functions."""
+    kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    return [node.body[0] for node in ast.walk(tree) if isinstance(node, kinds) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+            and isinstance(node.body[0].value.value, str)]

@@ -38,6 +38,26 @@ def test_an_edit_to_any_file_of_the_training_code_changes_the_key_and_others_do_
     assert codebase.code_hash(root=root) == base
 
 
+def test_prose_in_the_training_code_leaves_the_key_alone_and_code_does_not(tmp_path):
+    """A reworded docstring, a new comment or blank lines keep the key (the seeds' rows and the grid's cached runs
+    stay the study's); a string that runs, an operator or a number changes it, even inside a line with a comment."""
+    root = copy_of_the_packages(tmp_path)
+    base = codebase.code_hash(root=root)
+    trainer = root / "lmpipe/train/trainer.py"
+    source = trainer.read_text()
+    prose = (source.replace('"""Process-wide setup', '"""Reworded: process-wide setup', 1)
+             .replace("\ndef ", "\n# a new comment\n\n\ndef ", 1) + "\n\n# the end  \n")
+    assert prose != source
+    trainer.write_text(prose)
+    assert codebase.code_hash(root=root) == base
+    for edit in ('\nLABEL = "# not a comment"\n', "\nSCALE = 2  # a comment\n"):
+        trainer.write_text(source + edit)
+        changed = codebase.code_hash(root=root)
+        assert changed != base, edit
+        trainer.write_text(source + edit.replace("2", "3").replace("not a", "not the"))
+        assert codebase.code_hash(root=root) not in (base, changed), edit
+
+
 def test_a_new_module_the_training_code_imports_joins_the_key(tmp_path):
     """No list to forget: a module added and imported by the trainer is hashed from then on."""
     root = copy_of_the_packages(tmp_path)
