@@ -234,3 +234,15 @@ def test_dvc_plots_draws_test_bpb_sorted_not_from_zero_with_the_baseline_dashed(
     assert drawn == sorted(rows, key=rows.get)
     ticks = [float(t) for t in re.findall(r">(\d+\.\d+)</text>", svg) if float(t) not in rows.values()]
     assert min(ticks) > 1.0 and "stroke-dasharray" in svg
+
+
+def test_the_committed_report_is_made_from_the_committed_params():
+    """The report names the digest of the params.yaml it was made from: the committed report's must be the committed
+    params.yaml's, or a change to the settings was relocked without re-making the report (a stale result, silent)."""
+    import hashlib
+    import re
+
+    digest = hashlib.sha256((ROOT / "params.yaml").read_bytes()).hexdigest()[:12]
+    for page in ("reports/study.md", "reports/study.html"):
+        named = re.findall(r"params\.yaml(?:</code>|`) \(sha256 (?:<code>|`)([0-9a-f]{12})", (ROOT / page).read_text())
+        assert named == [digest], (page, named, digest)
