@@ -18,7 +18,7 @@ from lmpipe import mlflow_views as views
 from lmpipe.compare import baseline_label, best_model, gap, scored
 from lmpipe.config import load_params
 from lmpipe.paths import BASELINE
-from lmpipe.results import load_results
+from lmpipe.results import load_results, machines_text, made_on
 
 
 def headline(models: dict, unmatched: list[str] = ()) -> dict:
@@ -52,25 +52,19 @@ def seed_sentence(name: str, seeds: int, stale: dict[str, str]) -> str:
     return " No seed spread yet: one seed (`lmpipe seeds` trains more)."
 
 
-def made_on(name: str, results) -> str:
+def provenance(name: str, results) -> str:
     """Where the model and its seeds' rows were made and how its run lies from its seed's committed row, in seed sds
     (lmpipe.seeds: the machine and the precision are provenance, not identity): a card read anywhere says which
     machines its numbers come from. The machines only where recorded."""
     made, trained = results.provenance.get(name), results.trained.get(name, {})
-    run = where(trained.get("machine", ""), trained.get("precision", ""))
+    run = made_on(trained.get("machine", ""), trained.get("precision", ""))
     if made is None:
         return f" Trained on {run}." if run else ""
-    rows = "; ".join(filter(None, (where(m, p) for m, p in made["rows"])))
+    rows = machines_text(made["rows"])
     said = [part for part in (f"trained on {run}" if run else "", f"its seeds' rows on {rows}" if rows else "") if part]
     said.append(f"against its seed's committed row: {made['reproduction'].text()}")
     text = "; ".join([", ".join(said[:-1]), said[-1]] if len(said) > 1 else said)
     return f" {text[0].upper()}{text[1:]}."
-
-
-def where(machine: str, precision: str) -> str:
-    """'AMD family 26, AVX512-BF16 (bf16)'; empty where the machine is not recorded."""
-    machine = "" if machine == "unrecorded" else machine
-    return f"{machine} ({precision})" if machine and precision else machine
 
 
 def publish_model(params, name: str, results, under: str) -> None:
@@ -83,7 +77,7 @@ def publish_model(params, name: str, results, under: str) -> None:
     made_by = tracking.run_of_output(experiment, paths.model_dir(name)) or ""
     size = trained.get("n_params", results.evaluation["models"][name].get("n_params", 0))
     shown = views.labels(name, spread, (label, baseline), size, trained.get("train_flops"))
-    note = describe(name, spread, trained) + made_on(name, results)
+    note = describe(name, spread, trained) + provenance(name, results)
     tags = {tracking.NOTE: note, **shown, tracking.runs.ROLE: views.PUBLISHED, views.MODEL: name, views.MADE_BY: made_by,
             views.MODEL_HASH: tracking.output_hash(paths.model_dir(name))}
     with tracking.runs.run(experiment, name, tags=tags, parent_run_id=under):
@@ -101,7 +95,7 @@ def publish_model(params, name: str, results, under: str) -> None:
         "seeds": str(seeds), f"vs_{label}_bpb": versus.split()[0], "test_word_ppl": f"{spread.word_ppl:.1f}",
         "train_flops": f"{trained['train_flops']:.3e}" if "train_flops" in trained else "-",
         "n_params": str(trained.get("n_params", "")), "git_commit": commit, "params_sha256": digest,
-        "trained_on": where(trained.get("machine", ""), trained.get("precision", "")) or "-"})
+        "trained_on": made_on(trained.get("machine", ""), trained.get("precision", "")) or "-"})
 
 
 @flow(name="publish")

@@ -18,7 +18,7 @@ from lmpipe.html_page import html_page
 from lmpipe.io import csv_records, csv_text, write_text
 from lmpipe.report_figures import bpb_figure, compute_figure, learning_curves_figure, position_figure
 from lmpipe.tables import markdown_table
-from lmpipe.results import load_results, read_json, si
+from lmpipe.results import load_results, machines_text, read_json, si
 
 
 def _curves(plots_dir: Path) -> dict[str, list[dict]]:
@@ -181,10 +181,6 @@ def _combine_section(combined: dict, evaluation: dict, label: str, unmatched: li
     return lines
 
 
-def _machines(pairs) -> str:
-    return "; ".join(f"{m} ({p})" for m, p in pairs)
-
-
 def provenance_lines(provenance: dict[str, dict]) -> list[str]:
     """Where the seed rows and this run were made, and how far this run lies from its committed row: a spread made
     on one machine holds for a run on another while the run is within noise of its row (lmpipe.seeds)."""
@@ -198,7 +194,9 @@ def provenance_lines(provenance: dict[str, dict]) -> list[str]:
     else:
         reproduced = ("against its committed row of the same seed, in that model's seed sds: "
                       + ", ".join(f"{name} {r.text()}" for name, r in judged.items()))
-    return [f"Seed rows made on {_machines(rows)}; this run on {_machines(runs)}, which {reproduced}."]
+    unknown = "an unrecorded machine"
+    return [f"Seed rows made on {machines_text(rows) or unknown}; this run on {machines_text(runs) or unknown}, "
+            f"which {reproduced}."]
 
 
 def _seeds_section(spreads: dict, stale: dict[str, str], label: str, unmatched: list[str] = (),

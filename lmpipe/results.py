@@ -19,6 +19,18 @@ def read_json(path: Path):
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def made_on(machine: str, precision: str) -> str:
+    """Where a number was made, as every table says it: 'AMD family 26, AVX512-BF16 (bf16)'; empty where the machine is
+    not recorded."""
+    machine = "" if machine == "unrecorded" else machine
+    return f"{machine} ({precision})" if machine and precision else machine
+
+
+def machines_text(pairs) -> str:
+    """Several (machine, precision) pairs, each as `made_on` says it, the unrecorded left out (empty: none recorded)."""
+    return "; ".join(filter(None, (made_on(m, p) for m, p in pairs)))
+
+
 def si(x: float) -> str:
     """A FLOP count as '3.00e13'."""
     return f"{x:.2e}".replace("e+", "e")

@@ -170,6 +170,8 @@ def test_the_readmes_results_block_is_the_committed_metrics(tmp_path):
         (f"README.md's results differ from {'the working tree' if edited else 'HEAD'}'s metrics: "
          "run python -m lmpipe.readme README.md")
     assert has_row(readme.read_text(), "gru")
+    machine = json.loads((root / "metrics/train/gru.json").read_text())["machine"]
+    assert f"Trained on {machine} (" in readme.read_text()  # the committed numbers' machine, as the report names it
 
 
 def test_a_model_off_the_study_budget_is_marked_and_left_out_of_the_verdicts(tmp_path):
@@ -245,4 +247,6 @@ def test_the_committed_report_is_made_from_the_committed_params():
     digest = hashlib.sha256((ROOT / "params.yaml").read_bytes()).hexdigest()[:12]
     for page in ("reports/study.md", "reports/study.html"):
         named = re.findall(r"params\.yaml(?:</code>|`) \(sha256 (?:<code>|`)([0-9a-f]{12})", (ROOT / page).read_text())
-        assert named == [digest], (page, named, digest)
+        assert named == [digest], (f"{page} names params.yaml {named}, the file is {digest}: re-make the report "
+                                   "(dvc repro --force --single-item report; DVC itself skips it for an edit to "
+                                   "params.yaml's comments)")
