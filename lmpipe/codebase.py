@@ -109,20 +109,34 @@ def code_hash(module: str = TRAINING_ENTRY, root: Path = ROOT) -> str:
 
 
 def code_of(source: str) -> str:
-    """`source` without what cannot run: its docstrings and comments blanked, trailing spaces and blank lines
-    dropped. Found by position (`ast` for the docstrings, `tokenize` for the comments), which every Python
-    version reports alike, so the same file gives the same text on any machine."""
+    """`source` without what cannot run: its docstrings and comments blanked, then trailing spaces and blank lines
+    dropped, except inside a string that spans lines, where they are its value. Found by position (`ast` for the
+    docstrings and strings, `tokenize` for the comments), which every Python version reports alike, so the same file
+    gives the same text on any machine."""
     import io
     import tokenize
 
-    lines = source.splitlines()
-    spans = [(n.lineno, n.col_offset, n.end_lineno, n.end_col_offset) for n in _docstrings(ast.parse(source))]
+    source = source.replace("\r\n", "\n")
+    lines = source.split("\n")  # as ast and tokenize count lines (str.splitlines also breaks at \f, \x1c, ...)
+    tree = ast.parse(source)
+    docstrings = _docstrings(tree)
+
+    def column(line: int, byte: int) -> int:  # ast counts columns in UTF-8 bytes
+        return len(lines[line - 1].encode()[:byte].decode())
+
+    spans = [(n.lineno, column(n.lineno, n.col_offset), n.end_lineno, column(n.end_lineno, n.end_col_offset))
+             for n in docstrings]
     spans += [(*t.start, *t.end) for t in tokenize.generate_tokens(io.StringIO(source).readline)
               if t.type == tokenize.COMMENT]
+    strings = {id(n.value) for n in docstrings}
+    verbatim = {line for n in ast.walk(tree) if id(n) not in strings
+                and (isinstance(n, ast.JoinedStr) or isinstance(n, ast.Constant) and isinstance(n.value, (str, bytes)))
+                and n.end_lineno > n.lineno for line in range(n.lineno, n.end_lineno + 1)}
     for start_line, start_col, end_line, end_col in sorted(spans, reverse=True):  # from the end: positions hold
         first, last = lines[start_line - 1], lines[end_line - 1]
-        lines[start_line - 1:end_line] = [first[:start_col] + last[end_col:]]
-    return "\n".join(kept for line in lines if (kept := line.rstrip()))
+        lines[start_line - 1:end_line] = [first[:start_col] + last[end_col:]] + [""] * (end_line - start_line)
+    return "\n".join(line if number in verbatim else line.rstrip()
+                     for number, line in enumerate(lines, 1) if number in verbatim or line.strip())
 
 
 def _docstrings(tree: ast.AST) -> list[ast.Expr]:

@@ -35,7 +35,7 @@ class DecodeSettings:
     no_repeat_ngram: int = 0  # n > 0: no n tokens in a row twice in a text, its prompt included (`repeating`)
     length_penalty: float = 1.0  # beam: score / length**alpha
     stop_at_boundary: bool = False  # end at the boundary token (end of line)
-    seed: int | tuple[int, ...] = 0  # numpy seed entropy: one number, or several (seed, prompt position)
+    seed: int | tuple[int, ...] = 0  # numpy seed entropy: one number, or several (seed, a repeat's count)
 
     def __post_init__(self):
         """Each setting by its one rule (lmpipe.decode_rules): a ConfigError names the first that breaks it."""

@@ -74,7 +74,8 @@ def nearest(tree: dict, key: str) -> str | None:
     *parents, last = key.split(".")
     for part in parents:
         tree = tree.get(part) if isinstance(tree, dict) else None
-    close = difflib.get_close_matches(last, list(tree), n=1, cutoff=0.6) if isinstance(tree, dict) else []
+    close = (difflib.get_close_matches(last, [k for k in tree if isinstance(k, str)], n=1, cutoff=0.6)
+             if isinstance(tree, dict) else [])
     return ".".join([*parents, close[0]]) if close else None
 
 

@@ -121,16 +121,16 @@ class Generation:
 class Worker:
     """Runs the model on one daemon thread: the event loop stays free to answer, and a stopping process does not wait
     for a generation to end. Requests waiting with the same params go through the model together (one batch of their
-    prompts, at most MAX_WORK of work), each prompt getting what it gets alone: a request that repeats a prompt of the
-    batch waits for the next one, as a prompt's random stream counts the identical prompts before it in the call
-    (lmpipe.decode.repeats). It knows how long its queue will take
+    prompts, at most MAX_WORK of work), each prompt sampling the random stream it samples alone: a request that repeats
+    a prompt of the batch waits for the next one, as a prompt's stream counts the identical prompts before it in the
+    call (lmpipe.decode.repeats), and the requests behind it go on joining. It knows how long its queue will take
     (the steps of work queued, lmpipe.serving.work, at the seconds a step it measures), so a request that would wait
     too long is refused at once rather than left to time out."""
 
     def __init__(self, predict: Callable[[list[str], dict], list[str]], seconds: float, steps: float):
         """`predict(prompts, params)` the continuations; `seconds` for `steps` of work: the first measured rate."""
         self.predict, self.jobs, self.busy = predict, queue.SimpleQueue(), False
-        self._held: Generation | None = None  # a job taken from the queue that could not join the batch: the next one
+        self._held: list[Generation] = []  # jobs taken from the queue that could not join the batch: the next one's first
         self._lock = threading.Lock()
         self._queued = 0  # steps of the jobs not started yet
         self._running_until = 0.0  # when the running batch should end (time.monotonic)
@@ -155,22 +155,24 @@ class Worker:
         return await done
 
     def _batch(self) -> list[Generation]:
-        """The next job, and the jobs queued behind it with the same params and none of the batch's prompts, up to one
-        request's work (MAX_WORK)."""
-        batch = [self._held or self.jobs.get()]
-        self._held = None
-        steps, prompts = batch[0].steps, set(batch[0].prompts)
+        """The oldest job waiting, and every job waiting behind it with the same params and none of the batch's
+        prompts, up to one request's work (MAX_WORK), oldest first; the others wait for the next batch, first in it."""
+        waiting = self._held or [self.jobs.get()]
         while True:
             try:
-                job = self.jobs.get_nowait()
+                waiting.append(self.jobs.get_nowait())
             except queue.Empty:
-                return batch
+                break
+        batch, self._held = [waiting[0]], []
+        steps, prompts = waiting[0].steps, set(waiting[0].prompts)
+        for job in waiting[1:]:
             if job.params != batch[0].params or steps + job.steps > MAX_WORK or prompts.intersection(job.prompts):
-                self._held = job
-                return batch
+                self._held.append(job)
+                continue
             batch.append(job)
             steps += job.steps
             prompts.update(job.prompts)
+        return batch
 
     def _work(self) -> None:
         while True:

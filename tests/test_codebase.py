@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
 import yaml
 
 from lmpipe import codebase
@@ -122,3 +123,18 @@ def test_the_house_has_three_floors_the_command_line_above_the_flows_above_the_l
     upward = [(a, b) for a, b in edges if a.split("/")[0] in ("lmpipe", "flows") and b.startswith("lmpipe_cli/")
               or a.startswith("lmpipe/") and b.startswith("flows/")]
     assert upward == []
+
+
+@pytest.mark.parametrize("one, other", [
+    ('X = """a\n\nb"""\n', 'X = """a\nb"""\n'),  # a blank line inside a string is its value
+    ('X = """a   \nb"""\n', 'X = """a\nb"""\n'),  # so are trailing spaces there
+    ('def f(): """→→→"""; x = 10\n', 'def f(): """→→→"""; y = 10\n'),  # columns past a multi-byte docstring
+    ('x = 1\n\x0c\ndef f():\n    """doc"""\n', 'x = 1\n\x0c\ndef g():\n    """doc"""\n')])  # a form feed is no line break
+def test_code_that_differs_keeps_its_difference(one, other):
+    assert codebase.code_of(one) != codebase.code_of(other)
+
+
+def test_the_code_of_a_file_drops_its_prose_only():
+    source = '"""Module."""\r\n\r\nimport os  # why\r\n\r\n\r\ndef café(x):\r\n    """Doc,\r\n    two lines."""\r\n' \
+             '    # a comment\r\n    return os.sep + "# kept"   \r\n'
+    assert codebase.code_of(source) == 'import os\ndef café(x):\n    return os.sep + "# kept"'
