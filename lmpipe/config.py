@@ -383,9 +383,9 @@ def parse_params(raw, source: str | Path = "params") -> Params:
         return Params.model_validate(raw)
     except ValidationError as exc:
         errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")  # a misspelt key says why first
-        instead = meant(errors[0], errors)  # the key it misspells is missing too: one mistake, said once
-        rest = [e for e in errors[1:] if not (instead and e["type"] == "missing" and e["loc"][:-1] == errors[0]["loc"][:-1]
-                                              and str(e["loc"][-1]) == instead)]
+        misspelt = meant(errors[0], errors)  # the key it misspells is missing too: one mistake, said once
+        rest = [e for e in errors[1:] if e is not misspelt]
         also = f"; also {describe_error(rest[0])}" if rest else ""
         more = f" (and {len(rest) - 1} more)" if len(rest) > 1 else ""
+        instead = str(misspelt["loc"][-1]) if misspelt else None
         raise ConfigError(f"{source}: {describe_error(errors[0], instead=instead)}{also}{more}") from None

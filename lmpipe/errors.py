@@ -13,16 +13,16 @@ UNION_TAGS = ("adam", "sgd")  # the tags of lmpipe.model_params.OptimParams, whi
 # location: describe_error leaves them out of the key
 
 
-def meant(unknown: dict, errors: list[dict]) -> str | None:
-    """The missing key beside an unknown one that the unknown one most likely misspells ('lrr' for a missing 'lr'),
-    or None: a typo is one mistake, said as one."""
+def meant(unknown: dict, errors: list[dict]) -> dict | None:
+    """The error of the missing key beside an unknown one that the unknown one most likely misspells ('lrr' for a
+    missing 'lr'), or None: a typo is one mistake, said as one."""
     import difflib
 
     if unknown["type"] != "extra_forbidden":
         return None
-    missing = [str(e["loc"][-1]) for e in errors if e["type"] == "missing" and e["loc"][:-1] == unknown["loc"][:-1]]
-    close = difflib.get_close_matches(str(unknown["loc"][-1]), missing, n=1, cutoff=0.6)
-    return close[0] if close else None
+    missing = {str(e["loc"][-1]): e for e in errors if e["type"] == "missing" and e["loc"][:-1] == unknown["loc"][:-1]}
+    close = difflib.get_close_matches(str(unknown["loc"][-1]), list(missing), n=1, cutoff=0.6)
+    return missing[close[0]] if close else None
 
 
 def describe_error(error: dict, within: str = "", instead: str | None = None) -> str:

@@ -12,7 +12,7 @@ from lmpipe.paths import BASELINE
 from lmpipe.config import load_params
 from lmpipe.tables import markdown_table
 from lmpipe.report import row_label
-from lmpipe.results import load_results, machines_text, si
+from lmpipe.results import load_results, machines_of, machines_text, si
 
 RESULTS_BEGIN = "<!-- results: generated from metrics/ and seeds/seeds.csv by `python -m lmpipe.readme README.md` -->"
 RESULTS_END = "<!-- end of results -->"
@@ -31,7 +31,7 @@ def results_markdown(root: str | Path, study_seed: int, label: str, budget_flops
     lines = [f"Every neural model trained {si(budget_flops)} FLOPs (`study.budget`): the families compare at equal "
              "compute" + (f"; not compute-matched: {', '.join(unmatched)}." if unmatched else "."), ""] if budget_flops else []
     lines += [SOURCE_NOTE, ""]
-    if machines := machines_text(sorted({(t.get("machine", ""), t.get("precision", "")) for t in trained.values()})):
+    if machines := machines_text(machines_of(trained.values())):
         lines += [f"Trained on {machines}. A study re-made on another machine gives other last digits: on the "
                   "machines tried it landed within seed noise of these (docs/benchmarks.md); `lmpipe reproduced` "
                   "says how far, model by model.", ""]

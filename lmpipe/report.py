@@ -195,7 +195,7 @@ def provenance_lines(provenance: dict[str, dict]) -> list[str]:
         reproduced = ("against its committed row of the same seed, in that model's seed sds: "
                       + ", ".join(f"{name} {r.text()}" for name, r in judged.items()))
     unknown = "an unrecorded machine"
-    return [f"Seed rows made on {machines_text(rows) or unknown}; this run on {machines_text(runs) or unknown}, "
+    return [f"Seed rows made on {machines_text(rows, unknown)}; this run on {machines_text(runs, unknown)}, "
             f"which {reproduced}."]
 
 

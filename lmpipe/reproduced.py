@@ -18,7 +18,7 @@ from lmpipe import paths
 from lmpipe.paths import BASELINE
 from lmpipe.git import git_or_empty
 from lmpipe.seeds import BIT_FOR_BIT, DIFFERS, reproduction, split_sds
-from lmpipe.results import machines_text
+from lmpipe.results import machines_of, machines_text
 from lmpipe.tables import markdown_table
 
 KEPT = ("dvc.lock", "metrics", "plots", "reports", "seeds")  # where a study writes what git holds
@@ -69,8 +69,7 @@ def compare(rev: str = "HEAD", root: str | Path = ".") -> tuple[list[dict], dict
         sd = 0.0 if model == BASELINE else sds.get(model, {})  # each number in its split's sd
         rows.append({"model": model, "committed": old, "now": new, "sd": sd if sd == 0.0 else sd.get("test"),
                      "verdict": reproduction({k: old[k] for k in shared}, {k: new[k] for k in shared}, sd)})
-    machines = {side: sorted({(t.get("machine") or "unrecorded", t.get("precision", "")) for t in summaries.values()})
-                for side, summaries in trained.items()}
+    machines = {side: machines_of(summaries.values()) for side, summaries in trained.items()}
     return rows, machines
 
 
@@ -84,7 +83,7 @@ def report(rows: list[dict], machines: dict, changed: list[str]) -> str:
         [[r["model"], f"{r['committed']['test bpb']:.4f}", f"{r['now']['test bpb']:.4f}", delta(r, "test bpb"),
           delta(r, "valid bpb"), "-" if r["sd"] is None else f"{r['sd']:.4f}", r["verdict"].text()]
          for r in sorted(rows, key=lambda r: r["committed"]["test bpb"])])
-    where = "; ".join(f"{side} on {machines_text(pairs) or 'an unrecorded machine'}" for side, pairs in machines.items())
+    where = "; ".join(f"{side} on {machines_text(pairs, 'an unrecorded machine')}" for side, pairs in machines.items())
     differs = [r["model"] for r in rows if r["verdict"].verdict == DIFFERS]
     if not rows:
         return "Nothing to compare: run the study first (make study)."

@@ -26,9 +26,15 @@ def made_on(machine: str, precision: str) -> str:
     return f"{machine} ({precision})" if machine and precision else machine
 
 
-def machines_text(pairs) -> str:
-    """Several (machine, precision) pairs, each as `made_on` says it, the unrecorded left out (empty: none recorded)."""
-    return "; ".join(filter(None, (made_on(m, p) for m, p in pairs)))
+def machines_text(pairs, unrecorded: str = "") -> str:
+    """Several (machine, precision) pairs, each as `made_on` says it, the unrecorded left out (`unrecorded` where none
+    is recorded)."""
+    return "; ".join(filter(None, (made_on(m, p) for m, p in pairs))) or unrecorded
+
+
+def machines_of(summaries) -> list[tuple[str, str]]:
+    """The (machine, precision) pairs that training summaries (metrics/train/<model>.json) record, each once."""
+    return sorted({(t.get("machine") or "unrecorded", t.get("precision", "")) for t in summaries})
 
 
 def si(x: float) -> str:

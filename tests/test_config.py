@@ -315,30 +315,32 @@ def test_branches_divide_the_study_budget():
             StudyParams.model_validate(bad)
 
 
+def refusal(raw: dict, renamed: list[tuple[str, str, str]]) -> str:
+    """parse_params' one line for `raw` with each (section path, key, new name) renamed."""
+    for path, key, name in renamed:
+        section = raw
+        for part in path.split("."):
+            section = section[part]
+        section[name] = section.pop(key)
+    with pytest.raises(ConfigError) as caught:
+        parse_params(raw, "params.yaml")
+    return str(caught.value)
+
+
 def test_a_misspelt_key_is_named_first_with_the_key_it_misspells():
     """`lrr` for `lr`: one mistake, said once: the unknown key, and the missing key it most likely means."""
-    raw = committed_params()
-    optim = raw["models"]["gru"]["optim"]
-    optim["lrr"] = optim.pop("lr")
-    with pytest.raises(ConfigError) as caught:
-        parse_params(raw, "params.yaml")
-    assert str(caught.value) == ("params.yaml: 'models.gru.optim.lrr' is not a setting of adam, adamw and muon (did "
-                                 "you mean 'lr'?)")
-    raw["tokenizer"]["vocab_sise"] = raw["tokenizer"].pop("vocab_size")
-    with pytest.raises(ConfigError) as caught:
-        parse_params(raw, "params.yaml")
-    assert str(caught.value).startswith("params.yaml: unknown key 'tokenizer.vocab_sise' (did you mean 'vocab_size'?); "
-                                        "also 'models.gru.optim.lrr' is not a setting")
+    lrr = ("models.gru.optim", "lr", "lrr")
+    assert refusal(committed_params(), [lrr]) == ("params.yaml: 'models.gru.optim.lrr' is not a setting of adam, "
+                                                  "adamw and muon (did you mean 'lr'?)")
+    assert refusal(committed_params(), [lrr, ("tokenizer", "vocab_size", "vocab_sise")]).startswith(
+        "params.yaml: unknown key 'tokenizer.vocab_sise' (did you mean 'vocab_size'?); also 'models.gru.optim.lrr' is "
+        "not a setting")
 
 
 def test_an_unknown_key_like_no_missing_one_is_named_first_and_the_missing_key_beside_it():
     """`learning_rate` for `lr` is not a misspelling difflib finds: the unknown key first, then the missing one."""
-    raw = committed_params()
-    optim = raw["models"]["gru"]["optim"]
-    optim["learning_rate"] = optim.pop("lr")
-    with pytest.raises(ConfigError) as caught:
-        parse_params(raw, "params.yaml")
-    assert str(caught.value).startswith("params.yaml: 'models.gru.optim.learning_rate' is not a setting of adam, "
-                                        "adamw and muon (remove it or fix its spelling")
-    assert str(caught.value).endswith("; also 'models.gru.optim.lr' is missing: params.yaml states every setting, so "
-                                      "that DVC sees it (add it)")
+    said = refusal(committed_params(), [("models.gru.optim", "lr", "learning_rate")])
+    assert said.startswith("params.yaml: 'models.gru.optim.learning_rate' is not a setting of adam, adamw and muon "
+                           "(remove it or fix its spelling")
+    assert said.endswith("; also 'models.gru.optim.lr' is missing: params.yaml states every setting, so that DVC sees "
+                         "it (add it)")
