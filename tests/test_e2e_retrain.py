@@ -12,26 +12,20 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import requests
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import MODELS, as_in_a_terminal, has_row, newest_flow_run_state, override, run, stop, workspace
+from tests.helpers import (MODELS, as_in_a_terminal, ask_prefect, has_row, newest_flow_run_state, override, run, stop,
+                           workspace)
 
 pytestmark = pytest.mark.e2e
 
 
-def created_flow_run(url: str, patience: float = 60.0) -> str:
-    """POST create_flow_run until the server accepts it: a busy SQLite server answers 5xx for a moment."""
-    import time
-
-    deadline = time.monotonic() + patience
-    while True:
-        answer = requests.post(url, json={}, timeout=10)
-        if answer.ok or time.monotonic() > deadline:
-            assert answer.ok, f"{answer.status_code}: {answer.text[:500]}"
-            return answer.json()["id"]
-        time.sleep(2)
+def created_flow_run(url: str) -> str:
+    """The id of the run the server creates on a POST to a deployment's create_flow_run."""
+    answer = ask_prefect("POST", url, json={})
+    assert answer.ok, f"{answer.status_code}: {answer.text[:500]}"
+    return answer.json()["id"]
 
 
 @pytest.mark.slow
@@ -48,7 +42,7 @@ def test_a_scheduled_retrain_fires_by_itself_and_reaches_a_decision(committed, p
     try:
         deadline, found, seen = time.monotonic() + 300, None, set()
         while time.monotonic() < deadline:
-            runs = requests.post(f"{prefect_api}/flow_runs/filter", timeout=10, json={
+            runs = ask_prefect("POST", f"{prefect_api}/flow_runs/filter", json={
                 "deployments": {"name": {"any_": ["e2e-interval"]}}, "sort": "EXPECTED_START_TIME_ASC"}).json()
             seen |= {r["state_type"] for r in runs}
             found = next((r for r in runs if r["state_type"] in ("COMPLETED", "FAILED", "CRASHED")), None)
@@ -58,16 +52,16 @@ def test_a_scheduled_retrain_fires_by_itself_and_reaches_a_decision(committed, p
         assert found, f"no scheduled run finished in 300 s (states seen: {seen})\n" + \
             (copy / "schedule.log").read_text()[-3000:]
         assert found["auto_scheduled"] and found["state_type"] == "COMPLETED", found["state"]
-        artifacts = requests.post(f"{prefect_api}/artifacts/filter", timeout=10,
-                                  json={"artifacts": {"flow_run_id": {"any_": [found["id"]]}}}).json()
+        artifacts = ask_prefect("POST", f"{prefect_api}/artifacts/filter",
+                                json={"artifacts": {"flow_run_id": {"any_": [found["id"]]}}}).json()
         assert any("nothing to retrain" in (a.get("data") or "") for a in artifacts)
         assert retrain_runs(copy)[0].data.tags["lmpipe.retrain.decision"] == "unchanged"
     finally:
         stop(serve)
         log.close()
-        for deployment in requests.post(f"{prefect_api}/deployments/filter", timeout=10,
-                                        json={"deployments": {"name": {"any_": ["e2e-interval"]}}}).json():
-            requests.delete(f"{prefect_api}/deployments/{deployment['id']}", timeout=10)  # and its runs ahead
+        for deployment in ask_prefect("POST", f"{prefect_api}/deployments/filter",
+                                      json={"deployments": {"name": {"any_": ["e2e-interval"]}}}).json():
+            ask_prefect("DELETE", f"{prefect_api}/deployments/{deployment['id']}")  # and its runs ahead
     served = (copy / "schedule.log").read_text()
     assert "on every 15 s via" in served and "nothing to retrain: the corpus source and the pipeline are unchanged" \
         in served, served[-3000:]
@@ -84,22 +78,22 @@ def test_scheduled_retrain_deployment_registers_and_runs(committed, prefect_api)
     try:
         deadline, deployment = time.monotonic() + 120, None
         while deployment is None and time.monotonic() < deadline:
-            found = requests.post(f"{prefect_api}/deployments/filter",
-                                  json={"deployments": {"name": {"any_": ["e2e-retrain"]}}}, timeout=10).json()
+            found = ask_prefect("POST", f"{prefect_api}/deployments/filter",
+                                json={"deployments": {"name": {"any_": ["e2e-retrain"]}}}).json()
             deployment = found[0] if found else time.sleep(1)
         assert deployment, (copy / "schedule.log").read_text()[-2000:]
         assert [s["schedule"]["cron"] for s in deployment["schedules"]] == ["0 3 * * 1"]
         run_id = created_flow_run(f"{prefect_api}/deployments/{deployment['id']}/create_flow_run")
         deadline, state = time.monotonic() + 400, None
         while time.monotonic() < deadline:
-            state = requests.get(f"{prefect_api}/flow_runs/{run_id}", timeout=10).json()["state_type"]
+            state = ask_prefect("GET", f"{prefect_api}/flow_runs/{run_id}").json()["state_type"]
             if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
                 break
             time.sleep(2)
-        detail = requests.get(f"{prefect_api}/flow_runs/{run_id}", timeout=10).json()["state"]
+        detail = ask_prefect("GET", f"{prefect_api}/flow_runs/{run_id}").json()["state"]
         assert state == "COMPLETED", f"{detail}\n" + (copy / "schedule.log").read_text()[-3000:]
-        artifacts = requests.post(f"{prefect_api}/artifacts/filter",
-                                  json={"artifacts": {"flow_run_id": {"any_": [run_id]}}}, timeout=10).json()
+        artifacts = ask_prefect("POST", f"{prefect_api}/artifacts/filter",
+                                json={"artifacts": {"flow_run_id": {"any_": [run_id]}}}).json()
         assert any("nothing to retrain" in (a.get("data") or "") for a in artifacts)  # same corpus, same code
         assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}  # nothing left to do
         assert (deployment["global_concurrency_limit"] or {}).get("limit") == 1, deployment
@@ -107,7 +101,7 @@ def test_scheduled_retrain_deployment_registers_and_runs(committed, prefect_api)
         both = [created_flow_run(f"{prefect_api}/deployments/{deployment['id']}/create_flow_run") for _ in range(2)]
         deadline, states = time.monotonic() + 400, []
         while time.monotonic() < deadline:  # two firings at once: one retrains, the other is cancelled
-            states = sorted(requests.get(f"{prefect_api}/flow_runs/{r}", timeout=10).json()["state_type"] for r in both)
+            states = sorted(ask_prefect("GET", f"{prefect_api}/flow_runs/{r}").json()["state_type"] for r in both)
             if all(s in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") for s in states):
                 break
             time.sleep(2)
@@ -334,12 +328,12 @@ def test_sigterm_stops_a_scheduled_retrain_as_ctrl_c_does(committed, prefect_api
     client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
     running = client.search_runs([client.get_experiment_by_name("lmpipe").experiment_id], "attributes.status = 'RUNNING'")
     assert not running, [r.data.tags.get("lmpipe.stage") for r in running]
-    runs = requests.post(f"{prefect_api}/flow_runs/filter", timeout=10, json={
+    runs = ask_prefect("POST", f"{prefect_api}/flow_runs/filter", json={
         "deployments": {"name": {"any_": ["e2e-sigterm"]}}}).json()
     assert runs and not [r for r in runs if r["state_type"] in ("RUNNING", "PENDING")], [r["state"] for r in runs]
-    for deployment in requests.post(f"{prefect_api}/deployments/filter", timeout=10,
-                                    json={"deployments": {"name": {"any_": ["e2e-sigterm"]}}}).json():
-        requests.delete(f"{prefect_api}/deployments/{deployment['id']}", timeout=10)
+    for deployment in ask_prefect("POST", f"{prefect_api}/deployments/filter",
+                                  json={"deployments": {"name": {"any_": ["e2e-sigterm"]}}}).json():
+        ask_prefect("DELETE", f"{prefect_api}/deployments/{deployment['id']}")
 
 
 @pytest.mark.slow
@@ -358,16 +352,16 @@ def test_a_schedule_on_a_tree_a_reproduction_changed_fails_once_and_says_how_to_
     try:
         deadline, failed = time.monotonic() + 300, []
         while not failed and time.monotonic() < deadline:
-            runs = requests.post(f"{prefect_api}/flow_runs/filter", timeout=10, json={
+            runs = ask_prefect("POST", f"{prefect_api}/flow_runs/filter", json={
                 "deployments": {"name": {"any_": ["e2e-dirty"]}}}).json()
             failed = [r for r in runs if r["state_type"] == "FAILED"]
             time.sleep(2)
         assert failed, (copy / "schedule.log").read_text()[-3000:]
         time.sleep(25)  # two more intervals: a paused schedule fires no more
-        runs = requests.post(f"{prefect_api}/flow_runs/filter", timeout=10, json={
+        runs = ask_prefect("POST", f"{prefect_api}/flow_runs/filter", json={
             "deployments": {"name": {"any_": ["e2e-dirty"]}}}).json()
-        (deployment,) = requests.post(f"{prefect_api}/deployments/filter", timeout=10,
-                                      json={"deployments": {"name": {"any_": ["e2e-dirty"]}}}).json()
+        (deployment,) = ask_prefect("POST", f"{prefect_api}/deployments/filter",
+                                    json={"deployments": {"name": {"any_": ["e2e-dirty"]}}}).json()
     finally:
         stop(serve)
         log.close()
@@ -376,4 +370,4 @@ def test_a_schedule_on_a_tree_a_reproduction_changed_fails_once_and_says_how_to_
     message = failed[0]["state"]["message"]
     assert "`git checkout -- dvc.lock metrics/weat.json`" in message and "is paused" in message, message
     assert "`git checkout -- dvc.lock metrics/weat.json`" in (copy / "schedule.log").read_text()
-    requests.delete(f"{prefect_api}/deployments/{deployment['id']}", timeout=10)
+    ask_prefect("DELETE", f"{prefect_api}/deployments/{deployment['id']}")

@@ -7,12 +7,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, ask_prefect
 
 EVIL = "http://evil.example"
 
@@ -29,8 +28,7 @@ def test_a_cross_origin_request_is_refused_and_the_projects_clients_still_work(p
                            headers={"Origin": EVIL, "Content-Type": "text/plain"})
     assert simple.status_code == 403, simple.text
     assert simple.headers.get("access-control-allow-origin") not in ("*", EVIL)
-    names = [f["name"] for f in requests.post(f"{prefect_api}/flows/filter", json={}, timeout=10,
-                                              headers={"Origin": own}).json()]
+    names = [f["name"] for f in ask_prefect("POST", f"{prefect_api}/flows/filter", json={}, headers={"Origin": own}).json()]
     assert "from-another-page" not in names
     flow = "from prefect import flow\n@flow(name='own-client')\ndef f():\n    return 41 + 1\nprint(f())\n"
     done = subprocess.run([sys.executable, "-c", flow], cwd=ROOT, capture_output=True, text=True, timeout=180,
@@ -43,7 +41,7 @@ def test_a_request_addressed_to_another_host_is_refused(prefect_api):
     with its own name in the Host header."""
     forged = requests.post(f"{prefect_api}/flows/filter", json={}, headers={"Host": "evil.example:4200"}, timeout=10)
     assert forged.status_code == 400
-    assert requests.post(f"{prefect_api}/flows/filter", json={}, timeout=10).status_code == 200
+    assert ask_prefect("POST", f"{prefect_api}/flows/filter", json={}).status_code == 200
     assert requests.get(f"{prefect_api}/health", headers={"Host": "localhost"}, timeout=10).status_code == 200
 
 
@@ -60,16 +58,16 @@ def test_no_page_of_another_site_can_change_what_the_server_holds(prefect_api):
     simple request of another origin, in each form, and nothing changes; the server's own origin and clients that
     send no Origin (Prefect's) change what they ask for."""
     own = prefect_api.removesuffix("/api")
-    flow_id = requests.post(f"{prefect_api}/flows/", json={"name": "page-target"}, timeout=10).json()["id"]
-    made = requests.post(f"{prefect_api}/deployments/", timeout=10, json={
+    flow_id = ask_prefect("POST", f"{prefect_api}/flows/", json={"name": "page-target"}).json()["id"]
+    made = ask_prefect("POST", f"{prefect_api}/deployments/", json={
         "name": "page-target", "flow_id": flow_id, "paused": True,
         "schedules": [{"schedule": {"interval": 3600}, "active": False}]})
     assert made.status_code in (200, 201), made.text
     deployment, schedule = made.json()["id"], made.json()["schedules"][0]["id"]
 
     def state() -> tuple:
-        held = requests.get(f"{prefect_api}/deployments/{deployment}", timeout=10)
-        runs = requests.post(f"{prefect_api}/flow_runs/count", timeout=10, json={"flows": {"id": {"any_": [flow_id]}}})
+        held = ask_prefect("GET", f"{prefect_api}/deployments/{deployment}")
+        runs = ask_prefect("POST", f"{prefect_api}/flow_runs/count", json={"flows": {"id": {"any_": [flow_id]}}})
         return (held.status_code, held.json().get("paused"), [s["active"] for s in held.json().get("schedules", [])],
                 runs.json())
 
@@ -84,29 +82,19 @@ def test_no_page_of_another_site_can_change_what_the_server_holds(prefect_api):
     for form, request in SIMPLE_FORMS.items():
         for sender in senders:
             for method, route in routes:
-                answer = requests.request(method, f"{prefect_api}/{route}", timeout=10, **{
+                answer = ask_prefect(method, f"{prefect_api}/{route}", **{
                     **request, "headers": {**request.get("headers", {}), **sender}})
                 assert answer.status_code == 403, (form, sender, method, route, answer.status_code, answer.text)
     assert state() == before  # still paused, its schedule off, no run made, not deleted
 
-    def allowed(method: str, route: str, **request) -> requests.Response:
-        """A request the server should carry out, sent again while the server answers 503 (its database busy under
-        load), as Prefect's own client does."""
-        for _ in range(10):
-            answer = requests.request(method, f"{prefect_api}/{route}", timeout=10, **request)
-            if answer.status_code != 503:
-                return answer
-            time.sleep(1)
-        return answer
-
-    ours = {"Origin": own, "Sec-Fetch-Site": "same-origin"}  # the server's own UI
-    assert allowed("POST", f"deployments/{deployment}/resume_deployment", headers=ours).status_code == 200
+    ours, held = {"Origin": own, "Sec-Fetch-Site": "same-origin"}, f"{prefect_api}/deployments/{deployment}"  # own UI
+    assert ask_prefect("POST", f"{held}/resume_deployment", headers=ours).status_code == 200
     assert state()[1] is False
-    assert allowed("POST", f"deployments/{deployment}/pause_deployment", headers={"Origin": own}).status_code == 200
-    created = allowed("POST", f"deployments/{deployment}/create_flow_run", json={})
+    assert ask_prefect("POST", f"{held}/pause_deployment", headers={"Origin": own}).status_code == 200
+    created = ask_prefect("POST", f"{held}/create_flow_run", json={})
     assert created.status_code in (200, 201), created.text  # no Origin: a client that is not a browser
     assert state() == (200, True, [False], 1)
-    assert allowed("DELETE", f"deployments/{deployment}", headers=ours).status_code == 204
+    assert ask_prefect("DELETE", held, headers=ours).status_code == 204
 
 
 def test_no_page_of_another_site_can_open_the_servers_event_stream(prefect_api):
