@@ -15,7 +15,8 @@ from mlflow.tracking import MlflowClient
 
 from lmpipe.io import sha256_tree
 
-from tests.helpers import MODELS, STAGES, newest_flow_run_state, override, ran_stages, run, start_serving, stop
+from tests.helpers import (MODELS, STAGES, ask_prefect, newest_flow_run_state, override, ran_stages, run, start_serving,
+                           stop)
 
 pytestmark = pytest.mark.e2e
 # `make test` runs on pytest-xdist's workers (tests/conftest.py): these tests form a group of their own,
@@ -47,12 +48,12 @@ def test_study_flow_trains_the_models_in_parallel_on_a_local_cluster(scratch, pr
         after = json.loads((copy / f"metrics/train/{model}.json").read_text())
         assert after["valid_ppl"] == pytest.approx(before[model]["valid_ppl"], rel=1e-4)
         assert (copy / f"models/{model}/model.pt").exists()
-    flow_runs = requests.post(f"{prefect_api}/flow_runs/filter", json={
-        "flows": {"name": {"any_": ["train-models"]}}, "sort": "START_TIME_DESC", "limit": 50}, timeout=10).json()
+    flow_runs = ask_prefect("POST", f"{prefect_api}/flow_runs/filter", json={
+        "flows": {"name": {"any_": ["train-models"]}}, "sort": "START_TIME_DESC", "limit": 50}).json()
     models_run = [r for r in flow_runs if r["state_type"] == "COMPLETED"]
     assert models_run, done.stdout[-2000:]
-    tasks = requests.post(f"{prefect_api}/task_runs/filter", json={
-        "flow_runs": {"id": {"any_": [models_run[0]["id"]]}}, "limit": 50}, timeout=10).json()
+    tasks = ask_prefect("POST", f"{prefect_api}/task_runs/filter", json={
+        "flow_runs": {"id": {"any_": [models_run[0]["id"]]}}, "limit": 50}).json()
     spans = sorted((datetime.fromisoformat(t["start_time"]), datetime.fromisoformat(t["end_time"]))
                    for t in tasks if t["name"].startswith("train@"))
     assert len(spans) == len(retrained)
@@ -70,8 +71,8 @@ def test_torchrun_runs_a_train_stage_on_two_processes_and_dvc_commit_records_it(
     assert not list((copy / ".cache/lmpipe/ckpt").glob("gru-*-x2"))  # a finished run drops its checkpoints
     run(["dvc", "commit", "--force", "train@gru"], copy, env)
     assert "train@gru" not in json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout)
-    flow_runs = requests.post(f"{prefect_api}/flow_runs/filter", json={
-        "flow_runs": {"name": {"any_": ["train@gru"]}}, "sort": "START_TIME_DESC", "limit": 1}, timeout=10).json()
+    flow_runs = ask_prefect("POST", f"{prefect_api}/flow_runs/filter", json={
+        "flow_runs": {"name": {"any_": ["train@gru"]}}, "sort": "START_TIME_DESC", "limit": 1}).json()
     assert flow_runs[0]["state_type"] == "COMPLETED"
     run(["dvc", "repro"], copy, env)  # evaluate and the rest follow the new model
     assert json.loads(run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout) == {}

@@ -14,7 +14,8 @@ from mlflow.tracking import MlflowClient
 
 from lmpipe.io import sha256_tree
 
-from tests.helpers import MODELS, STAGES, assert_best_first, browser, leaderboard_page, run, stop, workspace
+from tests.helpers import (MODELS, STAGES, ask_prefect, assert_best_first, browser, leaderboard_page, run, stop,
+                           workspace)
 
 pytestmark = pytest.mark.e2e
 # `make test` runs on pytest-xdist's workers (tests/conftest.py): these tests form a group of their own,
@@ -85,10 +86,10 @@ def test_every_stage_is_an_mlflow_run_and_a_prefect_flow_run(project, prefect_ap
     study_artifacts = {a.path for a in client.list_artifacts(studies[0].info.run_id, "report")}
     assert {"report/study.md", "report/study.html"} <= study_artifacts
     for stage, mlflow_run in stages.items():
-        flow_run = requests.get(f"{prefect_api}/flow_runs/{mlflow_run.data.tags['prefect.flow_run_id']}", timeout=10)
+        flow_run = ask_prefect("GET", f"{prefect_api}/flow_runs/{mlflow_run.data.tags['prefect.flow_run_id']}")
         assert flow_run.status_code == 200
         assert flow_run.json()["state_type"] == "COMPLETED"
-        flow = requests.get(f"{prefect_api}/flows/{flow_run.json()['flow_id']}", timeout=10).json()
+        flow = ask_prefect("GET", f"{prefect_api}/flows/{flow_run.json()['flow_id']}").json()
         assert flow["name"] == ("score" if stage == "score_ngram" else stage.split("@")[0])  # one flow scores any model
         assert flow_run.json()["name"] == stage  # every flow run is named after its stage (train@<model> too)
         assert f"study:{mlflow_run.data.tags['lmpipe.study_key']}" in flow_run.json()["tags"]
