@@ -93,3 +93,71 @@ def test_the_bpb_chart_prints_no_label_over_another_even_in_a_diff():
         values = [t for t in drawn if re.fullmatch(r"\d\.\d{3}", t[4])]
         assert len(ticks) >= 3 and not overprinted(ticks)
         assert len(values) == rows * revisions and not overprinted(values)
+
+
+def readme_command(start: str) -> list[str]:
+    """The README's command line that starts with `start`, split as the shell would (its comment left out)."""
+    import shlex
+
+    line = next(ln for ln in (ROOT / "README.md").read_text().splitlines() if ln.startswith(start))
+    return shlex.split(line, comments=True)
+
+
+def as_after_a_gru_experiment(root: Path) -> dict:
+    """What `dvc exp run -S models.gru.optim.lr=0.003` changes in a copy of the study at `root`: the setting; the
+    GRU's row of `dvc metrics show` (a little worse, still between its neighbours, and no sd: its seed rows are of
+    other params now); in dvc.lock, the hashes of the GRU's outputs and of the folders that join every model's.
+    Returns the GRU's new row."""
+    import hashlib
+
+    text = (root / "params.yaml").read_text()
+    lr = yaml.safe_load(text)["models"]["gru"]["optim"]["lr"]
+    at = text.index(f"lr: {lr}", text.index("\n  gru:"))
+    (root / "params.yaml").write_text(text[:at] + "lr: 0.003" + text[at + len(f"lr: {lr}"):])
+    assert yaml.safe_load((root / "params.yaml").read_text())["models"]["gru"]["optim"]["lr"] == 0.003
+    (row,) = (root / "metrics/models").glob("*-gru.json")
+    old = json.loads(row.read_text())
+    new = {"bpb": round(old["bpb"] + 0.0047, 4), "vs_kn5": round(old["vs_kn5"] + 0.0047, 4), "tflop": old["tflop"]}
+    row.write_text(json.dumps(new, indent=2) + "\n")
+    lock = yaml.safe_load((root / "dvc.lock").read_text())
+    joined = ("models", "metrics/eval", "metrics/train", "plots/train", "data/logprobs", "metrics/models")
+    for entry in (e for stage in lock["stages"].values() for e in stage.get("deps", []) + stage.get("outs", [])):
+        if "md5" in entry and ("gru" in entry["path"] or entry["path"] in joined):
+            other = hashlib.md5(entry["md5"].encode()).hexdigest()
+            entry["md5"] = other + (".dir" if entry["md5"].endswith(".dir") else "")
+    (root / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
+    return {"file": row.name, **new}
+
+
+def test_dvc_exp_show_of_a_changed_learning_rate_fits_160_columns(tmp_path):
+    """The README's `dvc exp show --only-changed --drop ...` on the study's own pipelines, metrics and params, after
+    what a changed learning rate changes: at most 160 columns (without --drop the changed folders' hashes take a
+    line past them), and what changed is in them."""
+    import os
+
+    dvc = str(Path(sys.executable).parent / "dvc")
+    for path in ("dvc.yaml", "dvc.lock", "params.yaml", "seeds/dvc.yaml", "seeds/dvc.lock", "scaling/dvc.yaml",
+                 "scaling/dvc.lock", *(p.relative_to(ROOT).as_posix() for p in (ROOT / "metrics").rglob("*.json"))):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes((ROOT / path).read_bytes())
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for command in (["git", "init", "-q"], [dvc, "init", "-q"], ["git", "add", "-A"], [*git, "commit", "-qm", "study"]):
+        subprocess.run(command, cwd=tmp_path, check=True, capture_output=True)
+    gru = as_after_a_gru_experiment(tmp_path)
+
+    def shown(command: list[str]) -> list[str]:
+        out = subprocess.run([dvc, *command[1:]], cwd=tmp_path, capture_output=True, text=True, check=True,
+                             env={**os.environ, "COLUMNS": "160"}).stdout
+        return [ln.rstrip() for ln in out.splitlines() if ln.strip()]
+
+    command = readme_command("dvc exp show --only-changed")
+    assert "--drop" in command
+    lines = shown(command)
+    assert max(len(ln) for ln in lines) <= 160, "\n".join(lines)
+    header = next(ln for ln in lines if "Experiment" in ln)
+    for column in (f"{gru['file']}:bpb", f"{gru['file']}:vs_kn5", "models.gru.optim.lr"):
+        assert column in header, header
+    assert "transformer" not in header and "Created" not in header and "models/gru" not in header, header
+    workspace = next(ln for ln in lines if ln.split()[0] == "workspace")
+    assert str(gru["bpb"]) in workspace and "0.003" in workspace, "\n".join(lines)
+    assert max(len(ln) for ln in shown(command[:command.index("--drop")])) > 160  # what --drop takes away
