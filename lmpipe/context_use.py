@@ -11,8 +11,18 @@ import numpy as np
 
 from lmpipe.io import csv_records
 
-LEVEL_NATS = 0.02  # a curve has levelled off where its running mean stays this close to its level at the window's end
-RUNNING = 8  # positions in the running mean: one position's mean over the test windows is noisy on its own
+LEVEL_SDS = 2.0  # a bin differs from the window's last one when their gap is more than this many sds of the gap
+
+
+def doubling_bins(window: int) -> list[tuple[int, int]]:
+    """[start, end) of the position bins 0, 1, 2-3, 4-7, ... up to the window's end: each bin twice as wide as the
+    one before, so each averages enough positions to be read beside the next (one position's mean over the test
+    windows scatters by ~0.1 nats with the tokens that happen to sit there)."""
+    bins, start = [(0, 1)], 1
+    while start < window:
+        bins.append((start, min(2 * start, window)))
+        start *= 2
+    return bins
 
 
 @dataclass(frozen=True)
@@ -27,23 +37,35 @@ class Curve:
     trained_on: str  # its machine and precision
 
     @property
-    def end_level(self) -> float:
-        """The loss where the window ends: the mean over its last quarter."""
-        return float(self.nats[-max(1, len(self.nats) // 4):].mean())
+    def scatter(self) -> float:
+        """How much one position's loss scatters about its neighbours': the sd over the window's second half (the
+        tokens that sit at each position; where the curve still falls this counts its fall too, so errs wide)."""
+        half = self.nats[len(self.nats) // 2:]
+        return float(half.std(ddof=1)) if len(half) > 1 else 0.0
+
+    def bins(self) -> list[tuple[int, int, float, float]]:
+        """(start, end, mean loss, its sd) of each doubling bin: the sd is the scatter over the root of the width."""
+        return [(a, b, float(self.nats[a:b].mean()), self.scatter / np.sqrt(b - a))
+                for a, b in doubling_bins(len(self.nats))]
 
     @property
     def levels_off_at(self) -> int:
-        """The first position from which the running mean stays within LEVEL_NATS of the end level."""
-        width = min(RUNNING, len(self.nats))
-        running = np.convolve(self.nats, np.ones(width) / width, mode="valid")
-        outside = np.flatnonzero(np.abs(running - self.end_level) > LEVEL_NATS)
-        return int(outside[-1]) + 1 if len(outside) else 0
+        """The first position from which no bin's loss differs from the last bin's by more than LEVEL_SDS sds of
+        their gap: the model gains nothing measurable from the tokens it reads past it. The last bin's start when
+        the bin before it is still higher beyond noise (the curve still falls as the window ends)."""
+        *before, (last_start, _, last, last_sd) = self.bins()
+        start = last_start
+        for a, _, mean, sd in reversed(before):
+            if abs(mean - last) > LEVEL_SDS * np.hypot(sd, last_sd):
+                break
+            start = a
+        return start
 
     @property
-    def late_gain(self) -> float:
-        """What the window's second half still gains: the mean over its second quarter less the end level."""
-        quarter = max(1, len(self.nats) // 4)
-        return float(self.nats[quarter:2 * quarter].mean()) - self.end_level
+    def late_gain(self) -> tuple[float, float]:
+        """What the window's second half still gains, with its sd: the bin before the last less the last bin."""
+        (_, _, earlier, earlier_sd), (_, _, last, last_sd) = self.bins()[-2:]
+        return earlier - last, float(np.hypot(earlier_sd, last_sd))
 
 
 def read_curves(path: str | Path) -> dict[str, Curve]:

@@ -10,7 +10,7 @@ from lmpipe import paths, tuned
 from lmpipe import seeds as seed_spread
 from lmpipe.as_compute_grows import against_grid, section as compute_section
 from lmpipe.compute_curves import annealed, grid_fits
-from lmpipe.context_use import LEVEL_NATS, RUNNING, current, read_curves
+from lmpipe.context_use import LEVEL_SDS, current, read_curves
 from lmpipe.compare import (CACHE, MATCHED, best_model, best_of, gap, gap_header, gap_text, scored,
                             without_cache)
 from lmpipe.paths import BASELINE
@@ -254,30 +254,49 @@ def condensed_samples(text: str) -> list[str]:
 
 
 def _position_section(curves: dict, stale: list[str], label: str) -> list[str]:
-    """Loss by context position: how it was measured, where each model levels off and what the window's second half
-    still gains (one sentence), the figure, and the models whose curve is not of their training now."""
+    """Loss by context position: how it was measured, each model's loss in bins of positions that double in width,
+    where each levels off and what the window's second half still gains (each against the scatter between
+    positions), the figure, and the models whose curve is not of their training now."""
     lines = ["## Loss by context position", ""]
     if curves:
         window, machines = len(next(iter(curves.values())).nats), sorted({c.trained_on for c in curves.values()} - {""})
         seeds = sorted({c.seeds for c in curves.values()})
-        bands = ("one seed a model, so no band yet (`python -m flows.position --seeds DIR` with the seeds' models "
-                 "gives each its band)" if seeds == [1] else "bands: ± one sd over each model's seeds")
-        order = sorted(curves.values(), key=lambda c: (-c.levels_off_at, c.model))
+        bands = ("one seed a model, so no seed band yet (`python -m flows.position --seeds DIR` with the seeds' "
+                 "models gives each its band)" if seeds == [1] else "the figure's bands: ± one sd over each model's "
+                 "seeds")
+        order = sorted(curves.values(), key=lambda c: (-c.levels_off_at, c.bins()[-1][2], c.model))
         named = lambda c: f"{label} n-gram" if c.model == BASELINE else c.model  # noqa: E731
-        lines += [f"Test loss in nats per token at each position of a {window}-token window, every window read from "
-                  "an empty context (a zero state, a fresh window, the n-gram's history cut at the window's start; "
-                  "Kaplan et al. 2020, Fig. 7): how much each model gains from the tokens it has already read; "
-                  f"{bands}. Scored by `python -m flows.position`"
+        spans = [f"{a}" if b - a == 1 else f"{a}-{b - 1}" for a, b, _, _ in order[0].bins()]
+        rows = [[named(c), *(f"{mean:.3f}" for _, _, mean, _ in c.bins()), str(c.levels_off_at),
+                 "{:+.3f} ± {:.3f}".format(c.late_gain[0], LEVEL_SDS * c.late_gain[1])] for c in order]
+        scatter = sorted(c.scatter for c in curves.values())
+        lines += [f"Test loss in nats per token against the number of tokens a model has read in its {window}-token "
+                  "window, every window read from an empty context (a zero state, a fresh window, the n-gram's "
+                  "history cut at the window's start; Kaplan et al. 2020, Fig. 7), averaged over bins of positions "
+                  f"that double in width; {bands}. Scored by `python -m flows.position`"
                   + (f", of models trained on {'; '.join(machines)}" if machines else "") + ".", "",
-                  f"Where each model levels off (its {RUNNING}-position running mean stays within {LEVEL_NATS} nats "
-                  "of its loss over the window's last quarter), and how much lower its loss is in the window's last "
-                  "quarter than in its second: "
-                  + ", ".join(f"{named(c)} at position {c.levels_off_at} ({c.late_gain:.3f} nats lower)" for c in order)
-                  + ".", "", "![Loss by context position](figures/position.png)", ""]
+                  *markdown_table(["model", *(f"{s} read" for s in spans), "levels off after",
+                                   "second half's gain"], rows), "",
+                  f"One position's loss scatters by {scatter[0]:.2f}-{scatter[-1]:.2f} nats with the tokens that "
+                  "happen to sit there (its sd over the window's second half), so a bin's sd is that over the root "
+                  f"of its width. A model levels off after the tokens read where its bins stop differing from the "
+                  f"last one by more than {LEVEL_SDS:g} sds of the gap; the second half's gain is the "
+                  f"{spans[-2]} bin less the {spans[-1]} one, ± {LEVEL_SDS:g} sds. "
+                  + _context_reading(order, named), "", "![Loss by context position](figures/position.png)", ""]
     if stale:
         lines += [f"Not shown: {', '.join(stale)}: no curve of the training that made the model now "
                   "(`python -m flows.position` scores them).", ""]
     return lines
+
+
+def _context_reading(order: list, named) -> str:
+    """One sentence: which models keep using their context longest, and whether any still gains at the end."""
+    longest = [c for c in order if c.levels_off_at == order[0].levels_off_at]
+    still = [named(c) for c in order if abs(c.late_gain[0]) > LEVEL_SDS * c.late_gain[1]]
+    return (f"Gaining longest: {' and '.join(named(c) for c in longest)}, up to {longest[0].levels_off_at} tokens "
+            "read; "
+            + (f"{', '.join(still)} still gain{'s' if len(still) == 1 else ''} in the window's second half."
+               if still else "no model gains beyond noise in the window's second half."))
 
 
 def weat_adjusted_p(results: dict) -> dict[str, float]:

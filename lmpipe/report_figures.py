@@ -110,19 +110,29 @@ def compute_figure(points: dict[str, list[dict]], sds: dict[str, dict[float, flo
 
 
 def position_figure(curves: dict, out: Path, label: str) -> None:
-    """Test loss against the position in the window (log x, as Kaplan et al. Fig. 7), one line per model (the
-    n-gram dashed), with a band of ± one seed sd where seeds give one (lmpipe.context_use.Curve)."""
+    """Test loss against the tokens read in the window (log x, as Kaplan et al. Fig. 7): each model's mean over bins
+    of positions that double in width (lmpipe.context_use.Curve.bins), ± two of a bin's sds, the n-gram dashed;
+    each position's own loss faint behind, with a band of ± one seed sd where seeds give one. The first position
+    (nothing read, 10-13 nats) sits above the axis, whose range is that of the bins after it."""
     fig, ax = plt.subplots(figsize=(7.0, 3.9))
+    shown = []
     for name, curve in curves.items():
-        x = np.arange(1, len(curve.nats) + 1)
         baseline = name == BASELINE
-        (line,) = ax.plot(x, curve.nats, label=f"{label} n-gram" if baseline else name,
-                          linestyle="--" if baseline else "-", color="gray" if baseline else None)
+        x = np.arange(len(curve.nats))
+        (line,) = ax.plot(x[1:], curve.nats[1:], linewidth=0.6, alpha=0.25, color="gray" if baseline else None)
         if curve.sd is not None:
-            ax.fill_between(x, curve.nats - curve.sd, curve.nats + curve.sd, color=line.get_color(), alpha=0.2)
+            ax.fill_between(x[1:], (curve.nats - curve.sd)[1:], (curve.nats + curve.sd)[1:], color=line.get_color(),
+                            alpha=0.15)
+        bins = curve.bins()[1:]
+        centres = [np.sqrt(a * (b - 1)) if b - a > 1 else a for a, b, _, _ in bins]
+        means, sds = np.array([m for _, _, m, _ in bins]), np.array([sd for _, _, _, sd in bins])
+        ax.errorbar(centres, means, yerr=2 * sds, marker="o", markersize=4, capsize=2, color=line.get_color(),
+                    linestyle="--" if baseline else "-", label=f"{label} n-gram" if baseline else name)
+        shown += [*(means - 2 * sds), *(means + 2 * sds)]
     ax.set_xscale("log")
-    ax.set(xlabel="position in the window (1: no token read before it)", ylabel="test loss (nats per token)",
-           title="Loss by context position")
+    ax.set_ylim(min(shown) - 0.05, max(shown) + 0.05)
+    ax.set(xlabel="tokens read before the position in the window", ylabel="test loss (nats per token)",
+           title="Loss by context position (bins of positions doubling in width, ± 2 sd)")
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     figures.save(fig, out)

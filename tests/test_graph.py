@@ -161,6 +161,38 @@ def test_every_lock_entry_records_the_code_and_params_its_stage_depends_on_now(m
     assert not stale, f"dvc.lock records other code or params than these stages depend on now: {stale}"
 
 
+def held_by_git(path: str, cached: list[str]) -> bool:
+    """Whether git holds `path` whole: tracked, nothing in it that git does not track, and no output DVC caches at,
+    in or around it (a cached output's folder holds only its .gitignore in git)."""
+    import subprocess
+
+    def listed(*flags: str) -> str:
+        return subprocess.run(["git", "ls-files", *flags, "--", path], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout
+
+    near = [c for c in cached if c == path or c.startswith(path + os.sep) or path.startswith(c + os.sep)]
+    return not near and bool(listed()) and not listed("--others")
+
+
+def test_every_output_git_holds_hashes_as_dvc_lock_records_it():
+    """The outputs committed to git (cache: false: metrics, plots, the report) and every stage's reading of them must
+    be what dvc.lock records, or a fresh clone whose models reproduce bit for bit re-runs those stages and leaves
+    dvc.lock modified (CI fails it). A re-made report whose lock was relocked, not committed (`dvc commit STAGE`),
+    is that. A frozen stage's inputs are its history (`dvc repro` never runs it): only its outputs count."""
+    from dvc.repo import Repo
+
+    stale = []
+    with Repo(str(ROOT)) as repo:
+        cached = [os.path.relpath(o.fs_path, ROOT) for stage in repo.index.stages for o in stage.outs if o.use_cache]
+        for stage in repo.index.stages:
+            deps = [] if stage.frozen else [d for d in stage.deps if d.def_path != "params.yaml"]
+            for entry in (*stage.outs, *deps):
+                path = os.path.relpath(entry.fs_path, ROOT)
+                if entry.hash_info and held_by_git(path, cached) and entry.hash_info != entry.get_hash():
+                    stale.append(f"{stage.addressing}: {path}")
+    assert not stale, f"dvc.lock records other hashes than the committed files have: {stale}"
+
+
 def test_python_bytecode_beside_the_sources_is_no_stage_input():
     """Python writes __pycache__/ into lmpipe/models and lmpipe/ngram on import (unless PYTHONDONTWRITEBYTECODE is
     set, as on some machines): DVC must leave it out of those folders' hashes, or every import would make the train

@@ -211,14 +211,25 @@ def position_csv(path, curves: dict) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_a_curve_levels_off_where_its_running_mean_stays_near_its_end_and_gains_what_its_second_half_adds():
-    from lmpipe.context_use import Curve
+def test_a_curve_levels_off_where_its_bins_stop_differing_from_the_last_beyond_the_scatter_between_positions():
+    from lmpipe.context_use import Curve, doubling_bins
 
+    assert doubling_bins(128) == [(0, 1), (1, 2), (2, 4), (4, 8), (8, 16), (16, 32), (32, 64), (64, 128)]
     step = Curve("ngram", np.array([5.0] * 3 + [4.0] * 61), None, 1, "", "")
-    assert step.end_level == 4.0 and step.levels_off_at == 3 and step.late_gain == 0.0
+    assert step.levels_off_at == 4 and step.late_gain == (0.0, 0.0)  # no scatter: any difference counts
     falling = Curve("transformer", np.linspace(5.0, 3.0, 64), None, 1, "t", "")
-    assert falling.levels_off_at == 57  # still falling at the window's end: it keeps using its context
-    assert falling.late_gain == pytest.approx(2.0 / 63 * 32)
+    assert falling.levels_off_at == 32  # still falling at the window's end: it keeps using its context
+    ramp = np.linspace(5.0, 3.0, 64)
+    assert falling.late_gain[0] == pytest.approx(ramp[16:32].mean() - ramp[32:].mean())  # 16-31 less 32-63
+    assert falling.late_gain[0] > 2 * falling.late_gain[1] > 0
+    found = []  # a real step at 8 tokens read, under the scatter a position's tokens give (0.1 nats), 100 draws
+    for seed in range(100):
+        nats = 4.0 + 0.1 * np.random.default_rng(seed).standard_normal(128)
+        nats[:8] += 0.5
+        curve = Curve("gru", nats, None, 1, "g", "")
+        found.append(curve.levels_off_at)
+        assert curve.scatter == pytest.approx(0.1, abs=0.03)
+    assert min(found) == 8 and found.count(8) >= 75, found  # never before the step; mostly at it, not at the end
 
 
 def test_the_report_shows_the_curves_of_the_models_as_they_are_and_names_the_others(tmp_path):
@@ -240,9 +251,14 @@ def test_the_report_shows_the_curves_of_the_models_as_they_are_and_names_the_oth
         "gru": ([4.0] * 64, "gone")})  # a model no longer in the study
     md = build_report(tmp_path, tmp_path / "reports", label="KN-5").read_text()
     section = md[md.index("## Loss by context position"):md.index("## Decoding samples")]
-    assert "of a 64-token window" in section and "one seed a model, so no band yet" in section
+    assert "in its 64-token window" in section and "one seed a model, so no seed band yet" in section
     assert "of models trained on AMD family 23, AVX2, fp32." in section
-    assert ("transformer at position 57 (1.016 nats lower), KN-5 n-gram at position 3 (0.000 nats lower)."
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in section.splitlines()
+            if line.startswith("| ") and "read " not in line}
+    assert list(rows) == ["transformer", "KN-5 n-gram"]  # the longest to level off first
+    assert rows["transformer"][-2:] == ["32", "+0.762 ± 0.182"] and rows["KN-5 n-gram"][-2:] == ["4", "+0.000 ± 0.000"]
+    assert rows["KN-5 n-gram"][:4] == ["5.000", "5.000", "4.500", "4.000"]  # 0, 1, 2-3 and 4-7 tokens read
+    assert ("Gaining longest: transformer, up to 32 tokens read; transformer still gains in the window's second half."
             in section)
     assert "Not shown: lstm: no curve of the training that made the model now" in section
     assert "gru" not in section
