@@ -62,9 +62,15 @@ def curve_rows(name: str, curves: list, identity: str = "", trained_on: str = ""
 
 def trained_from(name: str) -> tuple[str, str]:
     """What made models/<name>, as its metrics/train summary records it: the training's identity, and the machine
-    and precision it trained in ('' for the n-gram, which has no summary and rounds alike everywhere)."""
+    and precision it trained in; for the n-gram, which has no summary and rounds alike everywhere, its results in
+    metrics/eval.json and no machine."""
     import json
 
+    if name == paths.BASELINE:
+        from lmpipe.context_use import baseline_identity
+
+        evaluation = Path(paths.EVAL)
+        return baseline_identity(json.loads(evaluation.read_text()) if evaluation.exists() else None), ""
     summary = Path(paths.train_metrics(name))
     if not summary.exists():
         return "", ""

@@ -4,12 +4,15 @@ it and lmpipe.report_figures draws it."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from lmpipe.io import csv_records
+from lmpipe.paths import BASELINE
 
 LEVEL_SDS = 2.0  # a bin differs from the window's last one when their gap is more than this many sds of the gap
 
@@ -85,10 +88,16 @@ def read_curves(path: str | Path) -> dict[str, Curve]:
     return curves
 
 
+def baseline_identity(evaluation: dict | None) -> str:
+    """What identifies the n-gram scored, which has no training summary: its results in metrics/eval.json (another
+    corpus, split or n-gram setting gives others); '' where they are not there."""
+    entry = (evaluation or {}).get("models", {}).get(BASELINE)
+    return hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:16] if entry else ""
+
+
 def current(curves: dict[str, Curve], identities: dict[str, str]) -> tuple[dict[str, Curve], list[str]]:
-    """The curves of the models as they are (a curve's identity is its model's now; one of a model that records
-    none, the n-gram's, always), and the models of `identities` whose curve was made from another training (stale)
-    or is missing. A curve of a model no longer in the study is neither."""
-    fresh = {name: c for name, c in curves.items()
-             if (c.identity == identities[name] if name in identities else not c.identity)}
+    """The curves of the models as they are (a curve's identity is its model's now; the n-gram's its results',
+    `baseline_identity`), and the models of `identities` whose curve was made from another training or n-gram
+    (stale) or is missing. A curve of a model no longer in the study is neither."""
+    fresh = {name: c for name, c in curves.items() if name in identities and c.identity == identities[name]}
     return fresh, [name for name in identities if name not in fresh]

@@ -10,7 +10,7 @@ from lmpipe import paths, tuned
 from lmpipe import seeds as seed_spread
 from lmpipe.as_compute_grows import against_grid, section as compute_section
 from lmpipe.compute_curves import annealed, grid_fits
-from lmpipe.context_use import LEVEL_SDS, current, read_curves
+from lmpipe.context_use import LEVEL_SDS, baseline_identity, current, read_curves
 from lmpipe.compare import (CACHE, MATCHED, best_model, best_of, gap, gap_header, gap_text, scored,
                             without_cache)
 from lmpipe.paths import BASELINE
@@ -431,7 +431,8 @@ def build_report(root: str | Path, out_dir: str | Path, models: list[str] | None
                   f"the training FLOPs spent so far; the dashed line is the {label} baseline on the same split.", "",
                   "![Learning curves](figures/learning_curves.png)", ""]
     if position := read_curves(root / paths.POSITION_CURVES):
-        shown, missing = current(position, {name: t.get("identity", "") for name, t in trained.items()})
+        identities = {name: t.get("identity", "") for name, t in trained.items()}
+        shown, missing = current(position, {BASELINE: baseline_identity(evaluation), **identities})
         if shown:
             position_figure(shown, figure_dir / "position.png", label)
         lines += _position_section(shown, missing, label)

@@ -160,12 +160,17 @@ def project(root):
 
 
 def test_the_command_writes_every_models_curve_with_its_seed_band(tmp_path, monkeypatch):
+    import json
+
     from flows.position import main
+    from lmpipe.context_use import baseline_identity
     from lmpipe.io import csv_records
 
     data = project(tmp_path)
     (tmp_path / "metrics/train").mkdir(parents=True)  # what made the GRU, as its training summary says
     (tmp_path / "metrics/train/gru.json").write_text('{"identity": "abc", "machine": "AMD family 26", "precision": "bf16"}')
+    evaluation = {"models": {"ngram": {"test": {"bpb": 2.0485}}}}  # what identifies the n-gram: its results
+    (tmp_path / "metrics/eval.json").write_text(json.dumps(evaluation))
     monkeypatch.chdir(tmp_path)
     main(["--seeds", "more", "--device", "cpu"])
     rows = csv_records(tmp_path / "plots/position.csv")
@@ -178,7 +183,9 @@ def test_the_command_writes_every_models_curve_with_its_seed_band(tmp_path, monk
     np.testing.assert_allclose([float(r["sd"]) for r in gru], sd, atol=1e-6)
     assert {r["seeds"] for r in gru} == {"3"}
     assert {(r["identity"], r["trained_on"]) for r in gru} == {("abc", "AMD family 26, bf16")}
-    assert {(r["identity"], r["trained_on"]) for r in rows if r["model"] != "gru"} == {("", "")}  # no summary
+    assert {(r["identity"], r["trained_on"]) for r in rows if r["model"] == "transformer"} == {("", "")}  # none
+    assert {(r["identity"], r["trained_on"]) for r in rows if r["model"] == "ngram"} == {
+        (baseline_identity(evaluation), "")}
     assert {r["sd"] for r in rows if r["model"] == "transformer"} == {""}
 
 
@@ -205,7 +212,7 @@ def position_csv(path, curves: dict) -> None:
 
     lines = [",".join(COLUMNS)]
     for model, (nats, identity) in curves.items():
-        trained_on = '"AMD family 23, AVX2, fp32"' if identity else ""
+        trained_on = '"AMD family 23, AVX2, fp32"' if identity and model != "ngram" else ""
         lines += [f"{model},{p},{v},,1,{identity},{trained_on}" for p, v in enumerate(nats)]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
@@ -235,7 +242,8 @@ def test_a_curve_levels_off_where_its_bins_stop_differing_from_the_last_beyond_t
 def test_the_report_shows_the_curves_of_the_models_as_they_are_and_names_the_others(tmp_path):
     import json
 
-    from lmpipe.paths import POSITION_CURVES
+    from lmpipe.context_use import baseline_identity
+    from lmpipe.paths import EVAL, POSITION_CURVES
     from lmpipe.report import build_report
     from tests.helpers import fixture_study
 
@@ -249,6 +257,13 @@ def test_the_report_shows_the_curves_of_the_models_as_they_are_and_names_the_oth
         "ngram": ([5.0] * 3 + [4.0] * 61, ""), "transformer": (list(np.linspace(5.0, 3.0, 64)), "tr-now"),
         "lstm": ([4.0] * 64, "lstm-before"),  # made from an earlier training of the LSTM: stale
         "gru": ([4.0] * 64, "gone")})  # a model no longer in the study
+    md = build_report(tmp_path, tmp_path / "reports", label="KN-5").read_text()
+    section = md[md.index("## Loss by context position"):md.index("## Decoding samples")]
+    assert "Not shown: ngram, lstm" in section  # a curve of an n-gram with other results: another corpus or n-gram
+    position_csv(tmp_path / POSITION_CURVES, {
+        "ngram": ([5.0] * 3 + [4.0] * 61, baseline_identity(json.loads((tmp_path / EVAL).read_text()))),
+        "transformer": (list(np.linspace(5.0, 3.0, 64)), "tr-now"), "lstm": ([4.0] * 64, "lstm-before"),
+        "gru": ([4.0] * 64, "gone")})
     md = build_report(tmp_path, tmp_path / "reports", label="KN-5").read_text()
     section = md[md.index("## Loss by context position"):md.index("## Decoding samples")]
     assert "in its 64-token window" in section and "one seed a model, so no seed band yet" in section
