@@ -20,11 +20,14 @@ LEVEL_SDS = 2.0  # a bin differs from the window's last one when their gap is mo
 def doubling_bins(window: int) -> list[tuple[int, int]]:
     """[start, end) of the position bins 0, 1, 2-3, 4-7, ... up to the window's end: each bin twice as wide as the
     one before, so each averages enough positions to be read beside the next (one position's mean over the test
-    windows scatters by ~0.1 nats with the tokens that happen to sit there)."""
+    windows scatters by ~0.1 nats with the tokens that happen to sit there). A last bin less than half as wide as
+    the one before joins it."""
     bins, start = [(0, 1)], 1
     while start < window:
         bins.append((start, min(2 * start, window)))
         start *= 2
+    if len(bins) > 2 and bins[-1][1] - bins[-1][0] < (bins[-2][1] - bins[-2][0]) / 2:  # a window past a power of
+        bins[-2:] = [(bins[-2][0], window)]  # two: its few last positions join the bin before, not one of their own
     return bins
 
 
@@ -90,14 +93,25 @@ def read_curves(path: str | Path) -> dict[str, Curve]:
 
 def baseline_identity(evaluation: dict | None) -> str:
     """What identifies the n-gram scored, which has no training summary: its results in metrics/eval.json (another
-    corpus, split or n-gram setting gives others); '' where they are not there."""
+    corpus, split or n-gram setting gives others; rounded, so a last bit's rounding is not another); '' where they
+    are not there."""
     entry = (evaluation or {}).get("models", {}).get(BASELINE)
-    return hashlib.sha256(json.dumps(entry, sort_keys=True).encode()).hexdigest()[:16] if entry else ""
+    return hashlib.sha256(json.dumps(_rounded(entry), sort_keys=True).encode()).hexdigest()[:16] if entry else ""
+
+
+def _rounded(value):
+    """Floats to 6 significant digits, all the way down: another CPU's last bit is not another n-gram."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return [_rounded(v) for v in value] if isinstance(value, list) else value
 
 
 def current(curves: dict[str, Curve], identities: dict[str, str]) -> tuple[dict[str, Curve], list[str]]:
     """The curves of the models as they are (a curve's identity is its model's now; the n-gram's its results',
     `baseline_identity`), and the models of `identities` whose curve was made from another training or n-gram
     (stale) or is missing. A curve of a model no longer in the study is neither."""
-    fresh = {name: c for name, c in curves.items() if name in identities and c.identity == identities[name]}
+    fresh = {name: c for name, c in curves.items() if name in identities and c.identity
+             and c.identity == identities[name]}
     return fresh, [name for name in identities if name not in fresh]

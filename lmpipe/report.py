@@ -281,7 +281,9 @@ def _position_section(curves: dict, stale: list[str], label: str) -> list[str]:
                   "happen to sit there (its sd over the window's second half), so a bin's sd is that over the root "
                   f"of its width. A model levels off after the tokens read where its bins stop differing from the "
                   f"last one by more than {LEVEL_SDS:g} sds of the gap; the second half's gain is the "
-                  f"{spans[-2]} bin less the {spans[-1]} one, ± {LEVEL_SDS:g} sds. "
+                  f"{spans[-2]} bin less the {spans[-1]} one, ± {LEVEL_SDS:g} sds. A bin of one position shows "
+                  f"only gaps above about {LEVEL_SDS * scatter[-1]:.2f} nats, so a model's levelling off within the "
+                  "first few tokens read is as early as this reading can place it. "
                   + _context_reading(order, named), "", "![Loss by context position](figures/position.png)", ""]
     if stale:
         lines += [f"Not shown: {', '.join(stale)}: no curve of the training that made the model now "
@@ -290,13 +292,17 @@ def _position_section(curves: dict, stale: list[str], label: str) -> list[str]:
 
 
 def _context_reading(order: list, named) -> str:
-    """One sentence: which models keep using their context longest, and whether any still gains at the end."""
+    """One sentence: which models keep using their context longest, and whether any still gains (or does worse)
+    in the window's second half beyond noise."""
     longest = [c for c in order if c.levels_off_at == order[0].levels_off_at]
-    still = [named(c) for c in order if abs(c.late_gain[0]) > LEVEL_SDS * c.late_gain[1]]
+    gains = [named(c) for c in order if c.late_gain[0] > LEVEL_SDS * c.late_gain[1]]
+    rises = [named(c) for c in order if -c.late_gain[0] > LEVEL_SDS * c.late_gain[1]]
+    late = ([f"{', '.join(gains)} still gain{'s' if len(gains) == 1 else ''} in the window's second half"] if gains
+            else []) + ([f"{', '.join(rises)} {'does' if len(rises) == 1 else 'do'} worse there than before it"]
+                        if rises else [])
     return (f"Gaining longest: {' and '.join(named(c) for c in longest)}, up to {longest[0].levels_off_at} tokens "
-            "read; "
-            + (f"{', '.join(still)} still gain{'s' if len(still) == 1 else ''} in the window's second half."
-               if still else "no model gains beyond noise in the window's second half."))
+            "read; " + ("; ".join(late) if late else "no model gains or loses beyond noise in the window's second "
+                        "half") + ".")
 
 
 def weat_adjusted_p(results: dict) -> dict[str, float]:

@@ -113,7 +113,8 @@ def position_figure(curves: dict, out: Path, label: str) -> None:
     """Test loss against the tokens read in the window (log x, as Kaplan et al. Fig. 7): each model's mean over bins
     of positions that double in width (lmpipe.context_use.Curve.bins), ± two of a bin's sds, the n-gram dashed;
     each position's own loss faint behind, with a band of ± one seed sd where seeds give one. The first position
-    (nothing read, 10-13 nats) sits above the axis, whose range is that of the bins after it."""
+    (nothing read, 10-13 nats) sits above the axis, whose range is that of the bins after it (the faint positions
+    beyond it are cut)."""
     fig, ax = plt.subplots(figsize=(7.0, 3.9))
     shown = []
     for name, curve in curves.items():

@@ -162,8 +162,9 @@ def test_every_lock_entry_records_the_code_and_params_its_stage_depends_on_now(m
 
 
 def held_by_git(path: str, cached: list[str]) -> bool:
-    """Whether git holds `path` whole: tracked, nothing in it that git does not track, and no output DVC caches at,
-    in or around it (a cached output's folder holds only its .gitignore in git)."""
+    """Whether git holds `path` whole and as committed: tracked, unmodified (a study re-made on another CPU changes
+    outputs and its lock together), nothing in it that git does not track and does not ignore, and no output DVC
+    caches at, in or around it (a cached output's folder holds only its .gitignore in git)."""
     import subprocess
 
     def listed(*flags: str) -> str:
@@ -171,7 +172,7 @@ def held_by_git(path: str, cached: list[str]) -> bool:
                               check=True).stdout
 
     near = [c for c in cached if c == path or c.startswith(path + os.sep) or path.startswith(c + os.sep)]
-    return not near and bool(listed()) and not listed("--others")
+    return not near and bool(listed()) and not listed("--others", "--exclude-standard") and not listed("--modified")
 
 
 def test_every_output_git_holds_hashes_as_dvc_lock_records_it():

@@ -222,6 +222,7 @@ def test_a_curve_levels_off_where_its_bins_stop_differing_from_the_last_beyond_t
     from lmpipe.context_use import Curve, doubling_bins
 
     assert doubling_bins(128) == [(0, 1), (1, 2), (2, 4), (4, 8), (8, 16), (16, 32), (32, 64), (64, 128)]
+    assert doubling_bins(130)[-2:] == [(32, 64), (64, 130)]  # two positions past 128 join the bin before
     step = Curve("ngram", np.array([5.0] * 3 + [4.0] * 61), None, 1, "", "")
     assert step.levels_off_at == 4 and step.late_gain == (0.0, 0.0)  # no scatter: any difference counts
     falling = Curve("transformer", np.linspace(5.0, 3.0, 64), None, 1, "t", "")
@@ -260,6 +261,10 @@ def test_the_report_shows_the_curves_of_the_models_as_they_are_and_names_the_oth
     md = build_report(tmp_path, tmp_path / "reports", label="KN-5").read_text()
     section = md[md.index("## Loss by context position"):md.index("## Decoding samples")]
     assert "Not shown: ngram, lstm" in section  # a curve of an n-gram with other results: another corpus or n-gram
+    position_csv(tmp_path / POSITION_CURVES, {"ngram": ([5.0] * 3 + [4.0] * 61, ""),  # made before it had an identity
+                                              "gru": ([4.0] * 32 + [4.5] * 32, "gone")})
+    md = build_report(tmp_path, tmp_path / "reports", label="KN-5").read_text()
+    assert "Not shown: ngram, lstm, transformer" in md
     position_csv(tmp_path / POSITION_CURVES, {
         "ngram": ([5.0] * 3 + [4.0] * 61, baseline_identity(json.loads((tmp_path / EVAL).read_text()))),
         "transformer": (list(np.linspace(5.0, 3.0, 64)), "tr-now"), "lstm": ([4.0] * 64, "lstm-before"),
@@ -279,3 +284,18 @@ def test_the_report_shows_the_curves_of_the_models_as_they_are_and_names_the_oth
     assert "gru" not in section
     assert (tmp_path / "reports/figures/position.png").stat().st_size > 1000
     assert (tmp_path / "reports/study.html").read_text().count("data:image/png;base64,") == 3
+
+
+def test_a_loss_that_rises_in_the_windows_second_half_is_said_to_be_worse_not_a_gain():
+    from lmpipe.context_use import Curve
+    from lmpipe.report import _context_reading
+
+    scatter = 0.1 * np.random.default_rng(0).standard_normal(128)
+    flat = Curve("lstm", 4.0 + scatter, None, 1, "l", "")
+    rising = Curve("gru", 4.0 + scatter + np.r_[np.zeros(64), np.full(64, 0.5)], None, 1, "g", "")
+    falling = Curve("transformer", 4.0 + scatter + np.r_[np.zeros(64), np.full(64, -0.5)], None, 1, "t", "")
+    said = _context_reading([rising, falling, flat], lambda c: c.model)
+    assert "transformer still gains in the window's second half; gru does worse there than before it." in said, said
+    assert "lstm" not in said.split("read; ", 1)[1], said
+    assert _context_reading([flat], lambda c: c.model).endswith(
+        "no model gains or loses beyond noise in the window's second half."), said

@@ -237,10 +237,10 @@ def test_a_scheduled_retrain_on_a_changed_tree_fails_once_in_one_line_and_names_
     import subprocess
     import sys
 
-    import requests
+    from tests.helpers import ask_prefect
 
-    flow_id = requests.post(f"{prefect_api}/flows/", json={"name": "retrain"}, timeout=10).json()["id"]
-    made = requests.post(f"{prefect_api}/deployments/", timeout=10, json={
+    flow_id = ask_prefect("POST", f"{prefect_api}/flows/", json={"name": "retrain"}).json()["id"]
+    made = ask_prefect("POST", f"{prefect_api}/deployments/", json={
         "name": "refusal-probe", "flow_id": flow_id, "paused": False,
         "schedules": [{"schedule": {"interval": 600}, "active": False}]})  # inactive: the server makes no runs
     assert made.status_code in (200, 201), made.text
@@ -253,12 +253,12 @@ def test_a_scheduled_retrain_on_a_changed_tree_fails_once_in_one_line_and_names_
         said = done.stdout + done.stderr
         assert done.returncode == 0 and "first: FAILED" in said and "second: CANCELLED" in said, said[-3000:]
         assert "Traceback" not in said and said.count("uncommitted changes") == 1, said[-3000:]
-        assert requests.get(f"{prefect_api}/deployments/{deployment}", timeout=10).json()["paused"]
-        runs = requests.post(f"{prefect_api}/flow_runs/filter", timeout=10, json={
+        assert ask_prefect("GET", f"{prefect_api}/deployments/{deployment}").json()["paused"]
+        runs = ask_prefect("POST", f"{prefect_api}/flow_runs/filter", json={
             "flows": {"name": {"any_": ["retrain-refusal-probe"]}}, "sort": "EXPECTED_START_TIME_ASC"}).json()
         failed, skipped = (r["state"]["message"] for r in runs[-2:])
         resume = "restart `lmpipe schedule --interval 600 --name refusal-probe` to resume it"
         assert failed.startswith("uncommitted changes to ") and failed.endswith(resume) and len(failed) < 600, failed
         assert skipped.startswith("skipped: the schedule is paused") and skipped.endswith(resume), skipped
     finally:
-        requests.delete(f"{prefect_api}/deployments/{deployment}", timeout=10)
+        ask_prefect("DELETE", f"{prefect_api}/deployments/{deployment}")
