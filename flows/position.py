@@ -80,7 +80,7 @@ def trained_from(name: str) -> tuple[str, str]:
 
 def position_curves(args: argparse.Namespace) -> list[dict]:
     from lmpipe.config import load_params
-    from lmpipe.evaluate import load_lm
+    from lmpipe.trained import load_lm
     from lmpipe.position import loss_by_position
     from lmpipe.splits import load_tokens
     from lmpipe.train import pick_device

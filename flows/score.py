@@ -23,7 +23,8 @@ from lmpipe import tracking
 from lmpipe.paths import BASELINE
 from lmpipe.config import load_params
 from lmpipe.decode import DecodeSettings
-from lmpipe.evaluate import evaluate_lm, load_lm
+from lmpipe.evaluate import evaluate_lm
+from lmpipe.trained import load_lm
 from lmpipe.io import atomic_path, write_json
 from lmpipe.samples import sample_all
 from lmpipe.splits import load_tokens

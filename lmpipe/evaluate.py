@@ -13,7 +13,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lmpipe.paths import BASELINE
 from lmpipe.perplexity import perplexities  # noqa: F401  (re-exported: the evaluator's companion)
 
 
@@ -41,36 +40,20 @@ def stream_nll(model, tokens: np.ndarray, chunk: int, device: torch.device | str
     return float(total), int(targets.size(1))
 
 
-def load_lm(directory, device: str = "cpu"):
-    """A trained model from its models/<name>/ directory: the n-gram or a neural LM."""
-    from pathlib import Path
-
-    from lmpipe.models import load_model
-    from lmpipe.ngram import NGramLM
-
-    directory = Path(directory)
-    if (directory / "ngram.json").exists():
-        return NGramLM.load(directory)
-    if (directory / "model.pt").exists():
-        return load_model(directory / "model.pt", device)
-    from lmpipe.errors import ModelFileError
-
-    stage = BASELINE if directory.name == BASELINE else f"train@{directory.name}"  # the n-gram's stage is its name
-    raise ModelFileError(f"{directory}: no trained model there (train it: dvc repro {stage})")
-
-
 def evaluate_lm(model, data, chunk: int = 128, device: str | None = None, token_logprobs: dict | None = None,
                 splits: tuple[str, ...] = ("valid", "test")) -> dict:
     """valid and test (or `splits`) loss/ppl/word_ppl/bpb of any model, with the same accounting for all; each token's
     log-probability per split (float32) goes to `token_logprobs` when one is given (what `combine` mixes). A neural
-    model is scored on the device its weights are on (a GPU-trained one on the GPU) unless `device` says otherwise."""
+    model is scored on the device its weights are on (a GPU-trained one on the GPU) unless `device` says otherwise.
+    A model that scores a whole token sequence itself (the n-gram's `token_log_probs`) is asked for it, so this module
+    needs no n-gram code: training, which scores its validation stream here, does not depend on the n-gram."""
     from lmpipe.models import count_parameters
-    from lmpipe.ngram import NGramLM
 
+    counted = hasattr(model, "token_log_probs")
     out = {}
     for name in splits:
         split, kept = data.splits[name], []
-        if isinstance(model, NGramLM):
+        if counted:
             scores = model.token_log_probs(split.tokens)
             nll, n = -float(scores.sum()), len(split.tokens)
             kept.append(scores.astype(np.float32))
@@ -79,5 +62,5 @@ def evaluate_lm(model, data, chunk: int = 128, device: str | None = None, token_
         out[name] = perplexities(nll, n, split.words, split.bytes)
         if token_logprobs is not None:
             token_logprobs[name] = np.concatenate(kept)
-    out["n_params"] = model.n_ngrams if isinstance(model, NGramLM) else count_parameters(model)
+    out["n_params"] = model.n_ngrams if counted else count_parameters(model)
     return out

@@ -34,7 +34,7 @@ def load(model: str, boundary_token: str, tokenizer_file: str | Path = paths.TOK
         return lm, tokenizer, boundary
     from tokenizers import Tokenizer
 
-    from lmpipe.evaluate import load_lm
+    from lmpipe.trained import load_lm
     from lmpipe.tokenize import boundary_id
 
     if not Path(tokenizer_file).exists():
