@@ -7,7 +7,9 @@ compares their valid bpb with the CSV: bit for bit, or within --tolerance bpb (a
 to 1e-4 bpb between a Zen 3 and a Zen 5, sweeps/notes.md). For each model in each CSV whose check row holds, it
 writes each of those committed rows of the grid (params.yaml's `scaling`) into the row cache under the current key,
 marked `carried_from` with its old cache file and `carried_within` with the difference measured; rows whose check
-differs by more are not carried. Then `lmpipe scaling` trains only the points no carried row holds. --export writes
+differs by more are not carried. A committed row whose cache file already names today's key was made by this very
+code, params and data (another day's or machine's run of them): it is carried as it is, with no check. Then
+`lmpipe scaling` trains only the points no carried row holds. --export writes
 the rows trained here (cached, not carried) as a CSV to commit beside the others. From the checkout's root:
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/reuse_grid_rows.py sweeps/grid_*.csv [--tolerance 1e-4]
@@ -75,6 +77,12 @@ def check(jobs: dict, rows: pd.DataFrame, names: list[str], tolerance: float = 0
     return {g: d for g, d in largest.items() if d != math.inf}
 
 
+def own_rows(keys: dict, rows: pd.DataFrame) -> list[str]:
+    """The committed rows made under today's key (their cache file is the one `lmpipe scaling` looks for): the same
+    code, params, data and precision, so nothing to check."""
+    return sorted(n for n in keys if n in rows.index and rows.loc[n, "cache_file"] == row_file(ROWS, n, keys[n]).name)
+
+
 def carry(jobs: dict, keys: dict, rows: pd.DataFrame, held: dict[tuple, float]) -> int:
     """Each committed row of a (model, CSV) in `held` (the largest difference its check rows showed) written into
     the row cache under today's key, unless a row was trained there since."""
@@ -119,13 +127,17 @@ def main() -> None:
     rows = committed(args.csvs)
     if args.export:
         return export(args.export, jobs, keys_of(jobs), rows)
-    known = [name for name in jobs if name in rows.index]
+    keys = keys_of(jobs)
+    own = own_rows(keys, rows)
+    mine = rows.loc[own]
+    as_they_are = carry(jobs, keys, mine, dict.fromkeys(zip(mine["model"], mine["source"]), 0.0))
+    known = [name for name in jobs if name in rows.index and name not in own]
     names = args.names or check_rows(rows, known)
     held = check(jobs, rows, names, args.tolerance)
     reproduced = ", ".join(f"{m} in {c} (within {d:.1e} bpb)" for (m, c), d in sorted(held.items())) or "none"
-    print(f"reproduced: {reproduced}; "
-          f"{carry(jobs, keys_of(jobs), rows, held)} rows carried into {ROWS}; "
-          f"{len(jobs) - len(known)} points of the grid have no committed row", flush=True)
+    print(f"{as_they_are} rows made under today's keys carried as they are; reproduced: {reproduced}; "
+          f"{carry(jobs, keys, rows.drop(index=own), held)} rows carried into {ROWS}; "
+          f"{len(jobs) - len(known) - len(own)} points of the grid have no committed row", flush=True)
 
 
 if __name__ == "__main__":

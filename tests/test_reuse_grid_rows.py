@@ -74,3 +74,20 @@ def test_each_model_is_checked_once_in_each_csv_by_its_cheapest_row(tmp_path):
                  ).to_csv(new, index=False)
     rows = reuse.committed([str(old), str(new)])
     assert reuse.check_rows(rows, ["gru-a", "gru-b", "gru-c", "rnn-a"]) == ["gru-b", "gru-c", "rnn-a"]
+
+
+def test_a_row_made_under_todays_key_is_carried_as_it_is_and_only_it(tmp_path, monkeypatch):
+    """A committed row whose cache file names today's key (the same code, params and data, another day's run) needs
+    no check row; one of another key in the same CSV still does."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "grid.csv"
+    pd.DataFrame([{"name": "gru-a", "model": "gru", "valid_bpb": 2.5, "train_seconds": 1.0, "cache_file": "gru-a-k1.json"},
+                  {"name": "gru-b", "model": "gru", "valid_bpb": 2.4, "train_seconds": 1.0, "cache_file": "gru-b-old.json"}]
+                 ).to_csv(path, index=False)
+    rows, keys = reuse.committed([str(path)]), {"gru-a": "k1", "gru-b": "k2"}
+    assert reuse.own_rows(keys, rows) == ["gru-a"]
+    assert reuse.own_rows({"gru-a": "k9", "gru-b": "k2"}, rows) == []  # changed code: every row is checked
+    mine = rows.loc[["gru-a"]]
+    assert reuse.carry({"gru-a": job(9.9), "gru-b": job(9.9)}, keys, mine, {("gru", str(path)): 0.0}) == 1
+    assert json.loads((reuse.ROWS / "gru-a-k1.json").read_text())["valid_bpb"] == 2.5
+    assert not (reuse.ROWS / "gru-b-k2.json").exists()
