@@ -6,9 +6,8 @@ A seed row holds while its identity (lmpipe.train.job.Job.identity: the training
 the data) is the study's training's (lmpipe.seeds). For a maintainer, beside .ci/relock.py: after an edit to the
 training code that tests show changes no number, each model's identity in metrics/train/<model>.json, in its rows
 of seeds/seeds.csv and in its loss-by-position curve (plots/position.csv) moves to the one the code computes now, and
-dvc.lock records the rewritten summaries. A model
-whose rows carry another identity than its summary (retrained since) is left alone, and said. `--machine` names the
-machine that made rows which record none.
+dvc.lock records the rewritten summaries. A model whose rows carry another identity than its summary (retrained
+since) is left alone, and said. `--machine` names the machine that made rows which record none.
 """
 
 from __future__ import annotations
@@ -17,12 +16,11 @@ import argparse
 import json
 from pathlib import Path
 
-import pandas as pd
-
+from flows.position import curves_text
 from flows.train import CKPT_ROOT, made_by, study_branches
 from lmpipe import paths
 from lmpipe.config import load_params
-from lmpipe.io import csv_text, write_json, write_text
+from lmpipe.io import csv_records, write_json, write_text
 from lmpipe.seeds import COLUMNS, csv_rows, read_rows
 from lmpipe.splits import load_tokens
 from lmpipe.train.job import prepare
@@ -31,7 +29,7 @@ from lmpipe.train.job import prepare
 def restamp(machine: str | None) -> list[str]:
     params, data = load_params("params.yaml"), load_tokens()
     rows, done = read_rows(paths.SEEDS), []
-    curves = pd.read_csv(paths.POSITION_CURVES, dtype=str, keep_default_na=False)  # as written: only identities move
+    curves = csv_records(paths.POSITION_CURVES)  # each cell as written: only identities move; none without the file
     for model in params.models:
         job = prepare(params, model, CKPT_ROOT, data=data, params_file="params.yaml")
         identity = made_by(job, study_branches(params, job))["identity"]
@@ -44,12 +42,15 @@ def restamp(machine: str | None) -> list[str]:
             continue
         for r in mine:
             r.update(identity=identity, machine=r.get("machine") or machine or "")
-        curves.loc[(curves["model"] == model) & (curves["identity"] == old), "identity"] = identity
+        for curve in curves:
+            if curve["model"] == model and curve["identity"] == old:
+                curve["identity"] = identity
         write_json(summary_file, {**summary, "identity": identity,
                                   "machine": summary.get("machine") or machine or ""})
         done.append(model)
     write_text(paths.SEEDS, csv_rows([{c: r.get(c, "") for c in COLUMNS} for r in rows]))
-    write_text(paths.POSITION_CURVES, csv_text(curves.to_dict("records"), list(curves.columns), newline="\n"))
+    if curves:
+        write_text(paths.POSITION_CURVES, curves_text(curves))
     return done
 
 

@@ -65,10 +65,12 @@ def compute_targets(trained: dict, budget: float) -> list[tuple[str, str, bool]]
 
 def decay_share(params, name: str) -> float:
     """The FLOPs a model's decay branches train, as a share of its run's: each branch to C/k decays over the model's
-    `decay_fraction` of C/k, from the run's state at its decay start (0.23 at 0.25 with branches 16, 8, 4, 2; 0.47 at
-    the RNN's 0.5). Their seconds cannot fall below this share of the run's."""
+    `decay_fraction` of C/k from the run's state at its decay start (0.23 at 0.25 with branches 16, 8, 4, 2; 0.47 at
+    the RNN's 0.5); 0 for a model without branches (a run length of its own). At the run's own speed, its branches'
+    seconds are this share of the run's."""
     settings = params.model_settings(name)
-    return settings.optim.decay_fraction * sum(params.branches_of(settings)) / params.study.flops
+    budgets = params.branches_of(settings)
+    return settings.optim.decay_fraction * sum(budgets) / params.study.flops if budgets else 0.0
 
 
 def speed_targets(names: list[str], experiment: str, decays_need: dict[str, float]) -> list[tuple[str, str, bool]]:
@@ -95,7 +97,7 @@ def speed_targets(names: list[str], experiment: str, decays_need: dict[str, floa
         rate = metrics.get("flops_per_sec")
         rows.append((f"{name}: training >= {MIN_FLOPS_PER_SEC / 1e9:.0f} GFLOP/s (its MLflow run)",
                      "no run found" if rate is None else f"{rate / 1e9:.1f} G on {here}", (rate or 0) >= MIN_FLOPS_PER_SEC))
-        if decays_need and all(metrics.get(k) for k in spent):
+        if name in decays_need and all(metrics.get(k) for k in spent):
             for k in spent:
                 spent[k] += metrics[k]
             share, text = measured(metrics)
@@ -285,7 +287,7 @@ def main() -> int:
     params, evaluation = load_params(ROOT / "params.yaml"), json.loads((ROOT / "metrics/eval.json").read_text())
     trained = {name: json.loads((ROOT / f"metrics/train/{name}.json").read_text()) for name in params.models}
     budget = params.study.flops or 0.0
-    decays_need = {name: decay_share(params, name) for name in params.models} if params.study.branches else {}
+    decays_need = {name: share for name in params.models if (share := decay_share(params, name))}
     rows = compute_targets(trained, budget) + speed_targets(list(params.models), params.tracking.experiment, decays_need)
     unmatched = not_compute_matched(trained, budget, params.budget_exceptions())  # shown above, left out of every verdict below
     models = {name: r for name, r in evaluation["models"].items() if name not in unmatched}

@@ -105,14 +105,21 @@ def position_curves(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def curves_text(rows: list[dict]) -> str:
+    """Curve rows as plots/position.csv holds them (its columns, Unix line ends): this command's and a restamp's."""
+    from lmpipe.io import csv_text
+
+    return csv_text(rows, COLUMNS, newline="\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     from lmpipe.errors import LmpipeError
-    from lmpipe.io import csv_text, write_text
+    from lmpipe.io import write_text
 
     args = arguments(argv)
     try:
         rows = position_curves(args)
-        write_text(args.out, csv_text(rows, COLUMNS, newline="\n"))
+        write_text(args.out, curves_text(rows))
     except (LmpipeError, FileNotFoundError, ValueError) as exc:
         sys.exit(f"error: {exc}")
     print(f"wrote {args.out}")

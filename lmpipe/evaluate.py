@@ -45,8 +45,9 @@ def evaluate_lm(model, data, chunk: int = 128, device: str | None = None, token_
     """valid and test (or `splits`) loss/ppl/word_ppl/bpb of any model, with the same accounting for all; each token's
     log-probability per split (float32) goes to `token_logprobs` when one is given (what `combine` mixes). A neural
     model is scored on the device its weights are on (a GPU-trained one on the GPU) unless `device` says otherwise.
-    A model that scores a whole token sequence itself (the n-gram's `token_log_probs`) is asked for it, so this module
-    needs no n-gram code: training, which scores its validation stream here, does not depend on the n-gram."""
+    A model that scores a whole token sequence itself (the n-gram: `token_log_probs`, and its size as `n_ngrams`) is
+    asked for it, so this module needs no n-gram code: training, which scores its validation stream here, does not
+    depend on the n-gram."""
     from lmpipe.models import count_parameters
 
     counted = hasattr(model, "token_log_probs")

@@ -8,7 +8,8 @@ to 1e-4 bpb between a Zen 3 and a Zen 5, sweeps/notes.md). For each model in eac
 writes each of those committed rows of the grid (params.yaml's `scaling`) into the row cache under the current key,
 marked `carried_from` with its old cache file and `carried_within` with the difference measured; rows whose check
 differs by more are not carried. A committed row whose cache file already names today's key was made by this very
-code, params and data (another day's or machine's run of them): it is carried as it is, with no check. Then
+code, params and data (another day's or machine's run of them): it is carried as it is, with no check, and marked
+`same_key` instead of `carried_within`. Then
 `lmpipe scaling` trains only the points no carried row holds. --export writes
 the rows trained here (cached, not carried) as a CSV to commit beside the others. From the checkout's root:
 
@@ -83,6 +84,24 @@ def own_rows(keys: dict, rows: pd.DataFrame) -> list[str]:
     return sorted(n for n in keys if n in rows.index and rows.loc[n, "cache_file"] == row_file(ROWS, n, keys[n]).name)
 
 
+def cells(rows: pd.DataFrame, name: str) -> dict:
+    """A committed row's cells as plain values (an empty cell left out), without the CSV it came from."""
+    return {k: (v.item() if hasattr(v, "item") else v) for k, v in rows.loc[name].items() if pd.notna(v) and k != "source"}
+
+
+def carry_own(keys: dict, rows: pd.DataFrame) -> int:
+    """Each committed row made under today's key (`own_rows`) written into the row cache as it is, marked `same_key`
+    (no check row was needed, so no difference was measured), unless a row was trained there since."""
+    carried = 0
+    for name in own_rows(keys, rows):
+        done = row_file(ROWS, name, keys[name])
+        if not done.exists():
+            row = cells(rows, name)
+            write_json(done, {"name": name, **row, "carried_from": row.pop("cache_file"), "same_key": True})
+            carried += 1
+    return carried
+
+
 def carry(jobs: dict, keys: dict, rows: pd.DataFrame, held: dict[tuple, float]) -> int:
     """Each committed row of a (model, CSV) in `held` (the largest difference its check rows showed) written into
     the row cache under today's key, unless a row was trained there since."""
@@ -91,11 +110,24 @@ def carry(jobs: dict, keys: dict, rows: pd.DataFrame, held: dict[tuple, float]) 
         done = row_file(ROWS, name, keys[name])
         if name not in rows.index or done.exists() or (group := tuple(rows.loc[name, ["model", "source"]])) not in held:
             continue
-        row = {k: (v.item() if hasattr(v, "item") else v) for k, v in rows.loc[name].items()
-               if pd.notna(v) and k != "source"}
+        row = cells(rows, name)
         write_json(done, {"name": name, **row, "carried_from": row.pop("cache_file"), "carried_within": held[group]})
         carried += 1
     return carried
+
+
+def reuse(jobs: dict, rows: pd.DataFrame, names: list[str] | None, tolerance: float) -> str:
+    """Carry what can be carried into the row cache, said in one line: the rows made under today's keys as they are;
+    then each (model, CSV) whose check rows (`names`, else the cheapest of each, `check_rows`) reproduce."""
+    keys = keys_of(jobs)
+    own = own_rows(keys, rows)
+    same = carry_own(keys, rows)
+    known = [name for name in jobs if name in rows.index and name not in own]
+    held = check(jobs, rows, [n for n in names or check_rows(rows, known) if n not in own], tolerance)
+    reproduced = ", ".join(f"{m} in {c} (within {d:.1e} bpb)" for (m, c), d in sorted(held.items())) or "none"
+    return (f"{same} rows made under today's keys carried as they are; reproduced: {reproduced}; "
+            f"{carry(jobs, keys, rows.drop(index=own), held)} rows carried into {ROWS}; "
+            f"{len(jobs) - len(known) - len(own)} points of the grid have no committed row")
 
 
 def export(out: Path, jobs: dict, keys: dict, rows: pd.DataFrame) -> None:
@@ -127,17 +159,7 @@ def main() -> None:
     rows = committed(args.csvs)
     if args.export:
         return export(args.export, jobs, keys_of(jobs), rows)
-    keys = keys_of(jobs)
-    own = own_rows(keys, rows)
-    mine = rows.loc[own]
-    as_they_are = carry(jobs, keys, mine, dict.fromkeys(zip(mine["model"], mine["source"]), 0.0))
-    known = [name for name in jobs if name in rows.index and name not in own]
-    names = args.names or check_rows(rows, known)
-    held = check(jobs, rows, names, args.tolerance)
-    reproduced = ", ".join(f"{m} in {c} (within {d:.1e} bpb)" for (m, c), d in sorted(held.items())) or "none"
-    print(f"{as_they_are} rows made under today's keys carried as they are; reproduced: {reproduced}; "
-          f"{carry(jobs, keys, rows.drop(index=own), held)} rows carried into {ROWS}; "
-          f"{len(jobs) - len(known) - len(own)} points of the grid have no committed row", flush=True)
+    print(reuse(jobs, rows, args.names, args.tolerance), flush=True)
 
 
 if __name__ == "__main__":

@@ -284,6 +284,28 @@ def test_overhead_copies_the_project_and_lists_the_stages_a_forced_repro_runs(ru
     assert {f"train@{name}" for name in yaml.safe_load((ROOT / "params.yaml").read_text())["models"]} <= set(stages)
 
 
+def test_a_models_decays_need_their_fraction_of_each_branch_and_a_model_of_its_own_length_none():
+    """benchmarks/study.py's bar beside the branches' time: decay_fraction x (C/16 + C/8 + C/4 + C/2) / C for a
+    model on the study's budget, 0 for one with epochs of its own (no branches, perhaps no decay_fraction at all)."""
+    import importlib.util
+
+    from lmpipe.config import parse_params
+
+    spec = importlib.util.spec_from_file_location("study_benchmark", ROOT / "benchmarks/study.py")
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    gru = raw["models"]["gru"]
+    raw["models"]["grucosine"] = {**gru, "epochs": 1, "patience": 3, "optim": {**{k: v for k, v in gru["optim"].items()
+                                                                   if k != "decay_fraction"}, "schedule": "cosine"}}
+    raw["study"]["branches"] = [16, 8, 4, 2]
+    params = parse_params(raw)
+    whole = sum(1 / k for k in (16, 8, 4, 2))
+    assert study.decay_share(params, "gru") == pytest.approx(params.models["gru"].optim.decay_fraction * whole)
+    assert study.decay_share(params, "rnn") == pytest.approx(params.models["rnn"].optim.decay_fraction * whole)
+    assert study.decay_share(params, "grucosine") == 0.0
+
+
 def test_study_holds_the_grid_to_c_and_the_study_s_models_to_the_grid_s_best(tmp_path, monkeypatch):
     """The compute-optimal targets on a grid that reaches C with three seeds at every family's best size: they hold
     while each study model is within noise of the grid's best at C, and one model beyond noise behind it misses."""

@@ -76,18 +76,30 @@ def test_each_model_is_checked_once_in_each_csv_by_its_cheapest_row(tmp_path):
     assert reuse.check_rows(rows, ["gru-a", "gru-b", "gru-c", "rnn-a"]) == ["gru-b", "gru-c", "rnn-a"]
 
 
-def test_a_row_made_under_todays_key_is_carried_as_it_is_and_only_it(tmp_path, monkeypatch):
-    """A committed row whose cache file names today's key (the same code, params and data, another day's run) needs
-    no check row; one of another key in the same CSV still does."""
+def test_a_row_made_under_todays_key_is_carried_as_it_is_and_the_rest_of_its_csv_is_still_checked(tmp_path,
+                                                                                                  monkeypatch):
+    """A committed row whose cache file names today's key (the same code, params and data, another day's run) needs no
+    check row and is marked so; a row of another key in the same CSV is carried only by its own check."""
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "grid.csv"
-    pd.DataFrame([{"name": "gru-a", "model": "gru", "valid_bpb": 2.5, "train_seconds": 1.0, "cache_file": "gru-a-k1.json"},
-                  {"name": "gru-b", "model": "gru", "valid_bpb": 2.4, "train_seconds": 1.0, "cache_file": "gru-b-old.json"}]
-                 ).to_csv(path, index=False)
-    rows, keys = reuse.committed([str(path)]), {"gru-a": "k1", "gru-b": "k2"}
-    assert reuse.own_rows(keys, rows) == ["gru-a"]
+    pd.DataFrame([{"name": n, "model": "gru", "valid_bpb": b, "train_seconds": t, "cache_file": f}
+                  for n, b, t, f in [("gru-a", 2.5, 1.0, "gru-a-k1.json"), ("gru-b", 2.4, 2.0, "gru-b-old.json"),
+                                     ("gru-c", 2.3, 3.0, "gru-c-old.json")]]).to_csv(path, index=False)
+    rows, trained = reuse.committed([str(path)]), []
+
+    def job_of(name: str, bpb: float):
+        return SimpleNamespace(trainer=SimpleNamespace(run=lambda: trained.append(name) or SimpleNamespace(
+            metrics={"valid_bpb": bpb})), ckpt_dir="/nonexistent/ckpt")
+
+    jobs = {"gru-a": job_of("gru-a", 9.9), "gru-b": job_of("gru-b", 2.4), "gru-c": job_of("gru-c", 2.3)}
+    monkeypatch.setattr(reuse, "keys_of", lambda jobs: {"gru-a": "k1", "gru-b": "k2", "gru-c": "k3"})
     assert reuse.own_rows({"gru-a": "k9", "gru-b": "k2"}, rows) == []  # changed code: every row is checked
-    mine = rows.loc[["gru-a"]]
-    assert reuse.carry({"gru-a": job(9.9), "gru-b": job(9.9)}, keys, mine, {("gru", str(path)): 0.0}) == 1
-    assert json.loads((reuse.ROWS / "gru-a-k1.json").read_text())["valid_bpb"] == 2.5
-    assert not (reuse.ROWS / "gru-b-k2.json").exists()
+    line = reuse.reuse(jobs, rows, None, 0.0)
+    assert trained == ["gru-b"]  # the cheapest row of another key: the own row is never retrained
+    assert line.startswith("1 rows made under today's keys carried as they are; reproduced: gru in ")
+    assert line.endswith("; 2 rows carried into .cache/lmpipe/scaling/runs; 0 points of the grid have no committed row")
+    own = json.loads((reuse.ROWS / "gru-a-k1.json").read_text())
+    assert own["valid_bpb"] == 2.5 and own["same_key"] is True and "carried_within" not in own
+    assert json.loads((reuse.ROWS / "gru-c-k3.json").read_text())["carried_within"] == 0.0
+    assert reuse.reuse(jobs, rows, ["gru-a"], 0.0).startswith("0 rows made")  # kept, and named rows of its own key
+    assert trained == ["gru-b"]  # are not retrained either
