@@ -13,7 +13,7 @@ code, params and data (another day's or machine's run of them): it is carried as
 `lmpipe scaling` trains only the points no carried row holds. --export writes
 the rows trained here (cached, not carried) as a CSV to commit beside the others. From the checkout's root:
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/reuse_grid_rows.py sweeps/grid_*.csv [--tolerance 1e-4]
+    OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/reuse_grid_rows.py sweeps/grid_*.csv [--tolerance 1e-4] [--workers 2]
     PYTHONPATH=. python sweeps/reuse_grid_rows.py --export sweeps/grid_<date>.csv   # the rows the CSVs lack
 
 One thread, as the rows were trained; PYTHONPATH=. so that the checkout's own code is checked and keyed, the code
@@ -30,11 +30,14 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from flows._stage import PARAMS_FILE
+from flows.runners import in_project, orchestration_with, results, run_apart
 from flows.scaling import ROWS, plan, row_key
 from lmpipe import checkpoints, codebase
-from lmpipe.config import load_params
+from lmpipe.config import OrchestrationParams, load_params
 from lmpipe.io import write_json
 from lmpipe.splits import load_tokens
 from lmpipe.train.job import row_file
@@ -60,15 +63,35 @@ def check_rows(rows: pd.DataFrame, known: list[str]) -> list[str]:
     return sorted(cheapest.values())
 
 
-def check(jobs: dict, rows: pd.DataFrame, names: list[str], tolerance: float = 0.0) -> dict[tuple, float]:
-    """Retrain `names` with the code as it is: {(model, CSV): the largest difference from the committed valid bpb}
-    for each model's rows in each CSV whose check rows all hold within `tolerance` (0: bit for bit). Rows whose check
-    is beyond it are named and left out, not carried: lmpipe scaling retrains them."""
+@task(cache_policy=NO_CACHE, task_run_name="check {name}")
+def retrained_bpb(name: str, job, cwd: str | None = None) -> float:
+    """A check row's valid bpb, retrained with the code as it is (its checkpoints then dropped). `cwd`: the
+    project, where a worker of a cluster runs it (flows.runners.in_project)."""
+    with in_project(cwd):
+        result = job.trainer.run()
+        checkpoints.discard(job.ckpt_dir)
+        return result.metrics["valid_bpb"]
+
+
+def retrain(jobs: dict, rows: pd.DataFrame, names: list[str], spread: OrchestrationParams | None) -> list[float]:
+    """Each of `names` retrained: one after another here, or side by side on the task runner of `spread` (one-thread
+    workers, as the grid's runs: `--workers`), at most checkpoints.KEEP of a family at a time."""
+    calls = [{"name": name, "job": jobs[name]} for name in names]
+    if spread is None:
+        return [retrained_bpb.fn(**call) for call in calls]
+    outcomes = run_apart(retrained_bpb, calls, [rows.loc[n, "model"] for n in names], spread,
+                         per_group=checkpoints.KEEP, name="grid-checks")
+    return results(names, outcomes, "check runs")
+
+
+def check(jobs: dict, rows: pd.DataFrame, names: list[str], tolerance: float = 0.0,
+          spread: OrchestrationParams | None = None) -> dict[tuple, float]:
+    """Retrain `names` with the code as it is (`retrain`): {(model, CSV): the largest difference from the committed
+    valid bpb} for each model's rows in each CSV whose check rows all hold within `tolerance` (0: bit for bit). Rows
+    whose check is beyond it are named and left out, not carried: lmpipe scaling retrains them."""
     largest: dict[tuple, float] = {}
-    for name in names:
-        result = jobs[name].trainer.run()
-        checkpoints.discard(jobs[name].ckpt_dir)
-        now, then = result.metrics["valid_bpb"], float(rows.loc[name, "valid_bpb"])
+    for name, now in zip(names, retrain(jobs, rows, names, spread)):
+        then = float(rows.loc[name, "valid_bpb"])
         print(f"{name}: valid bpb {now!r} now, {then!r} committed ({now - then:+.2e})", flush=True)
         group = rows.loc[name, "model"], rows.loc[name, "source"]
         largest[group] = max(largest.get(group, 0.0), abs(now - then) if abs(now - then) <= tolerance else math.inf)
@@ -116,14 +139,15 @@ def carry(jobs: dict, keys: dict, rows: pd.DataFrame, held: dict[tuple, float]) 
     return carried
 
 
-def reuse(jobs: dict, rows: pd.DataFrame, names: list[str] | None, tolerance: float) -> str:
+def reuse(jobs: dict, rows: pd.DataFrame, names: list[str] | None, tolerance: float,
+          spread: OrchestrationParams | None = None) -> str:
     """Carry what can be carried into the row cache, said in one line: the rows made under today's keys as they are;
     then each (model, CSV) whose check rows (`names`, else the cheapest of each, `check_rows`) reproduce."""
     keys = keys_of(jobs)
     own = own_rows(keys, rows)
     same = carry_own(keys, rows)
     known = [name for name in jobs if name in rows.index and name not in own]
-    held = check(jobs, rows, [n for n in names or check_rows(rows, known) if n not in own], tolerance)
+    held = check(jobs, rows, [n for n in names or check_rows(rows, known) if n not in own], tolerance, spread)
     reproduced = ", ".join(f"{m} in {c} (within {d:.1e} bpb)" for (m, c), d in sorted(held.items())) or "none"
     return (f"{same} rows made under today's keys carried as they are; reproduced: {reproduced}; "
             f"{carry(jobs, keys, rows.drop(index=own), held)} rows carried into {ROWS}; "
@@ -152,6 +176,8 @@ def main() -> None:
     parser.add_argument("--export", type=Path, default=None)
     parser.add_argument("--tolerance", type=float, default=0.0,
                         help="largest valid-bpb difference a retrained row may show (default 0: bit for bit)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="retrain the check rows side by side on a local Dask cluster of N one-thread workers")
     args = parser.parse_args()
     params, data = load_params(PARAMS_FILE), load_tokens()
     points, prepared = plan(params, data)
@@ -159,7 +185,8 @@ def main() -> None:
     rows = committed(args.csvs)
     if args.export:
         return export(args.export, jobs, keys_of(jobs), rows)
-    print(reuse(jobs, rows, args.names, args.tolerance), flush=True)
+    spread = orchestration_with(params.orchestration, args.workers) if args.workers else None
+    print(reuse(jobs, rows, args.names, args.tolerance, spread), flush=True)
 
 
 if __name__ == "__main__":

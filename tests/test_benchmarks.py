@@ -151,7 +151,8 @@ def project(tmp_path_factory) -> Path:
 # name -> (where it runs: the tiny project or this checkout, the command line after `python`); the longest first
 RUNS = {
     "serve": ("project", ["benchmarks/serve.py", "--smoke", "--models", "transformer", "gru"]),
-    "reuse_grid_rows": ("project", ["sweeps/reuse_grid_rows.py", "scaling/runs.csv", "--tolerance", "10"]),
+    "reuse_grid_rows": ("project", ["sweeps/reuse_grid_rows.py", "scaling/runs.csv", "--tolerance", "10", "--workers",
+                                    "2"]),  # the check rows on a local Dask cluster, as the grid spreads its runs
     "transformer_ablation": ("project", ["benchmarks/transformer_ablation.py", "--budget", "3e7", "--parallel", "1",
                                          "--only", "GPT-2 recipe (2019)", "--out", "{tmp}/ablation.csv"]),
     "compile_vs_eager": ("project", ["benchmarks/compile_vs_eager.py", "--models", "modern", "--precisions", "fp32",
@@ -469,6 +470,7 @@ def test_reuse_grid_rows_checks_the_cheapest_row_and_carries_the_rest(runs):
     done = runs["reuse_grid_rows"]
     out = lines(done)
     assert re.fullmatch(r"gru-emb4-C2\.0e\+08: valid bpb [\d.]+ now, 3\.0 committed \([-+][\d.e+-]+\)", out[0]), out
+    assert "grid-checks" in done.stderr and "dask" in done.stderr.lower()  # on a local Dask cluster's workers
     rows = done.tmp / "cache/scaling/runs"
     assert out[1].startswith("0 rows made under today's keys carried as they are; reproduced: gru in "
                              "scaling/runs.csv (within ")  # every committed row here is of another key
