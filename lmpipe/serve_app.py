@@ -142,9 +142,14 @@ class Worker:
         return self._seconds / self._steps
 
     def wait(self) -> float:
-        """Seconds a request sent now would wait before the model starts on it."""
+        """Seconds a request sent now would wait before the model starts on it. A batch running past its estimate
+        (a slower machine than measured, another process on its cores) still holds the model: it counts as needing
+        as long again as it is late, never as done."""
         with self._lock:
-            return self._queued * self.seconds_per_step + max(0.0, self._running_until - time.monotonic())
+            left = self._running_until - time.monotonic()
+            if self.busy and left < 0:
+                left = -left
+            return self._queued * self.seconds_per_step + max(0.0, left)
 
     async def run(self, prompts: list[str], params: dict, steps: int) -> list[str]:
         loop = asyncio.get_running_loop()

@@ -414,3 +414,19 @@ def test_serve_takes_a_models_name_or_the_registry_uri_generate_takes():
     assert named("models:/lmpipe-my-lstm/3", "champion") == ("my-lstm", "3")
     with pytest.raises(LmpipeError, match=r"^--model models:/gru: a registered model is models:/lmpipe-<name>@"):
         named("models:/gru", "champion")
+
+
+def test_a_batch_running_past_its_estimate_still_holds_the_model():
+    """A slower machine than the measured rate (or another process on its cores) makes a batch overrun: the model is
+    still busy, so a request sent then waits as long again as the batch is late, not zero seconds."""
+    import time
+
+    from lmpipe.serve_app import Worker
+
+    worker = Worker(lambda prompts, params: prompts, seconds=1.0, steps=100.0)
+    worker.busy, worker._running_until = True, time.monotonic() - 2.0  # its estimate ran out two seconds ago
+    assert 2.0 <= worker.wait() < 3.0
+    worker._running_until = time.monotonic() + 1.5  # on time: what is left of it
+    assert 1.0 < worker.wait() <= 1.5
+    worker.busy, worker._running_until = False, time.monotonic() - 2.0  # done: nothing holds the model
+    assert worker.wait() == 0.0
