@@ -9,9 +9,8 @@ writes each of those committed rows of the grid (params.yaml's `scaling`) into t
 marked `carried_from` with its old cache file and `carried_within` with the difference measured; rows whose check
 differs by more are not carried. A committed row whose cache file already names today's key was made by this very
 code, params and data (another day's or machine's run of them): it is carried as it is, with no check, and marked
-`same_key` instead of `carried_within`. Then
-`lmpipe scaling` trains only the points no carried row holds. --export writes
-the rows trained here (cached, not carried) as a CSV to commit beside the others. From the checkout's root:
+`same_key` instead of `carried_within`. Then `lmpipe scaling` trains only the points no carried row holds. --export
+writes the rows trained here (cached, not carried) as a CSV to commit beside the others. From the checkout's root:
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/reuse_grid_rows.py sweeps/grid_*.csv [--tolerance 1e-4] [--workers 2]
     PYTHONPATH=. python sweeps/reuse_grid_rows.py --export sweeps/grid_<date>.csv   # the rows the CSVs lack
@@ -107,36 +106,28 @@ def own_rows(keys: dict, rows: pd.DataFrame) -> list[str]:
     return sorted(n for n in keys if n in rows.index and rows.loc[n, "cache_file"] == row_file(ROWS, n, keys[n]).name)
 
 
-def cells(rows: pd.DataFrame, name: str) -> dict:
-    """A committed row's cells as plain values (an empty cell left out), without the CSV it came from."""
-    return {k: (v.item() if hasattr(v, "item") else v) for k, v in rows.loc[name].items() if pd.notna(v) and k != "source"}
+def put(rows: pd.DataFrame, name: str, key: str, **mark) -> bool:
+    """A committed row written into the row cache under `key`, with its old cache file (`carried_from`) and `mark`,
+    unless a row was trained there since: whether it was written."""
+    done = row_file(ROWS, name, key)
+    if done.exists():
+        return False
+    row = {k: (v.item() if hasattr(v, "item") else v) for k, v in rows.loc[name].items() if pd.notna(v) and k != "source"}
+    write_json(done, {"name": name, **row, "carried_from": row.pop("cache_file"), **mark})
+    return True
 
 
-def carry_own(keys: dict, rows: pd.DataFrame) -> int:
-    """Each committed row made under today's key (`own_rows`) written into the row cache as it is, marked `same_key`
-    (no check row was needed, so no difference was measured), unless a row was trained there since."""
-    carried = 0
-    for name in own_rows(keys, rows):
-        done = row_file(ROWS, name, keys[name])
-        if not done.exists():
-            row = cells(rows, name)
-            write_json(done, {"name": name, **row, "carried_from": row.pop("cache_file"), "same_key": True})
-            carried += 1
-    return carried
+def carry_own(keys: dict, rows: pd.DataFrame, own: list[str]) -> int:
+    """Each committed row made under today's key (`own_rows`) put into the row cache as it is, marked `same_key` (no
+    check row was needed, so no difference was measured)."""
+    return sum(put(rows, name, keys[name], same_key=True) for name in own)
 
 
 def carry(jobs: dict, keys: dict, rows: pd.DataFrame, held: dict[tuple, float]) -> int:
-    """Each committed row of a (model, CSV) in `held` (the largest difference its check rows showed) written into
-    the row cache under today's key, unless a row was trained there since."""
-    carried = 0
-    for name, job in jobs.items():
-        done = row_file(ROWS, name, keys[name])
-        if name not in rows.index or done.exists() or (group := tuple(rows.loc[name, ["model", "source"]])) not in held:
-            continue
-        row = cells(rows, name)
-        write_json(done, {"name": name, **row, "carried_from": row.pop("cache_file"), "carried_within": held[group]})
-        carried += 1
-    return carried
+    """Each committed row of a (model, CSV) in `held` (the largest difference its check rows showed) put into the
+    row cache under today's key, marked `carried_within` that difference."""
+    return sum(put(rows, name, keys[name], carried_within=held[group]) for name in jobs
+               if name in rows.index and (group := tuple(rows.loc[name, ["model", "source"]])) in held)
 
 
 def reuse(jobs: dict, rows: pd.DataFrame, names: list[str] | None, tolerance: float,
@@ -145,7 +136,7 @@ def reuse(jobs: dict, rows: pd.DataFrame, names: list[str] | None, tolerance: fl
     then each (model, CSV) whose check rows (`names`, else the cheapest of each, `check_rows`) reproduce."""
     keys = keys_of(jobs)
     own = own_rows(keys, rows)
-    same = carry_own(keys, rows)
+    same = carry_own(keys, rows, own)
     known = [name for name in jobs if name in rows.index and name not in own]
     held = check(jobs, rows, [n for n in names or check_rows(rows, known) if n not in own], tolerance, spread)
     reproduced = ", ".join(f"{m} in {c} (within {d:.1e} bpb)" for (m, c), d in sorted(held.items())) or "none"
