@@ -9,8 +9,7 @@ export PATH := $(abspath $(VENV)/bin):$(PATH)
 
 study: $(READY) server
 	lmpipe check-params --store
-	python -m lmpipe_cli.progress     # = dvc repro, with a line per stage: k of n, the training minutes left
-	python -m lmpipe_cli.record       # MLflow runs of the stages DVC skipped because git holds their outputs
+	python -m lmpipe_cli.progress     # = dvc repro --force-downstream, with a line per stage: k of n, the minutes left
 	-lmpipe reproduced           # each model against the committed numbers: bit for bit, within seed noise or differs
 	@echo "report: reports/study.html   numbers: dvc metrics show   MLflow: lmpipe ui   (tools in $(VENV)/bin)"
 	@[ -n "$$PREFECT_API_URL" ] || echo "the Prefect server (http://127.0.0.1:4200) is still up, for the next run and its UI: stop it with make stop"

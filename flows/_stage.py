@@ -45,8 +45,8 @@ def is_transient(task, task_run, state) -> bool:
 
 
 def git_tracked_outputs(stage: str, pipeline: str = "dvc.yaml") -> list[str]:
-    """The outputs of `stage` when git holds every one of them (`cache: false`), else []: in a fresh clone DVC skips
-    such a stage whose deps reproduce, so its MLflow run has to be made another way (lmpipe_cli/record.py)."""
+    """The outputs of `stage` when git holds every one of them (`cache: false`), else []: DVC keeps no hash of such
+    a stage's run, so its MLflow run is found by theirs (the views find the publish stage's run by metrics/models)."""
     entry = dvc_files.pipeline_stages(pipeline).get(stage) or {}
     listed = [item for kind in ("outs", "metrics", "plots") for item in entry.get(kind) or []]
     cached = [not isinstance(item, dict) or (next(iter(item.values())) or {}).get("cache", True) for item in listed]
@@ -56,7 +56,7 @@ def git_tracked_outputs(stage: str, pipeline: str = "dvc.yaml") -> list[str]:
 @contextlib.contextmanager
 def stage_run(stage: str, params: Params, sections: list[str] | dict, model: str | None = None) -> Iterator:
     """An MLflow run for this stage with its params (section names, or the values) logged and the Prefect flow run
-    linked. A stage whose outputs git holds tags its run with their hash once they are written (`record` finds it)."""
+    linked. A stage whose outputs git holds tags its run with their hash once they are written (`run_of_output`)."""
     chosen = sections if isinstance(sections, dict) else {name: params.section(name) for name in sections}
     tags = {"prefect.flow_run_id": str(runtime.flow_run.id or ""), "prefect.flow_run_name": str(runtime.flow_run.name or "")}
     with tracking.runs.open_stage_run(stage, params.tracking.experiment, chosen, params_hash(chosen),

@@ -9,6 +9,12 @@ def first_line(text: str, limit: int = 300) -> str:
     return line[:limit].rsplit(" ", 1)[0].rstrip(" ,;:") + " ..."
 
 
+def first_few(names: list[str], shown: int = 4) -> str:
+    """`names` in one short line however many there are: the first `shown`, then how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 UNION_TAGS = ("adam", "sgd")  # the tags of lmpipe.model_params.OptimParams, which pydantic puts in an error's
 # location: describe_error leaves them out of the key
 

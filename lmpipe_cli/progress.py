@@ -1,6 +1,11 @@
-"""`dvc repro` with a progress line between its own: stage k of n, and the training minutes left.
+"""`dvc repro --force-downstream` with a progress line between its own: stage k of n, and the training minutes left.
 
     python -m lmpipe_cli.progress [target ...]          (what `make study` runs; targets as for `dvc repro`)
+
+`--force-downstream`: every stage below one that ran runs too, even where its inputs came out as recorded. In a fresh
+clone the models retrain to the committed bytes, and plain `dvc repro` would skip the stages whose outputs git holds
+(evaluate, combine, report, publish): this clone's MLflow would have no run of them, no views' rows and no registry
+cards. Forced, each writes the same bytes and makes its own run. A second run finds nothing changed and runs nothing.
 
 First the MLflow runs that a process of this host left RUNNING when it died without a word (SIGKILL) are ended
 FAILED, in one line naming them (no stage ends another process's run). Then DVC's status and graph name the stages that may run (n; given targets, n grows as they start; n shrinks as DVC
@@ -104,7 +109,7 @@ def main(targets: list[str]) -> int:
         for line in summary(planned, load_params(PARAMS_FILE)).splitlines():
             print(f"[study] {line}", flush=True)
     progress = Progress(planned if not targets else [], budgets())
-    process = subprocess.Popen(["dvc", "repro", *targets], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(["dvc", "repro", "--force-downstream", *targets], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     out, pending = sys.stdout.buffer, b""  # pending: the start of a line already passed on, its end not yet come
     try:
         while chunk := process.stdout.read1(65536):

@@ -40,7 +40,7 @@ from lmpipe.compare import changed, compare_eval, comparison_markdown, describe,
 from lmpipe.config import load_params
 from lmpipe.overrides import check_overrides
 from lmpipe.corpus.sources import corpus_sha256, fetch_corpus
-from lmpipe.errors import ConfigError, LmpipeError, first_line
+from lmpipe.errors import ConfigError, LmpipeError, first_few, first_line
 from lmpipe.git import git, git_or_empty
 from lmpipe.params_file import edit_params
 
@@ -65,7 +65,7 @@ def reproduction_outputs() -> set[str]:
 def refusal(dirty: list[str]) -> str:
     """Why a retrain does not start on a changed tree, and the command that fixes it: one short line however many
     files changed (the first few named, the rest counted)."""
-    shown = ", ".join(dirty[:4]) + (f" and {len(dirty) - 4} more" if len(dirty) > 4 else "")
+    shown = first_few(dirty)
     written = reproduction_outputs()
     if not all(any(f == w or f.startswith(w + "/") for w in written) for f in dirty):
         return (f"uncommitted changes to {shown}: a retrain commits its outcome on top of HEAD; commit or stash them "
@@ -365,7 +365,7 @@ def gated_retrain(params, parent: str, sets: list[str], start: Workspace) -> dic
                           + f"; nothing applied (inspect it: dvc exp show, dvc exp diff HEAD {name})")
     if changes := workspace_changes(start, written_by(ref)):
         tracking.set_tags(parent, {DECISION: NOT_APPLIED})
-        shown = ", ".join(changes[:4]) + (f" and {len(changes) - 4} more" if len(changes) > 4 else "")
+        shown = first_few(changes)
         return {"decision": NOT_APPLIED, "experiment": name, "rows": rows, "said": (
             f"{name} passed but is not applied: {shown} changed while it ran, and those changes stay as they are; "
             f"the experiment stays: once they are committed or stashed, `dvc exp apply {name}` and a commit apply it")}

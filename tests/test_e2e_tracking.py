@@ -4,6 +4,7 @@ models and the views over them, kept when a checkout moves or a store lacks the 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -14,8 +15,8 @@ from mlflow.tracking import MlflowClient
 
 from lmpipe.io import sha256_tree
 
-from tests.helpers import (MODELS, STAGES, ask_prefect, assert_best_first, browser, leaderboard_page, run, stop,
-                           workspace)
+from tests.helpers import (MODELS, STAGES, ask_prefect, assert_best_first, browser, leaderboard_page, ran_stages, run,
+                           stop, workspace)
 
 pytestmark = pytest.mark.e2e
 # `make test` runs on pytest-xdist's workers (tests/conftest.py): these tests form a group of their own,
@@ -217,10 +218,11 @@ def test_a_model_retrained_bit_for_bit_keeps_its_test_results_in_mlflow(project,
 
 
 @pytest.mark.slow
-def test_a_store_without_the_runs_of_skipped_stages_gets_them_and_nothing_else_changes(committed):
-    """A fresh clone: DVC skips evaluate, combine, report and publish (git holds their outputs), so `make study`'s
-    last step (lmpipe_cli/record.py) runs them again for MLflow; the same bytes come out, and a second time nothing
-    runs."""
+def test_a_fresh_clone_makes_the_runs_of_the_stages_whose_outputs_git_holds_and_nothing_else_changes(committed):
+    """A fresh clone: a score's cached output is missing (and DVC has no run cache), its model scores to the committed
+    bytes, and plain `dvc repro` would then skip evaluate, combine, report and publish, whose outputs git holds, so
+    the clone's MLflow would lack their runs. `make study`'s `dvc repro --force-downstream` (lmpipe_cli/progress.py)
+    runs them below the score: the same bytes come out, each stage has its run, and a second time nothing runs."""
     copy, env = committed
     client = MlflowClient(f"sqlite:///{copy / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("lmpipe").experiment_id
@@ -231,12 +233,14 @@ def test_a_store_without_the_runs_of_skipped_stages_gets_them_and_nothing_else_c
     for row in client.search_runs([experiment], "tags.`lmpipe.role` = 'published'"):  # the publish stage's rows too
         client.delete_run(row.info.run_id)
     before = workspace(copy)
-    said = run([sys.executable, "-m", "lmpipe_cli.record"], copy, env).stdout
-    assert [line.split(":")[0] for line in said.splitlines() if "DVC skipped it" in line] == list(skipped)
+    (copy / "data/logprobs/gru.npz").unlink()  # not in git: a fresh clone makes it again
+    shutil.rmtree(copy / ".dvc/cache/runs", ignore_errors=True)  # a fresh clone has no run cache to restore it from
+    said = run([sys.executable, "-m", "lmpipe_cli.progress"], copy, env, timeout=900).stdout
+    assert re.findall(r"Running stage '([^']+)'", said) == ["score@gru", *skipped], said
     assert workspace(copy) == before and run(["dvc", "status", "--json", "dvc.yaml"], copy, env).stdout.strip() == "{}"
     for stage in skipped:
         assert len(client.search_runs([experiment], f"tags.`lmpipe.stage` = '{stage}'")) == 1, stage
     rows = client.search_runs([experiment], "tags.`lmpipe.role` = 'published'")  # the views' rows, published again
     assert sorted(r.data.tags["lmpipe.model"] for r in rows) == sorted([*MODELS, "ngram"])
     assert all("test" in r.data.tags["mlflow.note.content"] for r in rows)
-    assert "DVC skipped it" not in run([sys.executable, "-m", "lmpipe_cli.record"], copy, env).stdout
+    assert ran_stages(run([sys.executable, "-m", "lmpipe_cli.progress"], copy, env, timeout=900).stdout) == set()

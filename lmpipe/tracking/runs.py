@@ -19,6 +19,7 @@ from typing import Iterator, Mapping
 
 import mlflow
 
+from lmpipe.errors import first_few
 from lmpipe.tracking.store import project_root
 from lmpipe.tracking import experiment_tags, flatten, tracker
 
@@ -144,8 +145,7 @@ def end_ghost_runs(experiment: str, driver: str) -> str | None:
     if not ghosts:
         return None
     names = [run.info.run_name for run in ghosts]
-    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-    return f"ended FAILED {len(names)} MLflow run(s) left RUNNING by a process that died: {', '.join(names[:3])}{more}"
+    return f"ended FAILED {len(names)} MLflow run(s) left RUNNING by a process that died: {first_few(names, 3)}"
 
 
 def process_alive(pid: int) -> bool:
