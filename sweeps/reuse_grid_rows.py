@@ -42,6 +42,13 @@ from lmpipe.splits import load_tokens
 from lmpipe.train.job import row_file
 
 
+def at_least_one(text: str) -> int:
+    """--workers N: a whole number of at least 1 (0 would train nothing side by side, yet run)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of at least 1")
+    return int(text)
+
+
 def keys_of(jobs: dict) -> dict:
     """Each point's cache key, as flows.scaling computes it."""
     return {name: row_key(job) for name, job in jobs.items()}
@@ -167,7 +174,7 @@ def main() -> None:
     parser.add_argument("--export", type=Path, default=None)
     parser.add_argument("--tolerance", type=float, default=0.0,
                         help="largest valid-bpb difference a retrained row may show (default 0: bit for bit)")
-    parser.add_argument("--workers", type=int, default=None,
+    parser.add_argument("--workers", type=at_least_one, default=None,
                         help="retrain the check rows side by side on a local Dask cluster of N one-thread workers")
     args = parser.parse_args()
     params, data = load_params(PARAMS_FILE), load_tokens()

@@ -103,3 +103,10 @@ def test_a_row_made_under_todays_key_is_carried_as_it_is_and_the_rest_of_its_csv
     assert json.loads((reuse.ROWS / "gru-c-k3.json").read_text())["carried_within"] == 0.0
     assert reuse.reuse(jobs, rows, ["gru-a"], 0.0).startswith("0 rows made")  # kept, and named rows of its own key
     assert trained == ["gru-b"]  # are not retrained either
+
+
+@pytest.mark.parametrize("given", ["0", "-1", "two"])
+def test_workers_below_one_are_refused_instead_of_running_one_after_another(given):
+    with pytest.raises(reuse.argparse.ArgumentTypeError, match="a whole number of at least 1"):
+        reuse.at_least_one(given)
+    assert reuse.at_least_one("2") == 2
