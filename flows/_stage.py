@@ -45,8 +45,8 @@ def is_transient(task, task_run, state) -> bool:
 
 
 def git_tracked_outputs(stage: str, pipeline: str = "dvc.yaml") -> list[str]:
-    """The outputs of `stage` when git holds every one of them (`cache: false`), else []: DVC keeps no hash of such
-    a stage's run, so its MLflow run is found by theirs (the views find the publish stage's run by metrics/models)."""
+    """The outputs of `stage` when git holds every one of them (`cache: false`), else []: such a stage's MLflow run
+    is tagged with their hash and found by it (the views find the publish stage's run by metrics/models)."""
     entry = dvc_files.pipeline_stages(pipeline).get(stage) or {}
     listed = [item for kind in ("outs", "metrics", "plots") for item in entry.get(kind) or []]
     cached = [not isinstance(item, dict) or (next(iter(item.values())) or {}).get("cache", True) for item in listed]

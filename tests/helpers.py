@@ -377,10 +377,15 @@ def override(path: Path, changes: dict) -> None:
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-def ran_stages(output: str) -> set[str]:
+def stages_in_order(output: str) -> list[str]:
+    """The stages `dvc repro` printed as it started them, in its order."""
     import re
 
-    return set(re.findall(r"Running stage '([^']+)'", output))
+    return re.findall(r"Running stage '([^']+)'", output)
+
+
+def ran_stages(output: str) -> set[str]:
+    return set(stages_in_order(output))
 
 
 def start_serving(copy: Path, env: dict, *args: str) -> tuple[subprocess.Popen, str, Path]:
