@@ -36,6 +36,7 @@ from lmpipe.scaling import MAX_EPOCHS, GridPoint, grid_points, size_label
 from lmpipe.splits import TokenData, load_tokens
 from lmpipe.checkpoints import KEEP, code_version
 from lmpipe.train.job import Job, prepare, publish
+from lmpipe.train.trainer import TrainResult
 
 WORK = Path(CACHE_DIR) / "scaling"
 ROWS = WORK / "runs"  # each finished point's row (Job.cached), kept under its key
@@ -105,7 +106,7 @@ def train_point(point: GridPoint, job: Job, params: Params, parent_id: str, cwd:
 
 
 def _train_point(point: GridPoint, job: Job, params: Params, parent_id: str) -> dict:
-    settings, data = job.settings, job.data
+    settings = job.settings
     key = row_key(job)
     tags = {"lmpipe.role": "scaling-run", "lmpipe.model": point.model, "lmpipe.point": key}
 
@@ -120,24 +121,30 @@ def _train_point(point: GridPoint, job: Job, params: Params, parent_id: str) -> 
         print(f"{point.name}: valid bpb {row['valid_bpb']:.4f} (trained before, reused)", flush=True)
 
     def train() -> dict:
-        started = time.perf_counter()
         with tracking.runs.run(params.tracking.experiment, point.name, settings.model_dump(mode="json"),
                                parent_run_id=parent_id, tags=tags) as run:
-            result = job.trainer.run(on_eval=lambda record: tracking.log_evaluation(record, run.info.run_id))
+            row, result = trained_row(point, job, lambda record: tracking.log_evaluation(record, run.info.run_id))
             publish(run, result)
-        m = result.metrics
-        row = {"name": point.name, "model": point.model, "family": settings.family, "size": size_label(point.size),
-               "budget": point.budget, "n_params": m["n_params"], "n_params_non_embedding": m["n_params_non_embedding"],
-               "tokens": m["tokens_seen"], "flops": m["train_flops"], "epochs": m["epochs"],
-               "epoch_tokens": len(data.splits["train"].tokens), "valid_bpb": m["valid_bpb"],
-               "valid_ppl": m["valid_ppl"], "valid_loss": math.log(m["valid_ppl"]),
-               "train_seconds": m["seconds"], "wall_seconds": time.perf_counter() - started,
-               "flops_per_sec": m["flops_per_sec"], "device": m["device"], "precision": m["precision"]}
-        print(f"{point.name}: valid bpb {m['valid_bpb']:.4f}, N {m['n_params']:,}, D {m['tokens_seen']:,} tokens, "
+        print(f"{point.name}: valid bpb {row['valid_bpb']:.4f}, N {row['n_params']:,}, D {row['tokens']:,} tokens, "
               f"{row['wall_seconds']:.0f} s", flush=True)
         return row
 
     return job.cached(ROWS, point.name, key, train, reused)
+
+
+def trained_row(point: GridPoint, job: Job, on_eval=None) -> tuple[dict, TrainResult]:
+    """The point trained to its budget (`on_eval` told each evaluation): its row (scaling/runs.csv's columns, its
+    seconds and its precision, as the row cache keeps it) and the run's result."""
+    started = time.perf_counter()
+    result = job.trainer.run(on_eval=on_eval)
+    m = result.metrics
+    return {"name": point.name, "model": point.model, "family": job.settings.family, "size": size_label(point.size),
+            "budget": point.budget, "n_params": m["n_params"], "n_params_non_embedding": m["n_params_non_embedding"],
+            "tokens": m["tokens_seen"], "flops": m["train_flops"], "epochs": m["epochs"],
+            "epoch_tokens": len(job.data.splits["train"].tokens), "valid_bpb": m["valid_bpb"],
+            "valid_ppl": m["valid_ppl"], "valid_loss": math.log(m["valid_ppl"]), "train_seconds": m["seconds"],
+            "wall_seconds": time.perf_counter() - started, "flops_per_sec": m["flops_per_sec"],
+            "device": m["device"], "precision": m["precision"]}, result
 
 
 def train_points(points: list[GridPoint], jobs: list[Job], params: Params, parent_id: str) -> list[dict]:

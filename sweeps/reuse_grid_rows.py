@@ -4,13 +4,18 @@ A grid row is cached under a key that hashes the training code (lmpipe.checkpoin
 code, even one that changes no number, makes `lmpipe scaling` retrain all ~100 rows (12.5 h on the 2-core CPU). This
 retrains the cheapest committed row of each model in each CSV (or the rows named) with the code as it is now and
 compares their valid bpb with the CSV: bit for bit, or within --tolerance bpb (another CPU rounds differently: 1e-8
-to 1e-4 bpb between a Zen 3 and a Zen 5, sweeps/notes.md). For each model in each CSV whose check row holds, it
+to 1e-4 bpb between a Zen 3 and a Zen 5, sweeps/notes.md). A check row is kept in the row cache under today's key,
+as `lmpipe scaling` keeps a row, so --export commits it; a committed row of today's key that replaced a row of
+another key (the same name in an earlier CSV) is that earlier CSV's check, made already: the checks of one machine
+carry to the next with the rows, and the grid's carry can be spread over days. For each model in each CSV whose
+check row holds, it
 writes each of those committed rows of the grid (params.yaml's `scaling`) into the row cache under the current key,
 marked `carried_from` with its old cache file and `carried_within` with the difference measured; rows whose check
 differs by more are not carried. A committed row whose cache file already names today's key was made by this very
 code, params and data (another day's or machine's run of them): it is carried as it is, with no check, and marked
 `same_key` instead of `carried_within`. Then `lmpipe scaling` trains only the points no carried row holds. --export
-writes the rows trained here (cached, not carried) as a CSV to commit beside the others. From the checkout's root:
+writes the rows trained here (cached, not carried: the grid's and the checks') as a CSV to commit beside the others.
+From the checkout's root:
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/reuse_grid_rows.py sweeps/grid_*.csv [--tolerance 1e-4] [--workers 2]
     PYTHONPATH=. python sweeps/reuse_grid_rows.py --export sweeps/grid_<date>.csv   # the rows the CSVs lack
@@ -34,10 +39,11 @@ from prefect.cache_policies import NO_CACHE
 
 from flows._stage import PARAMS_FILE
 from flows.runners import in_project, orchestration_with, results, run_apart
-from flows.scaling import ROWS, plan, row_key
+from flows.scaling import ROWS, plan, row_key, trained_row
 from lmpipe import checkpoints, codebase
 from lmpipe.config import OrchestrationParams, load_params
 from lmpipe.io import write_json
+from lmpipe.scaling import GridPoint
 from lmpipe.splits import load_tokens
 from lmpipe.train.job import row_file
 
@@ -54,10 +60,20 @@ def keys_of(jobs: dict) -> dict:
     return {name: row_key(job) for name, job in jobs.items()}
 
 
+def every_row(csvs: list[str]) -> pd.DataFrame:
+    """Every committed row of `csvs`, in their order, with the CSV it came from."""
+    return pd.concat([pd.read_csv(path).assign(source=str(path)) for path in csvs], ignore_index=True)
+
+
 def committed(csvs: list[str]) -> pd.DataFrame:
     """Every committed row, the last of each name (a re-run replaces an earlier one), with the CSV it came from."""
-    rows = pd.concat([pd.read_csv(path).assign(source=str(path)) for path in csvs], ignore_index=True)
-    return rows.drop_duplicates("name", keep="last").set_index("name")
+    return every_row(csvs).drop_duplicates("name", keep="last").set_index("name")
+
+
+def replaced(csvs: list[str]) -> pd.DataFrame:
+    """The committed rows a later row of the same name replaced (`committed` keeps the last), with their CSV."""
+    rows = every_row(csvs)
+    return rows[rows.duplicated("name", keep="last")]
 
 
 def check_rows(rows: pd.DataFrame, known: list[str]) -> list[str]:
@@ -69,42 +85,61 @@ def check_rows(rows: pd.DataFrame, known: list[str]) -> list[str]:
     return sorted(cheapest.values())
 
 
-@task(cache_policy=NO_CACHE, task_run_name="check {name}")
-def retrained_bpb(name: str, job, cwd: str | None = None) -> float:
-    """A check row's valid bpb, retrained with the code as it is (its checkpoints then dropped). `cwd`: the
-    project, where a worker of a cluster runs it (flows.runners.in_project)."""
+@task(cache_policy=NO_CACHE, task_run_name="check {point.name}")
+def checked_bpb(point: GridPoint, job, cwd: str | None = None) -> float:
+    """A check row trained with the code as it is and kept in the row cache under today's key, as `lmpipe scaling`
+    keeps a row (so `--export` commits it; one trained before is read back): its valid bpb. `cwd`: the project, where
+    a worker of a cluster runs it (flows.runners.in_project)."""
     with in_project(cwd):
-        result = job.trainer.run()
-        checkpoints.discard(job.ckpt_dir)
-        return result.metrics["valid_bpb"]
+        return job.cached(ROWS, point.name, row_key(job), lambda: trained_row(point, job)[0],
+                          lambda row: None)["valid_bpb"]
 
 
-def retrain(jobs: dict, rows: pd.DataFrame, names: list[str], spread: OrchestrationParams | None) -> list[float]:
-    """Each of `names` retrained: one after another here, or side by side on the task runner of `spread` (one-thread
-    workers, as the grid's runs: `--workers`), at most checkpoints.KEEP of a family at a time."""
-    calls = [{"name": name, "job": jobs[name]} for name in names]
+def retrain(jobs: dict, points: dict, names: list[str], spread: OrchestrationParams | None) -> list[float]:
+    """Each of `names` retrained (`checked_bpb`): one after another here, or side by side on the task runner of
+    `spread` (one-thread workers, as the grid's runs: `--workers`), at most checkpoints.KEEP of a family at a time."""
+    calls = [{"point": points[name], "job": jobs[name]} for name in names]
     if spread is None:
-        return [retrained_bpb.fn(**call) for call in calls]
-    outcomes = run_apart(retrained_bpb, calls, [rows.loc[n, "model"] for n in names], spread,
-                         per_group=checkpoints.KEEP, name="grid-checks")
+        return [checked_bpb.fn(**call) for call in calls]
+    outcomes = run_apart(checked_bpb, calls, [points[n].model for n in names], spread, per_group=checkpoints.KEEP,
+                         name="grid-checks")
     return results(names, outcomes, "check runs")
 
 
-def check(jobs: dict, rows: pd.DataFrame, names: list[str], tolerance: float = 0.0,
-          spread: OrchestrationParams | None = None) -> dict[tuple, float]:
-    """Retrain `names` with the code as it is (`retrain`): {(model, CSV): the largest difference from the committed
-    valid bpb} for each model's rows in each CSV whose check rows all hold within `tolerance` (0: bit for bit). Rows
-    whose check is beyond it are named and left out, not carried: lmpipe scaling retrains them."""
+def judged(compared: list[tuple[tuple, float, float]], tolerance: float) -> dict[tuple, float]:
+    """{(model, CSV): the largest difference of its compared rows ((model, CSV), now, committed)}, math.inf for a
+    group one of whose rows is beyond `tolerance` (0: bit for bit)."""
     largest: dict[tuple, float] = {}
-    for name, now in zip(names, retrain(jobs, rows, names, spread)):
+    for group, now, then in compared:
+        largest[group] = max(largest.get(group, 0.0), abs(now - then) if abs(now - then) <= tolerance else math.inf)
+    return largest
+
+
+def check(jobs: dict, points: dict, rows: pd.DataFrame, names: list[str], tolerance: float = 0.0,
+          spread: OrchestrationParams | None = None) -> dict[tuple, float]:
+    """Retrain `names` with the code as it is (`retrain`): each model's rows in each CSV `judged` by their check
+    rows' difference from the committed valid bpb."""
+    compared = []
+    for name, now in zip(names, retrain(jobs, points, names, spread)):
         then = float(rows.loc[name, "valid_bpb"])
         print(f"{name}: valid bpb {now!r} now, {then!r} committed ({now - then:+.2e})", flush=True)
-        group = rows.loc[name, "model"], rows.loc[name, "source"]
-        largest[group] = max(largest.get(group, 0.0), abs(now - then) if abs(now - then) <= tolerance else math.inf)
-    for model, source in sorted(g for g, d in largest.items() if d == math.inf):
-        print(f"{model} in {source}: the code as it is does not reproduce these rows within {tolerance:g} bpb: not "
-              "carried, lmpipe scaling retrains them", flush=True)
-    return {g: d for g, d in largest.items() if d != math.inf}
+        compared.append(((rows.loc[name, "model"], rows.loc[name, "source"]), now, then))
+    return judged(compared, tolerance)
+
+
+def checked_before(rows: pd.DataFrame, earlier: pd.DataFrame, own: list[str], tolerance: float) -> dict[tuple, float]:
+    """The checks committed already: a row of today's key (`own`) that replaced a row of another key in an earlier
+    CSV (`replaced`) is a rerun of it with the code as it is, so it checks that CSV's rows of its model as a check row
+    does (`judged`), with no training."""
+    compared = []
+    for _, then in earlier[earlier["name"].isin(own)].iterrows():
+        now = rows.loc[then["name"]]
+        if then["cache_file"] != now["cache_file"]:
+            print(f"{then['name']}: valid bpb {float(now['valid_bpb'])!r} under today's key ({now['source']}), "
+                  f"{then['valid_bpb']!r} in {then['source']} ({now['valid_bpb'] - then['valid_bpb']:+.2e})",
+                  flush=True)
+            compared.append(((then["model"], then["source"]), float(now["valid_bpb"]), float(then["valid_bpb"])))
+    return judged(compared, tolerance)
 
 
 def own_rows(keys: dict, rows: pd.DataFrame) -> list[str]:
@@ -137,15 +172,23 @@ def carry(jobs: dict, keys: dict, rows: pd.DataFrame, held: dict[tuple, float]) 
                if name in rows.index and (group := tuple(rows.loc[name, ["model", "source"]])) in held)
 
 
-def reuse(jobs: dict, rows: pd.DataFrame, names: list[str] | None, tolerance: float,
-          spread: OrchestrationParams | None = None) -> str:
+def reuse(jobs: dict, points: dict, rows: pd.DataFrame, names: list[str] | None, tolerance: float,
+          spread: OrchestrationParams | None = None, earlier: pd.DataFrame | None = None) -> str:
     """Carry what can be carried into the row cache, said in one line: the rows made under today's keys as they are;
-    then each (model, CSV) whose check rows (`names`, else the cheapest of each, `check_rows`) reproduce."""
+    then each (model, CSV) whose checks reproduce: those committed already (`checked_before`, the rows of today's key
+    that replaced `earlier` ones), else its check rows (`names`, else the cheapest of each, `check_rows`)."""
     keys = keys_of(jobs)
     own = own_rows(keys, rows)
     same = carry_own(keys, rows, own)
-    known = [name for name in jobs if name in rows.index and name not in own]
-    held = check(jobs, rows, [n for n in names or check_rows(rows, known) if n not in own], tolerance, spread)
+    before = {} if earlier is None else checked_before(rows, earlier, own, tolerance)
+    known = [name for name in jobs if name in rows.index and name not in own
+             and (rows.loc[name, "model"], rows.loc[name, "source"]) not in before]
+    judgement = {**before, **check(jobs, points, rows, [n for n in names or check_rows(rows, known) if n not in own],
+                                   tolerance, spread)}
+    for model, source in sorted(g for g, d in judgement.items() if d == math.inf):
+        print(f"{model} in {source}: the code as it is does not reproduce these rows within {tolerance:g} bpb: not "
+              "carried, lmpipe scaling retrains them", flush=True)
+    held = {g: d for g, d in judgement.items() if d != math.inf}
     reproduced = ", ".join(f"{m} in {c} (within {d:.1e} bpb)" for (m, c), d in sorted(held.items())) or "none"
     return (f"{same} rows made under today's keys carried as they are; reproduced: {reproduced}; "
             f"{carry(jobs, keys, rows.drop(index=own), held)} rows carried into {ROWS}; "
@@ -184,7 +227,8 @@ def main() -> None:
     if args.export:
         return export(args.export, jobs, keys_of(jobs), rows)
     spread = orchestration_with(params.orchestration, args.workers) if args.workers else None
-    print(reuse(jobs, rows, args.names, args.tolerance, spread), flush=True)
+    print(reuse(jobs, {p.name: p for p in points}, rows, args.names, args.tolerance, spread, replaced(args.csvs)),
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -2,11 +2,13 @@
 
 import importlib.util
 import json
+import math
 from types import SimpleNamespace
 
 import pandas as pd
 import pytest
 
+from lmpipe.train import job as job_module
 from tests.helpers import ROOT
 
 spec = importlib.util.spec_from_file_location("reuse_grid_rows", ROOT / "sweeps" / "reuse_grid_rows.py")
@@ -14,10 +16,30 @@ reuse = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(reuse)
 
 
-def job(bpb: float):
-    """A grid point's job whose run ends at `bpb` (what check trains) and leaves no checkpoint folder."""
-    run = lambda: SimpleNamespace(metrics={"valid_bpb": bpb})  # noqa: E731
-    return SimpleNamespace(trainer=SimpleNamespace(run=run), ckpt_dir="/nonexistent/ckpt")
+class Job:
+    """A grid point's job whose run ends at `bpb`, kept in the row cache as the project's Job keeps a row (its
+    `cached`), leaving no checkpoint folder; `trained` lists the points trained."""
+
+    cached = job_module.Job.cached
+
+    def __init__(self, bpb: float, trained: list | None = None, key: str = "today"):
+        self.bpb, self.trained, self.key, self.ckpt_dir = bpb, [] if trained is None else trained, key, "/nonexistent"
+
+
+@pytest.fixture(autouse=True)
+def todays_keys(monkeypatch):
+    """Each stand-in job keyed `today` and trained to its row by `Job.bpb` (what check trains)."""
+    monkeypatch.setattr(reuse, "row_key", lambda job: getattr(job, "key", "today"))
+
+    def trained_row(point, job):
+        job.trained.append(point.name)
+        return {"name": point.name, "model": point.model, "valid_bpb": job.bpb}, None
+
+    monkeypatch.setattr(reuse, "trained_row", trained_row)
+
+
+def points_of(jobs: dict) -> dict:
+    return {name: SimpleNamespace(name=name, model=name.split("-")[0]) for name in jobs}
 
 
 def committed(tmp_path, rows: dict) -> pd.DataFrame:
@@ -27,16 +49,23 @@ def committed(tmp_path, rows: dict) -> pd.DataFrame:
     return reuse.committed([str(path)])
 
 
-def test_rows_the_code_does_not_reproduce_are_left_out(tmp_path, capsys):
+def test_rows_the_code_does_not_reproduce_are_judged_beyond_the_tolerance(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     rows = committed(tmp_path, {"gru-a": 2.5, "rnn-a": 2.75})
     gru, rnn = ("gru", str(tmp_path / "grid.csv")), ("rnn", str(tmp_path / "grid.csv"))
-    assert reuse.check({"gru-a": job(2.5), "rnn-a": job(2.75)}, rows, ["gru-a", "rnn-a"]) == {gru: 0.0, rnn: 0.0}
-    assert reuse.check({"gru-a": job(2.5), "rnn-a": job(2.7500000000000004)}, rows, ["gru-a", "rnn-a"]) == {gru: 0.0}
-    assert (f"rnn in {rnn[1]}: the code as it is does not reproduce these rows within 0 bpb: not carried"
-            in capsys.readouterr().out)
-    held = reuse.check({"gru-a": job(2.50001), "rnn-a": job(2.76)}, rows, ["gru-a", "rnn-a"], tolerance=1e-4)
-    assert list(held) == [gru] and held[gru] == pytest.approx(1e-5)
-    assert reuse.check({"gru-a": job(float("nan")), "rnn-a": job(2.75)}, rows, ["gru-a", "rnn-a"], 1.0) == {rnn: 0.0}
+
+    def check(bpbs: dict, tolerance: float = 0.0) -> dict:
+        for old in reuse.ROWS.glob("*.json") if reuse.ROWS.exists() else []:
+            old.unlink()
+        jobs = {name: Job(bpb) for name, bpb in bpbs.items()}
+        return reuse.check(jobs, points_of(jobs), rows, list(jobs), tolerance)
+
+    assert check({"gru-a": 2.5, "rnn-a": 2.75}) == {gru: 0.0, rnn: 0.0}
+    assert check({"gru-a": 2.5, "rnn-a": 2.7500000000000004}) == {gru: 0.0, rnn: math.inf}
+    held = check({"gru-a": 2.50001, "rnn-a": 2.76}, tolerance=1e-4)
+    assert held[gru] == pytest.approx(1e-5) and held[rnn] == math.inf
+    assert check({"gru-a": float("nan"), "rnn-a": 2.75}, 1.0) == {gru: math.inf, rnn: 0.0}
+    assert json.loads((reuse.ROWS / "rnn-a-today.json").read_text())["valid_bpb"] == 2.75  # kept under today's key
 
 
 def test_carried_rows_land_under_todays_keys_marked_and_never_over_a_row_trained_since(tmp_path, monkeypatch):
@@ -45,7 +74,7 @@ def test_carried_rows_land_under_todays_keys_marked_and_never_over_a_row_trained
     trained = reuse.ROWS / "gru-b-k2.json"
     trained.parent.mkdir(parents=True)
     trained.write_text(json.dumps({"name": "gru-b", "valid_bpb": 2.4, "trained": "here"}))
-    jobs = {"gru-a": job(2.5), "gru-b": job(2.4), "gru-new": job(2.3)}
+    jobs = {"gru-a": Job(2.5), "gru-b": Job(2.4), "gru-new": Job(2.3)}
     keys, csv = {"gru-a": "k1", "gru-b": "k2", "gru-new": "k3"}, str(tmp_path / "grid.csv")
     assert reuse.carry(jobs, keys, rows, {("rnn", csv): 0.0, ("gru", "another.csv"): 0.0}) == 0  # not held
     assert reuse.carry(jobs, keys, rows, {("gru", csv): 1e-5}) == 1
@@ -86,23 +115,43 @@ def test_a_row_made_under_todays_key_is_carried_as_it_is_and_the_rest_of_its_csv
                   for n, b, t, f in [("gru-a", 2.5, 1.0, "gru-a-k1.json"), ("gru-b", 2.4, 2.0, "gru-b-old.json"),
                                      ("gru-c", 2.3, 3.0, "gru-c-old.json")]]).to_csv(path, index=False)
     rows, trained = reuse.committed([str(path)]), []
-
-    def job_of(name: str, bpb: float):
-        return SimpleNamespace(trainer=SimpleNamespace(run=lambda: trained.append(name) or SimpleNamespace(
-            metrics={"valid_bpb": bpb})), ckpt_dir="/nonexistent/ckpt")
-
-    jobs = {"gru-a": job_of("gru-a", 9.9), "gru-b": job_of("gru-b", 2.4), "gru-c": job_of("gru-c", 2.3)}
-    monkeypatch.setattr(reuse, "keys_of", lambda jobs: {"gru-a": "k1", "gru-b": "k2", "gru-c": "k3"})
+    jobs = {"gru-a": Job(9.9, trained, "k1"), "gru-b": Job(2.4, trained, "k2"), "gru-c": Job(2.3, trained, "k3")}
     assert reuse.own_rows({"gru-a": "k9", "gru-b": "k2"}, rows) == []  # changed code: every row is checked
-    line = reuse.reuse(jobs, rows, None, 0.0)
+    line = reuse.reuse(jobs, points_of(jobs), rows, None, 0.0)
     assert trained == ["gru-b"]  # the cheapest row of another key: the own row is never retrained
     assert line.startswith("1 rows made under today's keys carried as they are; reproduced: gru in ")
-    assert line.endswith("; 2 rows carried into .cache/lmpipe/scaling/runs; 0 points of the grid have no committed row")
+    assert line.endswith("; 1 rows carried into .cache/lmpipe/scaling/runs; 0 points of the grid have no committed row")
     own = json.loads((reuse.ROWS / "gru-a-k1.json").read_text())
     assert own["valid_bpb"] == 2.5 and own["same_key"] is True and "carried_within" not in own
     assert json.loads((reuse.ROWS / "gru-c-k3.json").read_text())["carried_within"] == 0.0
-    assert reuse.reuse(jobs, rows, ["gru-a"], 0.0).startswith("0 rows made")  # kept, and named rows of its own key
-    assert trained == ["gru-b"]  # are not retrained either
+    check_row = json.loads((reuse.ROWS / "gru-b-k2.json").read_text())  # the check, kept as a row of today's key
+    assert check_row["valid_bpb"] == 2.4 and "carried_from" not in check_row
+    assert reuse.reuse(jobs, points_of(jobs), rows, ["gru-a"], 0.0).startswith("0 rows made")  # kept, and named
+    assert trained == ["gru-b"]  # rows of its own key are not retrained either
+
+
+def test_a_committed_rerun_under_todays_key_checks_the_csv_of_the_row_it_replaced(tmp_path, monkeypatch, capsys):
+    """A row of today's key in a later CSV that replaced a row of another key is that earlier CSV's check, made
+    already: its model's rows there are carried with no training, or (beyond the tolerance) left out."""
+    monkeypatch.chdir(tmp_path)
+    old, new = tmp_path / "grid_a.csv", tmp_path / "grid_b.csv"
+    pd.DataFrame([{"name": n, "model": n.split("-")[0], "valid_bpb": b, "train_seconds": 1.0, "cache_file": f"{n}-old.json"}
+                  for n, b in [("gru-a", 2.5), ("gru-b", 2.4), ("rnn-a", 2.6), ("rnn-b", 2.7), ("lstm-a", 2.2)]]
+                 ).to_csv(old, index=False)
+    pd.DataFrame([{"name": n, "model": n.split("-")[0], "valid_bpb": b, "train_seconds": 1.0, "cache_file": f"{n}-{k}.json"}
+                  for n, b, k in [("gru-a", 2.5, "ka"), ("rnn-a", 2.6000001, "kr")]]).to_csv(new, index=False)
+    csvs = [str(old), str(new)]
+    rows, trained = reuse.committed(csvs), []
+    keys = {"gru-a": "ka", "gru-b": "kb", "rnn-a": "kr", "rnn-b": "kc", "lstm-a": "kl"}
+    jobs = {name: Job(rows.loc[name, "valid_bpb"], trained, key) for name, key in keys.items()}
+    line = reuse.reuse(jobs, points_of(jobs), rows, None, 0.0, earlier=reuse.replaced(csvs))
+    assert trained == ["lstm-a"]  # only the model with no rerun of today's key is checked by training
+    assert f"reproduced: gru in {old} (within 0.0e+00 bpb), lstm in {old} (within 0.0e+00 bpb);" in line
+    assert f"rnn in {old}: the code as it is does not reproduce these rows within 0 bpb" in capsys.readouterr().out
+    assert json.loads((reuse.ROWS / "gru-b-kb.json").read_text())["carried_from"] == "gru-b-old.json"
+    assert not (reuse.ROWS / "rnn-b-kc.json").exists()  # lmpipe scaling retrains it
+    held = reuse.checked_before(rows, reuse.replaced(csvs), ["gru-a", "rnn-a"], tolerance=1e-6)
+    assert held[("gru", str(old))] == 0.0 and held[("rnn", str(old))] == pytest.approx(1e-7)
 
 
 @pytest.mark.parametrize("given", ["0", "-1", "two"])
