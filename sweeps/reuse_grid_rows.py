@@ -18,6 +18,7 @@ writes the rows trained here (cached, not carried: the grid's and the checks') a
 From the checkout's root:
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/reuse_grid_rows.py sweeps/grid_*.csv [--tolerance 1e-4] [--workers 2]
+    PYTHONPATH=. python sweeps/reuse_grid_rows.py --dry-run                         # what a carry would train
     PYTHONPATH=. python sweeps/reuse_grid_rows.py --export sweeps/grid_<date>.csv   # the rows the CSVs lack
 
 One thread, as the rows were trained; PYTHONPATH=. so that the checkout's own code is checked and keyed, the code
@@ -172,19 +173,40 @@ def carry(jobs: dict, keys: dict, rows: pd.DataFrame, held: dict[tuple, float]) 
                if name in rows.index and (group := tuple(rows.loc[name, ["model", "source"]])) in held)
 
 
+def checks_to_run(keys: dict, rows: pd.DataFrame, names: list[str] | None, tolerance: float,
+                  earlier: pd.DataFrame | None) -> tuple[list[str], dict[tuple, float], list[str]]:
+    """What carrying needs: the committed rows made under today's keys (`own_rows`), the (model, CSV)s whose checks
+    were committed already (`checked_before`, the rows of today's key that replaced `earlier` ones), and the check
+    rows to train for the others (`names`, else the cheapest of each, `check_rows`)."""
+    own = own_rows(keys, rows)
+    before = {} if earlier is None else checked_before(rows, earlier, own, tolerance)
+    unchecked = [name for name in keys if name in rows.index and name not in own
+                 and (rows.loc[name, "model"], rows.loc[name, "source"]) not in before]
+    return own, before, [n for n in names or check_rows(rows, unchecked) if n not in own]
+
+
+def dry_run(keys: dict, rows: pd.DataFrame, names: list[str] | None, tolerance: float,
+            earlier: pd.DataFrame | None) -> str:
+    """The check rows a carry would train, each with its CSV and the training seconds its committed run took, and in
+    one line their number and seconds in all, what needs none, and the points no committed row holds: nothing
+    trained or written."""
+    own, before, names = checks_to_run(keys, rows, names, tolerance, earlier)
+    seconds = [float(rows.loc[n, "train_seconds"]) for n in names]
+    for name, took in zip(names, seconds):
+        print(f"{name}: {rows.loc[name, 'source']}, {took:,.0f} s", flush=True)
+    return (f"{len(names)} check rows to train ({sum(seconds):,.0f} s of training as committed); {len(own)} rows made "
+            f"under today's keys and {len(before)} models' CSVs checked by committed reruns need none; "
+            f"{sum(n not in rows.index for n in keys)} points of the grid have no committed row")
+
+
 def reuse(jobs: dict, points: dict, rows: pd.DataFrame, names: list[str] | None, tolerance: float,
           spread: OrchestrationParams | None = None, earlier: pd.DataFrame | None = None) -> str:
     """Carry what can be carried into the row cache, said in one line: the rows made under today's keys as they are;
-    then each (model, CSV) whose checks reproduce: those committed already (`checked_before`, the rows of today's key
-    that replaced `earlier` ones), else its check rows (`names`, else the cheapest of each, `check_rows`)."""
+    then each (model, CSV) whose checks (`checks_to_run`: committed already, else trained now) reproduce."""
     keys = keys_of(jobs)
-    own = own_rows(keys, rows)
+    own, before, names = checks_to_run(keys, rows, names, tolerance, earlier)
     same = carry_own(keys, rows, own)
-    before = {} if earlier is None else checked_before(rows, earlier, own, tolerance)
-    known = [name for name in jobs if name in rows.index and name not in own
-             and (rows.loc[name, "model"], rows.loc[name, "source"]) not in before]
-    judgement = {**before, **check(jobs, points, rows, [n for n in names or check_rows(rows, known) if n not in own],
-                                   tolerance, spread)}
+    judgement = {**before, **check(jobs, points, rows, names, tolerance, spread)}
     for model, source in sorted(g for g, d in judgement.items() if d == math.inf):
         print(f"{model} in {source}: the code as it is does not reproduce these rows within {tolerance:g} bpb: not "
               "carried, lmpipe scaling retrains them", flush=True)
@@ -192,7 +214,7 @@ def reuse(jobs: dict, points: dict, rows: pd.DataFrame, names: list[str] | None,
     reproduced = ", ".join(f"{m} in {c} (within {d:.1e} bpb)" for (m, c), d in sorted(held.items())) or "none"
     return (f"{same} rows made under today's keys carried as they are; reproduced: {reproduced}; "
             f"{carry(jobs, keys, rows.drop(index=own), held)} rows carried into {ROWS}; "
-            f"{len(jobs) - len(known) - len(own)} points of the grid have no committed row")
+            f"{sum(n not in rows.index for n in jobs)} points of the grid have no committed row")
 
 
 def export(out: Path, jobs: dict, keys: dict, rows: pd.DataFrame) -> None:
@@ -215,6 +237,8 @@ def main() -> None:
                         help="the committed rows to retrain instead: only the rows of the models and CSVs they "
                         "stand for are carried")
     parser.add_argument("--export", type=Path, default=None)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list the check rows a carry would train and what they took; train and write nothing")
     parser.add_argument("--tolerance", type=float, default=0.0,
                         help="largest valid-bpb difference a retrained row may show (default 0: bit for bit)")
     parser.add_argument("--workers", type=at_least_one, default=None,
@@ -226,6 +250,8 @@ def main() -> None:
     rows = committed(args.csvs)
     if args.export:
         return export(args.export, jobs, keys_of(jobs), rows)
+    if args.dry_run:
+        return print(dry_run(keys_of(jobs), rows, args.names, args.tolerance, replaced(args.csvs)), flush=True)
     spread = orchestration_with(params.orchestration, args.workers) if args.workers else None
     print(reuse(jobs, {p.name: p for p in points}, rows, args.names, args.tolerance, spread, replaced(args.csvs)),
           flush=True)

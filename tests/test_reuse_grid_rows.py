@@ -144,8 +144,15 @@ def test_a_committed_rerun_under_todays_key_checks_the_csv_of_the_row_it_replace
     rows, trained = reuse.committed(csvs), []
     keys = {"gru-a": "ka", "gru-b": "kb", "rnn-a": "kr", "rnn-b": "kc", "lstm-a": "kl"}
     jobs = {name: Job(rows.loc[name, "valid_bpb"], trained, key) for name, key in keys.items()}
+    keys["gru-new"], jobs["gru-new"] = "kn", Job(2.0, trained, "kn")  # a point no CSV holds
+    planned = reuse.dry_run(keys, rows, None, 0.0, reuse.replaced(csvs))
+    assert planned == ("1 check rows to train (1 s of training as committed); 2 rows made under today's keys and 2 "
+                       "models' CSVs checked by committed reruns need none; 1 points of the grid have no committed row")
+    assert f"lstm-a: {old}, 1 s" in capsys.readouterr().out
+    assert trained == [] and not reuse.ROWS.exists()  # a dry run trains and writes nothing
     line = reuse.reuse(jobs, points_of(jobs), rows, None, 0.0, earlier=reuse.replaced(csvs))
     assert trained == ["lstm-a"]  # only the model with no rerun of today's key is checked by training
+    assert line.endswith("; 1 points of the grid have no committed row")
     assert f"reproduced: gru in {old} (within 0.0e+00 bpb), lstm in {old} (within 0.0e+00 bpb);" in line
     assert f"rnn in {old}: the code as it is does not reproduce these rows within 0 bpb" in capsys.readouterr().out
     assert json.loads((reuse.ROWS / "gru-b-kb.json").read_text())["carried_from"] == "gru-b-old.json"
