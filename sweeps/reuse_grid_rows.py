@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -61,9 +62,18 @@ def keys_of(jobs: dict) -> dict:
     return {name: row_key(job) for name, job in jobs.items()}
 
 
+def by_date(csvs: list[str]) -> list[str]:
+    """`csvs` oldest first, by the date (and letter) in each name (grid_2026-12-07b.csv: 2026-12-07b), not
+    alphabetically: grid_seeds_2026-12-01.csv came before grid_2026-12-07.csv."""
+    def made(path: str) -> tuple[str, str]:
+        found = re.search(r"\d{4}-\d{2}-\d{2}[a-z]?", Path(path).name)
+        return (found.group() if found else "", str(path))
+    return sorted(csvs, key=made)
+
+
 def every_row(csvs: list[str]) -> pd.DataFrame:
-    """Every committed row of `csvs`, in their order, with the CSV it came from."""
-    return pd.concat([pd.read_csv(path).assign(source=str(path)) for path in csvs], ignore_index=True)
+    """Every committed row of `csvs`, oldest CSV first (`by_date`), with the CSV it came from."""
+    return pd.concat([pd.read_csv(path).assign(source=str(path)) for path in by_date(csvs)], ignore_index=True)
 
 
 def committed(csvs: list[str]) -> pd.DataFrame:

@@ -166,3 +166,14 @@ def test_workers_below_one_are_refused_instead_of_running_one_after_another(give
     with pytest.raises(reuse.argparse.ArgumentTypeError, match="a whole number of at least 1"):
         reuse.at_least_one(given)
     assert reuse.at_least_one("2") == 2
+
+
+def test_a_later_csv_replaces_a_row_by_the_date_in_its_name_not_its_place_in_the_alphabet(tmp_path):
+    """grid_seeds_2026-12-01.csv sorts after grid_2026-12-07.csv, yet a rerun committed in the later one replaces it."""
+    seeds, rerun = tmp_path / "grid_seeds_2026-12-01.csv", tmp_path / "grid_2026-12-07b.csv"
+    for path, bpb, key in ((seeds, 2.5, "old"), (rerun, 2.5000001, "today")):
+        pd.DataFrame([{"name": "gru-a-seed1", "model": "gru", "valid_bpb": bpb, "train_seconds": 1.0,
+                       "cache_file": f"gru-a-seed1-{key}.json"}]).to_csv(path, index=False)
+    csvs = sorted([str(seeds), str(rerun)])  # as the shell's glob gives them
+    assert reuse.committed(csvs).loc["gru-a-seed1", "source"] == str(rerun)
+    assert list(reuse.replaced(csvs)["source"]) == [str(seeds)]
