@@ -103,6 +103,14 @@ def output_of(target: str) -> str:
 @pytest.mark.e2e
 def test_the_two_stages_change_what_the_walk_says_from_the_files_it_names(scratch, tmp_path):
     copy, env = scratch
+    params = yaml.safe_load((copy / "params.yaml").read_text())  # the committed study's way: a budget, a decay branch
+    params["study"] = {"budget": {"flops": 3e9}, "branches": [2]}
+    params["train"]["evals_per_epoch"] = 64  # best weights saved before the branch starts (a third of the way), so
+    # `_save` copies them
+    gru = {k: v for k, v in params["models"]["gru"].items() if k not in ("epochs", "patience")}
+    params["models"]["gru"] = {**gru, "max_steps_per_epoch": None,
+                               "optim": {**gru["optim"], "schedule": "wsd", "decay_fraction": 0.25}}
+    (copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     effects = {}
     for stage in ("train", "score"):
         record = tmp_path / f"{stage}.json"
@@ -151,5 +159,8 @@ def test_the_two_stages_change_what_the_walk_says_from_the_files_it_names(scratc
             stage, signals)  # while it trains (SIGINT too, unless the process ignores it, as a background job does)
         databases = {e["target"] for e in done if e["what"] == "sqlite3.connect"}
         assert databases == {"mlflow.db"}, (stage, databases)  # the project's store, and no other database
-    assert {e["by"] for e in effects["train"] if e["kind"] == "file" and e["target"].startswith(".cache/")} == {
-        "lmpipe/checkpoints.py"}  # the checkpoints, where the walk says
+    cached = {(e["by"], e["target"].rpartition("/")[2]) for e in effects["train"]
+              if e["kind"] == "file" and e["target"].startswith(".cache/")}
+    assert {by for by, _ in cached} == {"lmpipe/checkpoints.py", "lmpipe/train/trainer.py"}, cached  # where the walk
+    assert {name for by, name in cached if by == "lmpipe/train/trainer.py"} == {"best.pt"}  # says: the checkpoints,
+    # and the Trainer's `_save` copying the best weights to the decay branch's start
