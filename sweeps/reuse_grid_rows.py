@@ -10,8 +10,8 @@ another key (the same name in an earlier CSV) is that earlier CSV's check, made 
 carry to the next with the rows, and the grid's carry can be spread over days. For each model in each CSV whose
 check row holds, it writes each of those committed rows of the grid (params.yaml's `scaling`) into the row cache
 under the current key, marked `carried_from` with its old cache file and `carried_within` with the difference
-measured; rows whose check differs by more are not carried. A committed row whose cache file already names today's key was made by this very
-code, params and data (another day's or machine's run of them): it is carried as it is, with no check, and marked
+measured; rows whose check differs by more are not carried. A committed row whose cache file already names
+today's key was made by this very code, params and data (another day's or machine's run of them): it is carried as it is, with no check, and marked
 `same_key` instead of `carried_within`. Then `lmpipe scaling` trains only the points no carried row holds. --export
 writes the rows trained here (cached, not carried: the grid's and the checks') as a CSV to commit beside the others.
 From the checkout's root:
