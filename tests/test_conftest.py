@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shlex
@@ -56,3 +57,16 @@ def test_each_end_to_end_group_runs_on_one_worker_and_builds_its_study_once(tmp_
         assert len({worker_of[t] for t in tests}) == 1, f"group {group} ran on several workers: {worker_of}"
     assert sorted(builds.read_text().split()) == sorted({worker_of[t] for t in worker_of}), \
         f"studies built on {builds.read_text().split()}: once per group"
+
+
+def test_every_second_study_name_is_a_test_of_its_module():
+    """A module's SECOND_STUDY names its tests that go to the second copy; a name that is not one of them (a renamed
+    test, or a lone string, which `in` searches as text) silently puts the test back on the first worker."""
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        tests = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SECOND_STUDY" for t in node.targets):
+                names = ast.literal_eval(node.value)
+                assert isinstance(names, tuple) and names, f"{path.name}: SECOND_STUDY must be a tuple of test names"
+                assert set(names) <= tests, f"{path.name}: SECOND_STUDY names no test {sorted(set(names) - tests)}"

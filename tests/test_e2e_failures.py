@@ -19,7 +19,7 @@ from tests.helpers import ADAMW, QuietHandler, as_in_a_terminal, http_server, ov
 pytestmark = pytest.mark.e2e
 # `make test` runs on pytest-xdist's workers (tests/conftest.py): these tests form a group of their own,
 # which a second worker runs beside a second copy of the study.
-SECOND_STUDY = ("test_a_failure_after_training_keeps_the_training_and_the_rerun_does_not_train_again")
+SECOND_STUDY = ("test_a_failure_after_training_keeps_the_training_and_the_rerun_does_not_train_again",)
 
 
 def test_malformed_params_fail_in_one_line(scratch):  # its own copy: it edits params.yaml

@@ -20,7 +20,7 @@ from tests.helpers import (MODELS, STAGES, ask_prefect, assert_best_first, brows
 pytestmark = pytest.mark.e2e
 # `make test` runs on pytest-xdist's workers (tests/conftest.py): these tests form a group of their own,
 # which a second worker runs beside a second copy of the study.
-SECOND_STUDY = ("test_a_store_without_the_runs_of_skipped_stages_gets_them_and_nothing_else_changes")
+SECOND_STUDY = ("test_a_fresh_clone_makes_the_runs_of_the_stages_whose_outputs_git_holds_and_nothing_else_changes",)
 
 
 @pytest.mark.browser
