@@ -43,6 +43,7 @@ from flows.runners import in_project, orchestration_with, results, run_apart
 from flows.scaling import ROWS, plan, row_key, trained_row
 from lmpipe import checkpoints, codebase
 from lmpipe.config import OrchestrationParams, load_params
+from lmpipe.errors import LmpipeError
 from lmpipe.io import write_json
 from lmpipe.scaling import GridPoint
 from lmpipe.splits import load_tokens
@@ -253,7 +254,10 @@ def main() -> None:
     parser.add_argument("--workers", type=at_least_one, default=None,
                         help="retrain the check rows side by side on a local Dask cluster of N one-thread workers")
     args = parser.parse_args()
-    params, data = load_params(PARAMS_FILE), load_tokens()
+    try:
+        params, data = load_params(PARAMS_FILE), load_tokens()
+    except LmpipeError as exc:  # params.yaml or the tokens: the user's to fix, in one line
+        sys.exit(f"error: {exc}")
     points, prepared = plan(params, data)
     jobs = {p.name: job for p, job in zip(points, prepared)}
     rows = committed(args.csvs)

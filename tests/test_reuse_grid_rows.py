@@ -177,3 +177,16 @@ def test_a_later_csv_replaces_a_row_by_the_date_in_its_name_not_its_place_in_the
     csvs = sorted([str(seeds), str(rerun)])  # as the shell's glob gives them
     assert reuse.committed(csvs).loc["gru-a-seed1", "source"] == str(rerun)
     assert list(reuse.replaced(csvs)["source"]) == [str(seeds)]
+
+
+def test_missing_tokens_are_one_line_naming_the_file_and_the_stage_to_run(monkeypatch, capsys):
+    """Run before the tokenize stage: one line that says which file is missing and what makes it, no traceback."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(reuse.sys, "argv", ["reuse_grid_rows.py", "--dry-run"])
+    real = reuse.load_tokens
+    monkeypatch.setattr(reuse, "load_tokens", lambda: real(ROOT / "no-such-folder"))
+    with pytest.raises(SystemExit) as ended:
+        reuse.main()
+    said = str(ended.value.code)
+    assert said.startswith("error: ") and "counts.json: missing" in said and "dvc repro tokenize" in said, said
+    assert "\n" not in said
