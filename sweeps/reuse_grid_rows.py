@@ -11,10 +11,10 @@ carry to the next with the rows, and the grid's carry can be spread over days. F
 check row holds, it writes each of those committed rows of the grid (params.yaml's `scaling`) into the row cache
 under the current key, marked `carried_from` with its old cache file and `carried_within` with the difference
 measured; rows whose check differs by more are not carried. A committed row whose cache file already names
-today's key was made by this very code, params and data (another day's or machine's run of them): it is carried as it is, with no check, and marked
-`same_key` instead of `carried_within`. Then `lmpipe scaling` trains only the points no carried row holds. --export
-writes the rows trained here (cached, not carried: the grid's and the checks') as a CSV to commit beside the others.
-From the checkout's root:
+today's key was made by this very code, params and data (another day's or machine's run of them): it is carried as
+it is, with no check, and marked `same_key` instead of `carried_within`. Then `lmpipe scaling` trains only the
+points no carried row holds. --export writes the rows trained here (cached, not carried: the grid's and the
+checks') as a CSV to commit beside the others. From the checkout's root:
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python sweeps/reuse_grid_rows.py sweeps/grid_*.csv [--tolerance 1e-4] [--workers 2]
     PYTHONPATH=. python sweeps/reuse_grid_rows.py --dry-run                         # what a carry would train

@@ -179,7 +179,7 @@ def test_a_later_csv_replaces_a_row_by_the_date_in_its_name_not_its_place_in_the
     assert list(reuse.replaced(csvs)["source"]) == [str(seeds)]
 
 
-def test_missing_tokens_are_one_line_naming_the_file_and_the_stage_to_run(monkeypatch, capsys):
+def test_missing_tokens_are_one_line_naming_the_file_and_the_stage_to_run(monkeypatch):
     """Run before the tokenize stage: one line that says which file is missing and what makes it, no traceback."""
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(reuse.sys, "argv", ["reuse_grid_rows.py", "--dry-run"])
