@@ -20,19 +20,23 @@ import pytest
 
 from flows._prefect import use_project_home
 from lmpipe.telemetry import switch_off
-from tests.helpers import PARAMS, ROOT, TINY, free_port, override, run
+from tests.helpers import PARAMS, ROOT, TINY, built_once, free_port, override, run
 
 switch_off()  # telemetry off for everything the tests import and start
 use_project_home(root=ROOT)  # and Prefect's home this checkout's, as for the stages and `lmpipe`
+
+
+SECOND_STUDY_AFTER = 60  # unit tests, some 6-8 min of them, the second worker runs while the first builds the study
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items):
     """`make test` spreads the tests over pytest-xdist's workers by group (`--dist loadgroup`, in collection order):
     a module's tests go to one worker, as with `--dist loadfile`, so its module fixtures are built once; the
-    end-to-end tests of the study (e2e, on `project`, in whichever module) go to one worker, so it builds the study
-    once, except those their module names in SECOND_STUDY, a group of their own on a second copy. The end-to-end groups
-    come first, so the two long ones start at once, on two workers, and the short modules fill in beside them.
+    end-to-end tests of the study (e2e, on `project`, in whichever module) go to one worker, except those their module
+    names in SECOND_STUDY, a group of their own on a second worker. The end-to-end groups come first, so the long one
+    starts at once and builds the study; the second study's group comes after SECOND_STUDY_AFTER unit tests, which the
+    second worker runs meanwhile, and then takes its copy of the study (`project`); the short modules fill in beside.
     (pytest 9.2 breaks the groups, pytest-xdist#1386: tests/test_conftest.py checks them.)"""
     second_study = set()
     for item in items:
@@ -45,7 +49,10 @@ def pytest_collection_modifyitems(items):
             second_study.add(item.nodeid)
             group += ".second-study"
         item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: (item.get_closest_marker("e2e") is None, item.nodeid not in second_study))
+    second = [item for item in items if item.nodeid in second_study]
+    first = [item for item in items if item.get_closest_marker("e2e") and item.nodeid not in second_study]
+    units = [item for item in items if not item.get_closest_marker("e2e") and item.nodeid not in second_study]
+    items[:] = first + units[:SECOND_STUDY_AFTER] + second + units[SECOND_STUDY_AFTER:]
 
 
 @pytest.fixture()
@@ -116,28 +123,32 @@ def params_file(tmp_path) -> Path:
 
 @pytest.fixture(scope="session")
 def project(tmp_path_factory, prefect_api):
-    """A git copy of the tracked project with tiny params, after one `dvc repro`: built once per process (an
-    xdist worker) for every end-to-end module, as ~10 min of stages is too dear to repeat per module."""
-    copy = tmp_path_factory.mktemp("project")
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
-    for name in filter(None, tracked.stdout.split("\0")):
-        if (ROOT / name).is_file():
-            (copy / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, copy / name)
-    for name in ("dvc.lock", "scaling/dvc.lock"):  # a fresh study: nothing recorded yet
-        (copy / name).unlink(missing_ok=True)
-    override(copy / "params.yaml", TINY)
+    """A git copy of the tracked project with tiny params, after one `dvc repro`: built once for the whole run
+    (`built_once`: each xdist worker takes a copy) and shared by every end-to-end module, as ~5-10 min of stages is
+    too dear to repeat."""
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.2"}  # a tiny training can end within 1 s, and MLflow logs
     # no sample for a run that ends before its first interval (on a Zen 5, CI: no system/* metric at 1 s)
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("LMPIPE_PARENT_RUN_ID", None)
-    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
-    run(["git", "init", "-q"], copy, env)
-    run(git + ["add", "-A"], copy, env)
-    run(git + ["commit", "-qm", "copy"], copy, env)
-    first = run(["dvc", "repro"], copy, env, timeout=1800)  # every stage: ~10 min on a 2-core CPU without native bf16
-    return copy, env, first
+
+    def build(copy: Path) -> str:
+        tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
+        for name in filter(None, tracked.stdout.split("\0")):
+            if (ROOT / name).is_file():
+                (copy / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / name, copy / name)
+        for name in ("dvc.lock", "scaling/dvc.lock"):  # a fresh study: nothing recorded yet
+            (copy / name).unlink(missing_ok=True)
+        override(copy / "params.yaml", TINY)
+        git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+        run(["git", "init", "-q"], copy, env)
+        run(git + ["add", "-A"], copy, env)
+        run(git + ["commit", "-qm", "copy"], copy, env)
+        return run(["dvc", "repro"], copy, env, timeout=1800).stdout  # every stage: ~5-10 min on a 2-core CPU
+
+    copy, said = built_once(tmp_path_factory, "project", build)
+    return copy, env, subprocess.CompletedProcess(["dvc", "repro"], 0, stdout=said, stderr="")
 
 
 @pytest.fixture

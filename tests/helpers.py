@@ -1,7 +1,8 @@
 """What several test files share: a local HTTP server for a handler, run in a thread for the length of a block; a
 port another program holds; a child that takes Ctrl-C as a terminal's would; the page `lmpipe ui`'s link opens, as
 headless Chromium has it; a learnable token stream (and a project's data/tokens of it); a study's metrics files for
-the report; params as params.yaml states them (every setting), with a test's changes; the rows of a markdown table."""
+the report; params as params.yaml states them (every setting), with a test's changes; the rows of a markdown table;
+a folder built once for all of pytest-xdist's workers."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -346,6 +347,29 @@ TINY = {  # the study the end-to-end tests share (tests/conftest.py's `project`)
         "around_best": [],  # a whole section replaces the committed one: every key DVC tracks must be here
     },
 }
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], str]) -> tuple[Path, str]:
+    """This worker's own copy of a folder that `build` makes once for the whole run, and what `build` said: the
+    first of pytest-xdist's workers to ask builds it in its copy and leaves a snapshot; the others wait for it under a
+    lock and copy the snapshot (a copied study's MLflow store points at its own artifacts, lmpipe.tracking.store).
+    Each worker's tests may change its copy."""
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # this run's, common to its workers
+    snapshot, said = shared / f"{name}-built", shared / f"{name}-built.txt"
+    copy = tmp_path_factory.mktemp(name)
+    with FileLock(str(shared / f"{name}-built.lock")):
+        if said.exists():
+            shutil.copytree(snapshot, copy, symlinks=True, dirs_exist_ok=True)
+            return copy, said.read_text()
+        text = build(copy)  # a failed build leaves no snapshot: the next worker to ask builds again
+        shutil.copytree(copy, snapshot, symlinks=True)
+        said.with_suffix(".tmp").write_text(text)
+        said.with_suffix(".tmp").rename(said)
+        return copy, text
 
 
 def run(args, cwd, env, check=True, timeout=600):

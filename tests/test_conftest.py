@@ -1,4 +1,4 @@
-"""`make test` on pytest-xdist's workers: each end-to-end group on one worker, so each builds its study once."""
+"""`make test` on pytest-xdist's workers: each end-to-end group on one worker, and the study built once for all."""
 
 from __future__ import annotations
 
@@ -15,14 +15,18 @@ from tests.helpers import ROOT
 GROUPS = {"first": ("first_1", "first_2", "first_3", "first_4"), "second": ("second_1", "second_2")}
 STUDY = '''
 import os, pytest
+from tests.helpers import built_once
 pytestmark = pytest.mark.e2e
 SECOND_STUDY = ("test_second_1", "test_second_2")
 
 
-@pytest.fixture(scope="module")
-def project():
-    with open(os.environ["BUILDS"], "a") as f:
-        f.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+@pytest.fixture(scope="session")
+def project(tmp_path_factory):
+    def build(folder):
+        with open(os.environ["BUILDS"], "a") as f:
+            f.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+        return ""
+    return built_once(tmp_path_factory, "project", build)
 
 
 def ran(name):
@@ -30,13 +34,38 @@ def ran(name):
         f.write(name + " " + os.environ["PYTEST_XDIST_WORKER"] + "\\n")
 ''' + "".join(f"\n\ndef test_{name}(project):\n    ran('{name}')\n"
               for name in ("first_1", "first_2", "second_1", "first_3", "second_2", "first_4"))
+BUILT_ONCE = '''
+import os, time, pytest
+from tests.helpers import built_once
+
+
+@pytest.fixture(scope="session")
+def study(tmp_path_factory):
+    def build(folder):
+        time.sleep(3)  # long enough for the other worker to ask meanwhile
+        (folder / "model.txt").write_text("trained")
+        with open(os.environ["BUILDS"], "a") as f:
+            f.write(os.environ["PYTEST_XDIST_WORKER"] + "\\n")
+        return "built by " + os.environ["PYTEST_XDIST_WORKER"]
+    return built_once(tmp_path_factory, "study", build)
+
+
+def test_it(study):
+    folder, said = study
+    worker = os.environ["PYTEST_XDIST_WORKER"]
+    before = (folder / "model.txt").read_text()
+    (folder / "model.txt").write_text("changed-by-" + worker)
+    time.sleep(2)  # the other worker's test writes meanwhile: in its own copy, not here
+    with open(os.environ["RAN"], "a") as f:
+        f.write(f"{worker} {folder} {before} {(folder / 'model.txt').read_text()} {said}\\n")
+'''
 UNITS = "".join(f"def test_{i}():\n    pass\n\n\n" for i in range(6))
 
 
 def test_each_end_to_end_group_runs_on_one_worker_and_builds_its_study_once(tmp_path):
     """pytest 9.2 with pytest-xdist 3.8 ignores `xdist_group` (pytest-xdist#1386): a group's tests then go round
-    robin, and every worker builds, and rebuilds, the module's study. The Makefile's own xdist options on a stand-in
-    suite with the project's conftest: each group's tests on one worker, one build per group."""
+    robin. The Makefile's own xdist options on a stand-in suite with the project's conftest: each group's tests on one
+    worker, and one build of the study in all (`built_once`)."""
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests/__init__.py").touch()
     for name in ("conftest.py", "helpers.py"):  # the conftest imports its helpers
@@ -55,8 +84,28 @@ def test_each_end_to_end_group_runs_on_one_worker_and_builds_its_study_once(tmp_
     worker_of = dict(line.split() for line in ran.read_text().splitlines())
     for group, tests in GROUPS.items():
         assert len({worker_of[t] for t in tests}) == 1, f"group {group} ran on several workers: {worker_of}"
-    assert sorted(builds.read_text().split()) == sorted({worker_of[t] for t in worker_of}), \
-        f"studies built on {builds.read_text().split()}: once per group"
+    assert len(builds.read_text().split()) == 1, f"studies built on {builds.read_text().split()}: once in all"
+
+
+def test_the_study_is_built_once_and_each_worker_gets_a_copy_of_its_own(tmp_path):
+    """Two modules on two workers ask for one session study at once: one worker builds it, the other waits and
+    copies it, and a change a test makes in its copy reaches no other copy."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests/__init__.py").touch()
+    shutil.copy(ROOT / "tests/helpers.py", tmp_path / "tests/helpers.py")
+    for name in ("a", "b"):
+        (tmp_path / f"tests/test_{name}.py").write_text(BUILT_ONCE)
+    builds, ran = tmp_path / "builds.txt", tmp_path / "ran.txt"
+    env = {**os.environ, "BUILDS": str(builds), "RAN": str(ran), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2",
+                           "--dist", "loadfile", "--basetemp", str(tmp_path / "tmp")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    builder = builds.read_text().split()
+    assert len(builder) == 1, f"built {len(builder)} times"
+    rows = [line.split() for line in ran.read_text().splitlines()]
+    assert sorted(row[0] for row in rows) == ["gw0", "gw1"] and len({row[1] for row in rows}) == 2
+    assert all(row[2:] == ["trained", f"changed-by-{row[0]}", "built", "by", builder[0]] for row in rows), rows
 
 
 def test_every_second_study_name_is_a_test_of_its_module():
