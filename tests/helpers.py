@@ -31,7 +31,7 @@ import requests
 import yaml
 
 from lmpipe.families import FAMILIES
-from lmpipe.io import sha256_tree
+from lmpipe.io import sha256_tree, write_text
 from lmpipe.splits import Split, TokenData
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout
@@ -367,8 +367,7 @@ def built_once(tmp_path_factory, name: str, build: Callable[[Path], str]) -> tup
             return copy, said.read_text()
         text = build(copy)  # a failed build leaves no snapshot: the next worker to ask builds again
         shutil.copytree(copy, snapshot, symlinks=True)
-        said.with_suffix(".tmp").write_text(text)
-        said.with_suffix(".tmp").rename(said)
+        write_text(said, text)  # last: the mark that the snapshot is whole
         return copy, text
 
 
